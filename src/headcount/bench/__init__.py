@@ -1,0 +1,1 @@
+"""Benchmarks measured side by side in one run; `headcount bench ...` and benchmarks/*.py call these."""

@@ -1,0 +1,26 @@
+"""Paired timing: every repeat runs each contender once, in turn, so drift on a shared machine hits all
+of them alike. Report medians, and ratios as the median of per-repeat ratios."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+
+def paired_medians(contenders: dict[str, Callable[[], object]], *, repeats: int = 7, warmup: int = 1,
+                   baseline: str) -> dict[str, dict[str, float]]:
+    """{name: {"median_s": ..., "ratio": median over repeats of t(name) / t(baseline)}}."""
+    for _ in range(warmup):
+        for fn in contenders.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(repeats):
+        for name, fn in contenders.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    base = times[baseline]
+    return {name: {"median_s": statistics.median(ts),
+                   "ratio": statistics.median(t / b for t, b in zip(ts, base))}
+            for name, ts in times.items()}

@@ -1,0 +1,39 @@
+"""The `headcount` command.
+
+Each room registers its own commands (``register(app)``) so this file stays a switchboard.
+Nothing here imports torch at module level: `headcount cost` must answer instantly.
+"""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    help="Multi-head attention you can build, measure and dissect.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Benchmarks measured side by side against torch / transformers.", no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+
+def _register_all() -> None:
+    from headcount.cost import cli as cost_cli
+    from headcount.models import cli as models_cli
+    from headcount import demo as demo_cli
+
+    cost_cli.register(app)
+    models_cli.register(app, bench_app)
+    demo_cli.register(app, bench_app)
+
+
+_register_all()
+
+
+def main() -> None:  # console-script entry point
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The three accounts (chapter 2.3.3) and the KV cache (2.3.7), exact, in integers.
+
+Conventions (stated in every output):
+- FLOPs: a multiply-add is 2 FLOPs; only matrix multiplications are counted (projections, Q K^T,
+  A V, MLP, logits). Softmax, norms, activations, bias adds and the embedding lookup are not: they
+  are O(n d) or O(n^2 h) additions next to O(n d^2) and O(n^2 d) products, and FlopCounterMode does
+  not count them either, which is what lets tests compare the two exactly.
+- Forward pass over B sequences of n tokens, every position attended and projected (training / prefill).
+- Causal attention: Q K^T and A V halved (only the lower triangle is needed); projections unchanged.
+- Score memory: the eager path materialises the scores [B, n_heads, n, n] and the softmax output of the
+  same size; a fused kernel (FlashAttention, SDPA) never holds an n x n tensor.
+"""
+
+from __future__ import annotations
+
+from headcount.cost.shape import CostError, ModelShape, describe, parse_dtype
+
+FLOP_CONVENTION = ("a multiply-add is 2 FLOPs; matrix multiplications only (softmax, norms, activations, "
+                   "bias adds not counted); forward pass over every position")
+
+
+def _norm_params(shape: ModelShape) -> int:
+    return 2 * shape.d_model if shape.norm == "layernorm" else shape.d_model
+
+
+# ----------------------------------------------------------------------------------------- params
+def attention_params(shape: ModelShape) -> dict[str, int]:
+    """W_Q, W_K, W_V, W_O of one attention module, with the shape's biases, and with none / all of them."""
+    d, hd = shape.d_model, shape.head_dim
+    q = d * shape.n_heads * hd
+    k = v = d * shape.n_kv_heads * hd
+    o = shape.n_heads * hd * d
+    qkv_bias = (shape.n_heads + 2 * shape.n_kv_heads) * hd
+    weights = q + k + v + o
+    bias = (qkv_bias if shape.attn_bias else 0) + (d if shape.o_bias else 0)
+    return {"q": q, "k": k, "v": v, "o": o, "bias": bias, "total": weights + bias,
+            "total_without_bias": weights, "total_with_bias": weights + qkv_bias + d}
+
+
+def mlp_params(shape: ModelShape) -> int:
+    d, f = shape.d_model, shape.d_ff
+    if shape.mlp == "gated":  # gate, up: d -> f; down: f -> d
+        return 3 * d * f + ((2 * f + d) if shape.mlp_bias else 0)
+    return 2 * d * f + ((f + d) if shape.mlp_bias else 0)
+
+
+def param_counts(shape: ModelShape) -> dict:
+    """Every parameter of the model, by part, and the total."""
+    attn = attention_params(shape)
+    mlp = mlp_params(shape)
+    norm = _norm_params(shape)
+    d = shape.d_model
+    layer = attn["total"] + mlp + 2 * norm  # pre-attention and pre-MLP norms (or post-, same count)
+    counts = {
+        "attention_per_layer": attn["total"],
+        "attention_per_layer_detail": attn,
+        "mlp_per_layer": mlp,
+        "norms_per_layer": 2 * norm,
+        "per_layer": layer,
+        "layers": shape.n_layers * layer,
+    }
+    if shape.arch == "encoder-decoder":
+        decoder_layer = 2 * attn["total"] + mlp + 3 * norm  # self-attention, cross-attention, MLP
+        counts["decoder_per_layer"] = decoder_layer
+        counts["layers"] = shape.n_layers * (layer + decoder_layer)
+    counts["attention_all_layers"] = shape.n_attention_modules * attn["total"]
+    counts["embeddings"] = shape.vocab_size * d
+    counts["positions"] = shape.max_positions * d if shape.position == "learned" else 0
+    counts["token_types"] = shape.type_vocab_size * d
+    counts["embedding_norm"] = norm if shape.embedding_norm else 0
+    counts["final_norm"] = norm if shape.final_norm else 0
+    counts["lm_head"] = shape.vocab_size * d if shape.has_lm_head and not shape.tied_embeddings else 0
+    counts["pooler"] = d * d + d if shape.pooler else 0
+    counts["total"] = sum(counts[k] for k in ("layers", "embeddings", "positions", "token_types", "embedding_norm",
+                                              "final_norm", "lm_head", "pooler"))
+    return counts
+
+
+# ------------------------------------------------------------------------------------------ FLOPs
+def attention_flops(shape: ModelShape, batch: int, seq: int, *, causal: bool = False) -> dict[str, int]:
+    """One attention module over B sequences of n tokens (self-attention, or cross-attention over n keys).
+
+    projections: X W_Q, X W_K, X W_V  2 B n d (n_heads + 2 n_kv_heads) head_dim
+    scores:      Q K^T               2 B n_heads n^2 head_dim  (every query head, GQA or not)
+    read:        A V                 2 B n_heads n^2 head_dim
+    output:      concat(heads) W_O   2 B n n_heads head_dim d
+    causal halves scores and read.
+    """
+    b, n, d, h, hd = batch, seq, shape.d_model, shape.n_heads, shape.head_dim
+    proj = 2 * b * n * d * (h + 2 * shape.n_kv_heads) * hd
+    scores = 2 * b * h * n * n * hd
+    read = 2 * b * h * n * n * hd
+    if causal:
+        scores, read = scores // 2, read // 2
+    out = 2 * b * n * h * hd * d
+    return {"projections": proj, "scores": scores, "read": read, "output": out,
+            "total": proj + scores + read + out}
+
+
+def mlp_flops(shape: ModelShape, batch: int, seq: int) -> int:
+    return 2 * batch * seq * (3 if shape.mlp == "gated" else 2) * shape.d_model * shape.d_ff
+
+
+def flop_counts(shape: ModelShape, batch: int, seq: int) -> dict:
+    full = attention_flops(shape, batch, seq)
+    causal = attention_flops(shape, batch, seq, causal=True)
+    mlp = mlp_flops(shape, batch, seq)
+    logits = 2 * batch * seq * shape.d_model * shape.vocab_size if shape.has_lm_head else 0
+    n_attn, n_mlp = shape.n_attention_modules, shape.n_blocks
+    attention_total = n_attn * full["total"]
+    attention_total_causal = n_attn * causal["total"]
+    return {
+        "attention_per_layer": full,
+        "attention_per_layer_causal": causal,
+        "attention_modules": n_attn,
+        "attention_total": attention_total,
+        "attention_total_causal": attention_total_causal,
+        "scores_and_read_total": n_attn * (full["scores"] + full["read"]),
+        "mlp_per_layer": mlp,
+        "mlp_total": n_mlp * mlp,
+        "logits": logits,
+        "total": attention_total + n_mlp * mlp + logits,
+        "total_causal": attention_total_causal + n_mlp * mlp + logits,
+        "convention": FLOP_CONVENTION,
+    }
+
+
+# ---------------------------------------------------------------------------------- score memory
+def score_memory(shape: ModelShape, batch: int, seq: int, dtype_bytes: int) -> dict:
+    """Bytes of the n x n tensors one attention layer holds (self-attention over n tokens)."""
+    scores = batch * shape.n_heads * seq * seq * dtype_bytes
+    return {
+        "eager_per_layer": scores,  # Q K^T: B x n_heads x n x n numbers (the chapter's number)
+        "eager_softmax_per_layer": scores,  # the softmax output, same size, also held by the eager path
+        "eager_peak_per_layer": 2 * scores,  # both alive while the softmax is written
+        "eager_training_all_layers": shape.n_attention_modules * scores,  # softmax outputs saved for backward
+        "fused_per_layer": 0,  # FlashAttention / SDPA: never an n x n tensor
+        "elements_per_layer": batch * shape.n_heads * seq * seq,
+    }
+
+
+# -------------------------------------------------------------------------------------- KV cache
+def kv_cache(shape: ModelShape, batch: int, seq: int, dtype_bytes: int) -> dict:
+    """bytes per token = 2 (K and V) x n_layers x n_kv_heads x head_dim x bytes."""
+    layers = shape.n_layers  # decoder blocks (for an encoder-decoder, the decoder stack)
+    per_token = 2 * layers * shape.n_kv_heads * shape.head_dim * dtype_bytes
+    result = {
+        "bytes_per_token": per_token,
+        "bytes_per_token_per_layer": 2 * shape.n_kv_heads * shape.head_dim * dtype_bytes,
+        "layers": layers,
+        "context": seq,
+        "batch": batch,
+        "bytes_for_context": per_token * seq * batch,
+        "mha_bytes_per_token": 2 * layers * shape.n_heads * shape.head_dim * dtype_bytes,
+    }
+    if shape.arch == "encoder":
+        result["note"] = "an encoder keeps no KV cache; these are the bytes one would hold"
+    elif shape.arch == "encoder-decoder":
+        result["note"] = ("decoder self-attention only; the cross-attention K/V of the source add the same "
+                          "bytes per source token")
+    return result
+
+
+# ---------------------------------------------------------------------------------------- report
+def _check_run(batch: int, seq: int) -> None:
+    for name, value in (("batch", batch), ("seq", seq)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CostError(f"{name}: expected a positive whole number, got {value!r}")
+
+
+def report(shape: ModelShape, *, batch: int = 1, seq: int = 2048, dtype: str = "bf16") -> dict:
+    """Everything, as one JSON-ready dict: params, flops, score_memory_bytes, kv_cache, weights_bytes."""
+    _check_run(batch, seq)
+    dtype_name, nbytes = parse_dtype(dtype)
+    params = param_counts(shape)
+    return {
+        "model": shape.name,
+        "shape": shape.as_dict() | {"attention_kind": shape.attention_kind, "describe": describe(shape)},
+        "batch": batch,
+        "seq": seq,
+        "dtype": dtype_name,
+        "bytes_per_element": nbytes,
+        "conventions": {
+            "flops": FLOP_CONVENTION,
+            "causal": "scores (Q K^T) and read (A V) halved; projections and MLP unchanged",
+            "score_memory": "eager path holds the scores and the softmax output, B x n_heads x n x n each; "
+                            "a fused kernel holds neither",
+            "kv_cache": "2 (K and V) x n_layers x n_kv_heads x head_dim x bytes per token",
+        },
+        "params": params,
+        "weights_bytes": params["total"] * nbytes,
+        "flops": flop_counts(shape, batch, seq),
+        "score_memory_bytes": score_memory(shape, batch, seq, nbytes),
+        "kv_cache": kv_cache(shape, batch, seq, nbytes),
+    }

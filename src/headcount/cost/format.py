@@ -1,0 +1,195 @@
+"""Rendering the accounts: rich tables for people, one JSON object for programs."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+_BIN = (("TiB", 1024**4), ("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+_SI = (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+
+
+def _trim(x: float) -> str:
+    s = f"{x:,.2f}".rstrip("0").rstrip(".")
+    return s or "0"
+
+
+def byte_unit(n: int) -> tuple[str, int]:
+    for unit, size in _BIN:
+        if n >= size:
+            return unit, size
+    return "B", 1
+
+
+def human_bytes(n: int, unit: tuple[str, int] | None = None) -> str:
+    """268435456 -> '0.25 GiB' when unit is GiB; otherwise the largest unit that gives >= 1."""
+    name, size = unit or byte_unit(n)
+    return f"{_trim(n / size)} {name}"
+
+
+def row_unit(values) -> tuple[str, int]:
+    """One binary unit for a row of byte counts (the one its largest value calls for)."""
+    return byte_unit(max([v for v in values if v] or [0]))
+
+
+def human_flops(n: int) -> str:
+    for name, size in _SI:
+        if n >= size:
+            return f"{_trim(n / size)} {name}FLOP"
+    return f"{n} FLOP"
+
+
+def human_count(n: int) -> str:
+    for name, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{_trim(n / size)}{name}"
+    return str(n)
+
+
+def to_json(obj) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False)
+
+
+# ------------------------------------------------------------------------------------ one model
+def render_report(rep: dict, console: Console, *, fit: dict | None = None, note: str = "", source: str = "") -> None:
+    p, f, s, kv = rep["params"], rep["flops"], rep["score_memory_bytes"], rep["kv_cache"]
+    shape = rep["shape"]
+    title = (f"{rep['model']}: {shape['describe']}\nbatch {rep['batch']}, seq {rep['seq']:,}, {rep['dtype']} "
+             f"({rep['bytes_per_element']} bytes)")
+    table = Table(title=title, title_justify="left", show_lines=False)
+    table.add_column("account", no_wrap=True)
+    table.add_column("exact", justify="right", no_wrap=True)
+    table.add_column("", justify="right", no_wrap=True)
+    table.add_column("how", style="dim")
+
+    def section(name: str) -> None:
+        table.add_row(f"[bold]{name}[/bold]", "", "", "", end_section=False)
+
+    def count(label, n, how=""):
+        table.add_row(label, f"{n:,}", human_count(n), how)
+
+    def flops(label, n, how=""):
+        table.add_row(label, f"{n:,}", human_flops(n), how)
+
+    def nbytes(label, n, how=""):
+        table.add_row(label, f"{n:,}", human_bytes(n), how)
+
+    a = p["attention_per_layer_detail"]
+    section("parameters")
+    count("  attention per layer", p["attention_per_layer"],
+          f"Q {a['q']:,} + K {a['k']:,} + V {a['v']:,} + O {a['o']:,} + bias {a['bias']:,}")
+    count("    without / with every bias", a["total_without_bias"], f"with: {a['total_with_bias']:,}")
+    count("  MLP per layer", p["mlp_per_layer"], shape["mlp"])
+    count("  per layer", p["per_layer"], "attention + MLP + norms")
+    count("  embeddings", p["embeddings"], "tied to the LM head" if shape["tied_embeddings"] else "")
+    if p["lm_head"]:
+        count("  LM head", p["lm_head"], "untied")
+    if p["positions"]:
+        count("  position table", p["positions"], f"{shape['max_positions']:,} learned positions")
+    if p["pooler"]:
+        count("  pooler", p["pooler"])
+    count("  total", p["total"], f"weights: {human_bytes(rep['weights_bytes'])} in {rep['dtype']}")
+
+    fa, fc = f["attention_per_layer"], f["attention_per_layer_causal"]
+    section("FLOPs (a multiply-add is 2 FLOPs; matmuls only)")
+    flops("  projections X W_Q, X W_K, X W_V", fa["projections"], "2 B n d (n_heads + 2 n_kv) head_dim")
+    flops("  scores Q K^T", fa["scores"], f"2 B n_heads n^2 head_dim; causal {fc['scores']:,}")
+    flops("  read A V", fa["read"], f"2 B n_heads n^2 head_dim; causal {fc['read']:,}")
+    flops("  output W_O", fa["output"], "2 B n n_heads head_dim d")
+    flops("  attention per layer", fa["total"], f"causal {fc['total']:,}")
+    flops("  attention, all layers", f["attention_total"], f"{f['attention_modules']} attention modules")
+    flops("  attention, all layers, causal", f["attention_total_causal"], "scores and read halved")
+    flops("  MLP, all layers", f["mlp_total"], f"{f['mlp_per_layer']:,} per layer")
+    if f["logits"]:
+        flops("  logits", f["logits"], "every position")
+    flops("  model forward", f["total"], f"causal {f['total_causal']:,}")
+
+    section("score memory (one attention layer)")
+    nbytes("  eager: scores Q K^T", s["eager_per_layer"], "B x n_heads x n^2 x bytes")
+    nbytes("  eager: + softmax output (peak)", s["eager_peak_per_layer"], "scores and weights both alive")
+    nbytes("  fused (SDPA / FlashAttention)", s["fused_per_layer"], "no n x n tensor")
+
+    section("KV cache")
+    nbytes("  per token", kv["bytes_per_token"],
+           f"2 x {kv['layers']} layers x {shape['n_kv_heads']} KV heads x {shape['head_dim']} x "
+           f"{rep['bytes_per_element']} B")
+    nbytes(f"  {rep['batch']} x {rep['seq']:,} tokens", kv["bytes_for_context"],
+           f"with {shape['n_heads']} KV heads (MHA): {human_bytes(kv['mha_bytes_per_token'] * rep['seq'] * rep['batch'])}")
+
+    if fit is not None:
+        _fit_rows(table, fit, section)
+    console.print(table)
+    for line in (note, kv.get("note", ""), f"source: {source}" if source else ""):
+        if line:
+            console.print(f"[dim]note: {line}[/dim]" if not line.startswith("source") else f"[dim]{line}[/dim]")
+
+
+def _fit_rows(table: Table, fit: dict, section) -> None:
+    section(f"fit in {human_bytes(fit['budget_bytes'])} ({fit['budget_bytes']:,} bytes): weights + KV cache")
+    table.add_row("  weights", f"{fit['weights_bytes']:,}", human_bytes(fit["weights_bytes"]), "")
+    table.add_row(f"  longest context at batch {fit['batch']}", f"{fit['max_context']:,}", "tokens",
+                  fit.get("note", ""))
+    table.add_row(f"  largest batch at seq {fit['seq']:,}", f"{fit['max_batch']:,}", "sequences", "")
+
+
+# ---------------------------------------------------------------------------------- side by side
+def render_comparison(reports: list[dict], labels: list[str], console: Console, *, title: str,
+                      fits: list[dict] | None = None) -> None:
+    table = Table(title=title, title_justify="left")
+    table.add_column("account", no_wrap=True)
+    for label in labels:
+        table.add_column(label, justify="right", no_wrap=True)
+
+    def row(label, values, fmt):
+        table.add_row(label, *[fmt(v) for v in values])
+
+    def bytes_row(label, values):
+        unit = row_unit(values)
+        row(label, values, lambda v: f"{v:,} ({human_bytes(v, unit)})")
+
+    def get(path):
+        out = []
+        for rep in reports:
+            node = rep
+            for key in path.split("."):
+                node = node[key]
+            out.append(node)
+        return out
+
+    row("n_heads x head_dim", [f"{r['shape']['n_heads']} x {r['shape']['head_dim']}" for r in reports], str)
+    row("n_kv_heads", [f"{r['shape']['n_kv_heads']} ({r['shape']['attention_kind']})" for r in reports], str)
+    row("params: attention per layer", get("params.attention_per_layer"), lambda v: f"{v:,}")
+    row("params: total", get("params.total"), lambda v: f"{v:,}")
+    row("FLOPs: attention per layer", get("flops.attention_per_layer.total"), lambda v: f"{v:,}")
+    row("  of which scores + read", [r["flops"]["attention_per_layer"]["scores"] + r["flops"]["attention_per_layer"]["read"]
+                                     for r in reports], lambda v: f"{v:,}")
+    row("FLOPs: attention, causal", get("flops.attention_per_layer_causal.total"), lambda v: f"{v:,}")
+    row("FLOPs: model forward", get("flops.total"), lambda v: f"{v:,}")
+    bytes_row("score memory, eager, per layer", get("score_memory_bytes.eager_per_layer"))
+    bytes_row("  eager peak (+ softmax output)", get("score_memory_bytes.eager_peak_per_layer"))
+    bytes_row("score memory, fused, per layer", get("score_memory_bytes.fused_per_layer"))
+    bytes_row("KV cache per token", get("kv_cache.bytes_per_token"))
+    bytes_row("KV cache for the context", get("kv_cache.bytes_for_context"))
+    if fits:
+        row("fit: longest context", [fi["max_context"] for fi in fits], lambda v: f"{v:,} tokens")
+        row("fit: largest batch", [fi["max_batch"] for fi in fits], lambda v: f"{v:,}")
+    console.print(table)
+    console.print("[dim]FLOPs: a multiply-add is 2 FLOPs; matmuls only. Score memory: the eager path holds "
+                  "B x n_heads x n x n scores (and the softmax output of the same size); a fused kernel holds "
+                  "none.[/dim]")
+
+
+# ---------------------------------------------------------------------------------- measurements
+def render_measure(rows: list[dict], console: Console, *, title: str) -> None:
+    table = Table(title=title, title_justify="left")
+    for name, justify in (("check", "left"), ("measured", "right"), ("formula", "right"), ("", "left"),
+                          ("how", "left")):
+        table.add_column(name, justify=justify, no_wrap=name != "how")
+    for r in rows:
+        fmt = (lambda v: f"{v:,}") if isinstance(r["measured"], int) else (lambda v: f"{v:,.3f}")
+        verdict = "[green]ok[/green]" if r["ok"] else "[red]MISMATCH[/red]"
+        table.add_row(r["check"], fmt(r["measured"]), fmt(r["formula"]) if r["formula"] is not None else "-",
+                      verdict, r.get("how", ""))
+    console.print(table)

@@ -1,0 +1,236 @@
+"""The default corpus: English prose that every Python installation carries.
+
+``pydoc_data.topics`` holds the language reference topics that ``help()`` prints (about 80 topics,
+~460 kB of text, rendered from reStructuredText). `default_corpus()` keeps the prose paragraphs
+and drops what is not prose: section headings, grammar productions (``::=``), interactive
+examples (``>>>``), tables (``+---+`` grids and ``===`` simple tables) and indented code blocks.
+
+The split is deterministic and by topic, so no topic contributes to both parts: a topic goes to
+the held-out part when ``zlib.crc32(name) % 5 == 0`` (about one topic in five), to the
+calibration part otherwise. Calibration text is for choosing things (scoring heads); held-out text
+is for measuring quality, so no result is measured on the data that chose it. Hashing the name
+(rather than counting positions) keeps a topic's side fixed when a Python release adds topics;
+the text itself follows the running interpreter's documentation.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Corpus", "Document", "default_corpus", "corpus_from_text", "read_text", "clean_topic"]
+
+HELD_OUT_MODULUS = 5  # one topic (or paragraph) in five is held out
+
+_HEADING_CHARS = set("*=-~^+#")
+_BULLET = re.compile(r"^(\*|-|\d+\.|#\.|\([0-9a-z]+\))\s+")
+_TABLE_LINE = re.compile(r"^\s*(\+[-=+]+\+?|\|.*|[=\s]{3,}|[-\s]{3,})$")
+
+
+@dataclass(frozen=True)
+class Document:
+    """One topic (or one paragraph of a user's file) after cleaning."""
+
+    name: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Calibration and held-out documents; the two never share a document."""
+
+    calibration: tuple[Document, ...]
+    held_out: tuple[Document, ...]
+
+    @property
+    def calibration_text(self) -> str:
+        return "\n\n".join(d.text for d in self.calibration)
+
+    @property
+    def held_out_text(self) -> str:
+        return "\n\n".join(d.text for d in self.held_out)
+
+    def texts(self, part: str) -> list[str]:
+        """The documents' texts of one part: ``"calibration"`` or ``"held_out"``."""
+        if part not in ("calibration", "held_out"):
+            raise ValueError(f"part must be 'calibration' or 'held_out', not {part!r}")
+        return [d.text for d in getattr(self, part)]
+
+
+def _unwrap(lines: list[str]) -> str:
+    """Join wrapped lines; a line broken after a hyphen ("quote-" / "delimited") rejoins whole."""
+    out = ""
+    for line in lines:
+        part = line.strip()
+        if not out:
+            out = part
+        elif re.search(r"[A-Za-z]-$", out):
+            out += part
+        else:
+            out += " " + part
+    return re.sub(r"\s+", " ", out)
+
+
+def _is_heading(lines: list[str]) -> bool:
+    if len(lines) != 2:
+        return False
+    under = lines[1].strip()
+    return len(under) >= 3 and len(set(under)) == 1 and under[0] in _HEADING_CHARS
+
+
+def _looks_like_code_or_table(lines: list[str]) -> bool:
+    for line in lines:
+        s = line.strip()
+        if s.startswith((">>>", "...")) or "::=" in s or _TABLE_LINE.match(line):
+            return True
+    return False
+
+
+_PLAIN_WORD = re.compile(r"^[A-Za-z][a-z]*[,.;:]?$")
+
+
+def _prose_stats(text: str) -> tuple[int, float, float]:
+    """(words, fraction of non-space characters that are letters, fraction of plain words)."""
+    words = text.split()
+    chars = [c for c in text if not c.isspace()]
+    letters = sum(c.isalpha() for c in chars)
+    plain = sum(bool(_PLAIN_WORD.match(w)) for w in words)
+    return len(words), letters / max(1, len(chars)), plain / max(1, len(words))
+
+
+def _is_prose(text: str, *, strict: bool) -> bool:
+    """Sentences, not code: enough words, mostly letters, ending like a sentence."""
+    n_words, letter_frac, plain_frac = _prose_stats(text)
+    if n_words < 6 or letter_frac < 0.6 or plain_frac < 0.4 or text[-1] not in '.:!?)"”]':
+        return False
+    if strict:  # a block indented more than its context: prose only on strong evidence
+        return text.endswith(".") and letter_frac >= 0.75 and "#" not in text and " = " not in text
+    return True
+
+
+def clean_topic(raw: str) -> str:
+    """One ``pydoc_data.topics`` entry -> its prose paragraphs, unwrapped, joined by blank lines.
+
+    Indentation decides first: a paragraph at an indentation its context allows (0, or the text
+    column of an enclosing list item or accepted definition) is prose if it reads like sentences;
+    a paragraph indented deeper is a code block unless it passes a strict sentence test (that
+    keeps the descriptions under method signatures such as ``object.__init__(self[, ...])``).
+    """
+    blocks: list[list[str]] = []
+    current: list[str] = []
+    for line in raw.expandtabs(8).splitlines():
+        if line.strip():
+            current.append(line.rstrip())
+        elif current:
+            blocks.append(current)
+            current = []
+    if current:
+        blocks.append(current)
+
+    allowed = [0]  # indentation columns at which prose may sit
+    kept: list[str] = []
+    for block in blocks:
+        if _is_heading(block):
+            allowed = [0]
+            continue
+        indent = len(block[0]) - len(block[0].lstrip())
+        if _looks_like_code_or_table(block):
+            continue
+        text = _unwrap(block)
+        bullet = _BULLET.match(block[0].strip())
+        if bullet:
+            if indent not in allowed and not _is_prose(text, strict=True):
+                continue
+            allowed = [i for i in allowed if i < indent] + [indent, indent + bullet.end()]
+            if _is_prose(text, strict=False):
+                kept.append(text)
+            continue
+        if indent in allowed:
+            allowed = [i for i in allowed if i <= indent]
+            if _is_prose(text, strict=False):
+                kept.append(text)
+        elif _is_prose(text, strict=True):
+            allowed = [i for i in allowed if i < indent] + [indent]
+            kept.append(text)
+    return "\n\n".join(kept)
+
+
+def _held_out(key: str) -> bool:
+    return zlib.crc32(key.encode("utf-8")) % HELD_OUT_MODULUS == 0
+
+
+def default_corpus() -> Corpus:
+    """The standard library's documentation topics as a calibration / held-out corpus.
+
+    Deterministic for a given Python version: topics sorted by name, cleaned by `clean_topic`,
+    split by ``crc32(name) % 5 == 0`` (held out). Several topics repeat whole sections of others
+    (``class`` inside ``compound``, ``customization`` inside ``specialnames``), so paragraphs are
+    de-duplicated: a paragraph appears once per part, and a paragraph of a held-out topic is
+    removed from every calibration topic. Topics left empty are skipped.
+    """
+    from pydoc_data.topics import topics
+
+    cleaned = {name: clean_topic(topics[name]).split("\n\n") for name in sorted(topics)}
+    held_names = [n for n in cleaned if _held_out(n)]
+    cal_names = [n for n in cleaned if not _held_out(n)]
+
+    def build(names: list[str], exclude: set[str]) -> tuple[Document, ...]:
+        seen = set(exclude)
+        docs = []
+        for name in names:
+            paras = []
+            for p in cleaned[name]:
+                if p and p not in seen:
+                    seen.add(p)
+                    paras.append(p)
+            if paras:
+                docs.append(Document(name, "\n\n".join(paras)))
+        return tuple(docs)
+
+    held_out = build(held_names, set())
+    held_paras = {p for d in held_out for p in d.text.split("\n\n")}
+    return Corpus(build(cal_names, held_paras), held_out)
+
+
+def corpus_from_text(text: str, name: str = "text") -> Corpus:
+    """Any text standing in for the default corpus (``--text FILE``).
+
+    Paragraphs (separated by blank lines) are split like topics, by ``crc32(paragraph) % 5``;
+    when that leaves a side empty and there are at least two paragraphs, the last paragraph is
+    held out (or the first is kept for calibration), so both parts are non-empty.
+    """
+    paragraphs = [p.strip() for p in re.split(r"\n\s*\n", text) if p.strip()]
+    docs = [Document(f"{name}:{i}", p) for i, p in enumerate(paragraphs)]
+    held = [_held_out(d.text) for d in docs]
+    if len(docs) >= 2 and all(held):
+        held[0] = False
+    elif len(docs) >= 2 and not any(held):
+        held[-1] = True
+    return Corpus(
+        tuple(d for d, h in zip(docs, held) if not h),
+        tuple(d for d, h in zip(docs, held) if h),
+    )
+
+
+def read_text(path: str | Path) -> str:
+    """A UTF-8 text file's contents, with one clear error when it is missing, binary or empty."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{p}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{p}: is a directory, not a text file") from None
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{p}: not UTF-8 text (byte {e.start})") from None
+    if not text.strip():
+        raise ValueError(f"{p}: the file is empty")
+    return text

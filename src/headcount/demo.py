@@ -1,0 +1,73 @@
+"""`headcount demo` (the tour `make demo` runs) and `headcount bench attention`."""
+
+from __future__ import annotations
+
+import typer
+
+
+def tour() -> None:
+    """A short tour: MHA / GQA / MQA on a random input, the three accounts, a benchmark line."""
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from headcount import MultiHeadAttention
+    from headcount.bench.attention import time_table
+
+    console = Console()
+    torch.manual_seed(0)
+    d_model, n_heads, T = 512, 8, 256
+    x = torch.randn(1, T, d_model)
+    table = Table(title=f"MultiHeadAttention on a random input [1, {T}, {d_model}]")
+    for col in ("kind", "n_heads", "n_kv_heads", "params", "KV cache bytes/token (fp32)", "output", "weights"):
+        table.add_column(col)
+    for n_kv in (8, 2, 1):
+        attn = MultiHeadAttention(d_model, n_heads, n_kv_heads=n_kv).eval()
+        with torch.inference_mode():
+            out = attn(x, is_causal=True, need_weights=True)
+        kind = "MHA" if n_kv == n_heads else ("MQA" if n_kv == 1 else "GQA")
+        params = sum(p.numel() for p in attn.parameters())
+        per_token = attn.new_cache(1, 1).nbytes
+        table.add_row(kind, str(n_heads), str(n_kv), f"{params:,}", f"{per_token:,}", str(list(out.output.shape)),
+                      str(list(out.weights.shape)))
+    console.print(table)
+    _accounts_tour(console)
+    rows = time_table((1024,), repeats=3)
+    by = {r["impl"]: r for r in rows}
+    floor, ours, peer = (by[k]["median_s"] for k in ("inline SDPA (floor)", "headcount fused",
+                                                   "torch.nn.MultiheadAttention"))
+    console.print(f"[bold]bench[/] T=1024, d_model=512, 8 heads, fp32: headcount fused {ours * 1e3:.1f} ms = "
+                  f"{ours / floor:.2f}x the inline SDPA floor; torch.nn.MultiheadAttention {peer / ours:.2f}x slower "
+                  "(full table: headcount bench attention)")
+    _models_tour(console)
+
+
+def _accounts_tour(console) -> None:
+    try:
+        from headcount.cost import demo_lines
+    except ImportError:
+        return
+    for line in demo_lines():
+        console.print(line)
+
+
+def _models_tour(console) -> None:
+    try:
+        from headcount.models import demo_tour
+    except ImportError:
+        return
+    demo_tour(console)
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    @app.command("demo")
+    def demo() -> None:
+        """The tour `make demo` runs: attention on a random input, its accounts, a benchmark line."""
+        tour()
+
+    @bench_app.command("attention")
+    def bench_attention(repeats: int = typer.Option(7, help="paired repeats per length"),
+                        json_out: bool = typer.Option(False, "--json", help="print JSON instead of tables")) -> None:
+        """headcount fused / eager vs inline SDPA vs torch.nn.MultiheadAttention, and peak memory per path."""
+        from headcount.bench.attention import main
+        main(repeats=repeats, as_json=json_out)

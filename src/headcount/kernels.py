@@ -1,0 +1,105 @@
+"""attend(): the two paths behind one forward.
+
+- fused: F.scaled_dot_product_attention. No n x n tensor is materialised where torch has a fused
+  kernel (on CPU it does, for fp32/bf16/fp16). Weights are not available.
+- eager: explicit softmax(Q K^T * scale + mask) V, softmax in fp32 for fp16/bf16. Returns weights.
+
+Both: GQA grouping (query head i reads KV head kv_index[i]; uniform grouping i // (n_heads //
+n_kv_heads) never copies K/V), and a query row whose keys are all masked gives exactly 0 output and
+0 gradient, never NaN.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from headcount.masks import causal_mask, combine
+
+Tensor = torch.Tensor
+
+def _sdpa_has_gqa() -> bool:
+    try:  # torch >= 2.5 takes enable_gqa; older releases need K/V repeated per query head
+        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: probe it
+        try:
+            x = torch.zeros(1, 2, 1, 1)
+            F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+            return True
+        except TypeError:
+            return False
+
+
+_SDPA_HAS_GQA = _sdpa_has_gqa()
+
+
+def _expand_kv(k: Tensor, v: Tensor, n_heads: int, kv_index: Tensor | None) -> tuple[Tensor, Tensor]:
+    """K/V with one head per query head: gather by kv_index (uneven groups) or repeat (uniform)."""
+    if kv_index is not None:
+        return k.index_select(1, kv_index), v.index_select(1, kv_index)
+    group = n_heads // k.shape[1]
+    return k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
+           need_weights: bool = False, dropout_p: float = 0.0, scale: float | None = None,
+           kv_index: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+    """Attention for q [B, nh, T, dh] over k, v [B, nkv, S, dh] -> ([B, nh, T, dh], weights or None).
+
+    mask: bool (True = may attend) or float (added), broadcastable to [B, nh, T, S].
+    is_causal: bottom-right aligned (query t sits at position S - T + t), right for a KV cache.
+    kv_index: [nh] long tensor mapping query head -> KV head when groups are uneven; None = uniform.
+    """
+    n_heads, tgt_len, src_len = q.shape[1], q.shape[2], k.shape[2]
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if is_causal and (mask is not None or tgt_len != src_len or need_weights):
+        mask = combine(mask, causal_mask(tgt_len, src_len, q.device), dtype=q.dtype)
+        is_causal = False
+    if need_weights:
+        return _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index)
+    return _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index), None
+
+
+def _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index) -> Tensor:
+    n_heads, n_kv = q.shape[1], k.shape[1]
+    gqa = False
+    if kv_index is not None or (n_kv != n_heads and not _SDPA_HAS_GQA):
+        k, v = _expand_kv(k, v, n_heads, kv_index)
+    elif n_kv != n_heads:
+        gqa = True
+    kwargs = {"enable_gqa": True} if gqa else {}
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
+                                          scale=scale, **kwargs)
+
+
+def _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index) -> tuple[Tensor, Tensor]:
+    batch, n_heads, tgt_len, head_dim = q.shape
+    if kv_index is not None:
+        k, v = _expand_kv(k, v, n_heads, kv_index)
+    n_kv = k.shape[1]
+    group = n_heads // n_kv
+    # Grouped matmul: (B, nkv, g, T, dh) @ (B, nkv, 1, dh, S) -> (B, nkv, g, T, S); no K/V copy.
+    qg = q.unflatten(1, (n_kv, group))
+    scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)  # (B, nh, T, S)
+    low_precision = scores.dtype in (torch.float16, torch.bfloat16)
+    if low_precision:
+        scores = scores.float()
+    scores = scores * scale
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        else:
+            scores = scores + mask.to(scores.dtype)
+        # Rows with no key allowed: softmax would give 0/0. Give them zeros, with a NaN-free backward
+        # (softmax of a finite row, then zeroed), instead of the NaN nn.MultiheadAttention returns.
+        dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
+        weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+    else:
+        weights = torch.softmax(scores, dim=-1)
+    weights = weights.to(q.dtype)
+    probs = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
+    out = torch.matmul(probs.unflatten(1, (n_kv, group)), v.unsqueeze(2)).flatten(1, 2)  # (B, nh, T, dh)
+    return out, weights

@@ -1,0 +1,1 @@
+"""Real pretrained models on headcount.MultiHeadAttention (issue 4)."""

@@ -1,0 +1,94 @@
+"""Rotary position embedding (RoPE), applied to q and k through MultiHeadAttention's `qk_transform` hook.
+
+Convention: the "rotate half" layout of transformers' Llama / Qwen2 / GPT-NeoX (not the interleaved
+pairs of the original paper, nor llama.cpp's GGUF layout, which the GGUF loader undoes). For head
+dimension d and position p, pair (i, i + d/2) is rotated by the angle p * theta^(-2i/d):
+
+    x' = x * cos + rotate_half(x) * sin,    rotate_half([x1, x2]) = [-x2, x1]
+
+The cos / sin tables are computed once, for every position up to `max_position`, in float32 exactly
+as transformers computes them (so the two agree bit for bit), and cast to the model's dtype.
+`rotate_half(x) * sin` is computed as `roll(x, d/2) * sin_signed` with the sign folded into the table
+(sin_signed = [-sin, sin]): one op fewer per tensor, the same bits ((-a) * b == -(a * b) in IEEE).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+
+
+def inverse_frequencies(head_dim: int, theta: float) -> Tensor:
+    """theta^(-2i/d) for i < d/2, float32, computed the way transformers computes it."""
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).to(torch.float32) / head_dim
+    return 1.0 / (theta ** exponents)
+
+
+class RotaryEmbedding(nn.Module):
+    """Precomputed cos / sin tables [max_position, head_dim] and the hook that applies them.
+
+    `hook(start, length)` returns a `qk_transform` for tokens at positions start .. start+length-1
+    (with a KV cache, start = cache.length); `hook(position_ids=...)` takes explicit positions [B, T]
+    (left-padded batches). One hook serves every layer of one forward call.
+    """
+
+    def __init__(self, head_dim: int, max_position: int, theta: float = 10000.0, *, dtype=torch.float32,
+                 device=None):
+        super().__init__()
+        if head_dim % 2:
+            raise ValueError(f"head_dim: rotary embedding needs an even head_dim, got {head_dim}")
+        self.head_dim, self.max_position, self.theta = head_dim, max_position, float(theta)
+        inv_freq = inverse_frequencies(head_dim, theta)
+        positions = torch.arange(max_position, dtype=torch.int64).to(torch.float32)
+        freqs = positions[:, None] * inv_freq[None, :]  # (P, d/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (P, d)
+        half = head_dim // 2
+        sin = emb.sin()
+        sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        self.register_buffer("cos", emb.cos().to(device=device, dtype=dtype), persistent=False)
+        self.register_buffer("sin_signed", sin_signed.to(device=device, dtype=dtype), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, max_position={self.max_position}, theta={self.theta:g}"
+
+    def _apply_rotary(self, cos: Tensor, sin: Tensor, x: Tensor) -> Tensor:
+        rolled = torch.roll(x, shifts=self.head_dim // 2, dims=-1)  # [x2, x1]
+        return torch.addcmul(x * cos, rolled, sin)
+
+    def hook(self, start: int = 0, length: int | None = None, *, position_ids: Tensor | None = None):
+        """A qk_transform for MultiHeadAttention: (q [B, nh, T, d], k [B, nkv, T, d]) -> rotated (q, k)."""
+        if position_ids is not None:
+            if position_ids.dim() != 2:
+                raise ValueError(f"position_ids: expected shape [B, T], got {list(position_ids.shape)}")
+            if position_ids.numel() and int(position_ids.max()) >= self.max_position:
+                raise ValueError(f"position_ids: position {int(position_ids.max())} is past the model's "
+                                 f"context of {self.max_position} tokens")
+            cos = self.cos[position_ids].unsqueeze(1)  # (B, 1, T, d)
+            sin = self.sin_signed[position_ids].unsqueeze(1)
+        else:
+            if length is None:
+                raise ValueError("hook: give length (with start) or position_ids")
+            if start + length > self.max_position:
+                raise ValueError(f"positions {start}..{start + length - 1} are past the model's context of "
+                                 f"{self.max_position} tokens")
+            cos = self.cos[start:start + length]  # (T, d), broadcasts over (B, heads)
+            sin = self.sin_signed[start:start + length]
+
+        def qk_transform(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+            c, s = (cos, sin) if cos.dtype == q.dtype else (cos.to(q.dtype), sin.to(q.dtype))
+            return self._apply_rotary(c, s, q), self._apply_rotary(c, s, k)
+
+        return qk_transform
+
+
+def apply_rotary_reference(x: Tensor, positions: Tensor, theta: float) -> Tensor:
+    """The textbook formula, for tests: x [..., T, d] rotated at `positions` [T] with rotate_half."""
+    d = x.shape[-1]
+    inv_freq = inverse_frequencies(d, theta).to(torch.float64)
+    freqs = positions.to(torch.float64)[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    x1, x2 = x[..., : d // 2], x[..., d // 2:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (x.double() * emb.cos() + rotated.double() * emb.sin()).to(x.dtype)

@@ -1,0 +1,70 @@
+"""Structural head surgery on a MultiHeadAttention: prune_heads.
+
+Removing a query head removes its Q rows from qkv_proj and its block of columns from o_proj — the
+input of W_O, where the head writes. A KV head goes once no remaining query head reads it. Uneven
+pruning across GQA groups (say group sizes 3, 2, 3) keeps an explicit query-head -> KV-head map
+(`kv_head_of`, and the `kv_index` buffer the kernels gather with); the uniform case stays on the
+fast path with no map.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def _uniform(kv_head_of: tuple[int, ...], n_kv_heads: int) -> bool:
+    n_heads = len(kv_head_of)
+    if n_heads % n_kv_heads:
+        return False
+    group = n_heads // n_kv_heads
+    return all(kv == i // group for i, kv in enumerate(kv_head_of))
+
+
+def _shrink_linear(linear: nn.Linear, rows: torch.Tensor | None = None, cols: torch.Tensor | None = None) -> None:
+    """Keep only the given output rows / input columns of a Linear, in place (new Parameters)."""
+    with torch.no_grad():
+        weight = linear.weight
+        if rows is not None:
+            weight = weight.index_select(0, rows)
+            if linear.bias is not None:
+                linear.bias = nn.Parameter(linear.bias.index_select(0, rows).clone(),
+                                           requires_grad=linear.bias.requires_grad)
+        if cols is not None:
+            weight = weight.index_select(1, cols)
+        linear.weight = nn.Parameter(weight.clone(), requires_grad=linear.weight.requires_grad)
+    linear.out_features, linear.in_features = linear.weight.shape
+
+
+def prune_heads(attn, heads) -> None:
+    """Remove query heads `heads` (current indices) from `attn`, in place."""
+    try:
+        heads = sorted({int(h) for h in heads})
+    except TypeError as err:
+        raise TypeError(f"heads: expected an iterable of head indices, got {heads!r}") from err
+    n_heads, n_kv, dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    bad = [h for h in heads if not 0 <= h < n_heads]
+    if bad:
+        raise ValueError(f"heads: expected indices in [0, {n_heads}) (n_heads={n_heads}), got {bad}")
+    if not heads:
+        return
+    keep = [h for h in range(n_heads) if h not in set(heads)]
+    if not keep:
+        raise ValueError(f"heads: cannot prune all {n_heads} heads of a layer; gate them to 0 "
+                         "(head_gates) or drop the layer instead")
+    used_kv = sorted({attn.kv_head_of[h] for h in keep})
+    renumber = {old: new for new, old in enumerate(used_kv)}
+    device = attn.qkv_proj.weight.device
+
+    def head_rows(offset: int, indices: list[int]) -> list[int]:
+        return [offset + i * dh + j for i in indices for j in range(dh)]
+
+    rows = head_rows(0, keep) + head_rows(n_heads * dh, used_kv) + head_rows((n_heads + n_kv) * dh, used_kv)
+    _shrink_linear(attn.qkv_proj, rows=torch.tensor(rows, device=device))
+    _shrink_linear(attn.o_proj, cols=torch.tensor(head_rows(0, keep), device=device))
+
+    attn.kv_head_of = tuple(renumber[attn.kv_head_of[h]] for h in keep)
+    attn.kept_heads = tuple(attn.kept_heads[h] for h in keep)
+    attn.n_heads, attn.n_kv_heads = len(keep), len(used_kv)
+    attn.kv_index = None if _uniform(attn.kv_head_of, attn.n_kv_heads) else \
+        torch.tensor(attn.kv_head_of, dtype=torch.long, device=device)
