@@ -84,19 +84,21 @@ def _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index) -> tuple[Tensor
     # Grouped matmul: (B, nkv, g, T, dh) @ (B, nkv, 1, dh, S) -> (B, nkv, g, T, S); no K/V copy.
     qg = q.unflatten(1, (n_kv, group))
     scores = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)).flatten(1, 2)  # (B, nh, T, S)
-    low_precision = scores.dtype in (torch.float16, torch.bfloat16)
-    if low_precision:
-        scores = scores.float()
-    scores = scores * scale
+    if scores.dtype in (torch.float16, torch.bfloat16):
+        scores = scores.float()  # softmax in fp32 for half precision
+    # In-place from here to the softmax: none of these ops needs its input for backward, and each
+    # out-of-place copy would be one more n x n tensor (the eager path holds scores + weights only).
+    scores.mul_(scale)
     if mask is not None:
         if mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
+            scores.masked_fill_(~mask, float("-inf"))
         else:
-            scores = scores + mask.to(scores.dtype)
+            scores.add_(mask)
         # Rows with no key allowed: softmax would give 0/0. Give them zeros, with a NaN-free backward
         # (softmax of a finite row, then zeroed), instead of the NaN nn.MultiheadAttention returns.
         dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
-        weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+        weights = torch.softmax(scores.masked_fill_(dead, 0.0), dim=-1)
+        weights = weights.masked_fill(dead, 0.0) if weights.requires_grad else weights.masked_fill_(dead, 0.0)
     else:
         weights = torch.softmax(scores, dim=-1)
     weights = weights.to(q.dtype)

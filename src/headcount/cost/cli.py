@@ -1,5 +1,221 @@
-"""`headcount cost` (issue 3). Placeholder until the cost room lands."""
+"""`headcount cost`: the three accounts and the KV cache for a preset, a config.json or flags.
+
+Light imports only (typer, rich, the pure-Python accounts): no torch unless --measure is given.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from headcount.cost.accounts import report
+from headcount.cost.fit import fit as fit_budget
+from headcount.cost.fit import parse_budget, parse_seq
+from headcount.cost.presets import ALIASES, PRESETS, get_preset
+from headcount.cost.shape import CostError, ModelShape, describe, from_config, override, parse_dtype
+
+HELP = """The three accounts of chapter 2.3.3 (parameters, FLOPs, score-matrix memory) and the KV cache (2.3.7).
+
+\b
+  headcount cost llama-3-8b --seq 8192 --batch 1 --dtype bf16
+  headcount cost --d-model 4096 --heads 8,32,128 --seq 4096 --dtype fp16
+  headcount cost llama-3-8b --kv-heads 32,8,1 --dtype fp16
+  headcount cost llama-3-70b --fit 80GiB
+  headcount cost --config path/to/config.json --json
+  headcount cost --measure
+
+FLOPs count a multiply-add as 2 FLOPs (matrix multiplications only).
+"""
+
+MEASURE_DEFAULT = dict(d_model=256, heads="8", kv_heads="2", seq="256")
 
 
-def register(app) -> None:  # noqa: D401 - filled in by the cost work
-    return None
+def _int_list(flag: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    items = [t.strip() for t in text.split(",")]
+    try:
+        values = [int(t) for t in items]
+    except ValueError:
+        raise CostError(f"{flag}: expected whole numbers separated by commas, e.g. 8,32,128, got {text!r}") from None
+    for v in values:
+        if v <= 0:
+            raise CostError(f"{flag}: expected positive head counts, got {v}")
+    return list(dict.fromkeys(values))
+
+
+def _base_shape(model, config, d_model, heads, kv_heads, head_dim) -> tuple[ModelShape, str, str]:
+    """(shape, note, source) from a preset, a config.json, or --d-model/--heads."""
+    if model is not None and config is not None:
+        raise CostError("give a preset name or --config, not both")
+    if model is not None:
+        preset = get_preset(model)
+        return preset.shape, preset.note, preset.source
+    if config is not None:
+        return from_config(config), "", str(config)
+    if d_model is None:
+        raise CostError(f"give a preset name, --config path/to/config.json, or --d-model with --heads; "
+                        f"presets: {', '.join(PRESETS)}")
+    if not heads:
+        raise CostError("--d-model needs --heads (e.g. --heads 8,32,128)")
+    shape = ModelShape(d_model=d_model, n_heads=heads[0], n_kv_heads=kv_heads[0] if kv_heads else None,
+                       head_dim=head_dim)
+    return shape, "a bare block: 1 layer unless --n-layers, no embeddings unless --vocab, no biases unless --bias", ""
+
+
+def _variants(base: ModelShape, heads, kv_heads, fields: dict) -> tuple[list[ModelShape], list[str]]:
+    shapes, labels = [], []
+    for h in heads or [None]:
+        for kv in kv_heads or [None]:
+            shape = override(base, n_heads=h, n_kv_heads=kv, **fields)
+            shapes.append(shape)
+            parts = []
+            if heads and len(heads) > 1:
+                parts.append(f"{shape.n_heads} heads x {shape.head_dim}")
+            if kv_heads and len(kv_heads) > 1:
+                parts.append(f"{shape.n_kv_heads} KV ({shape.attention_kind})")
+            labels.append(", ".join(parts) or shape.name)
+    return shapes, labels
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 200, soft_wrap=False, highlight=False)
+
+
+def _list_presets(console) -> None:
+    from rich.table import Table
+
+    from headcount.cost.accounts import param_counts
+
+    table = Table(title="headcount cost presets", title_justify="left")
+    for col in ("name", "model", "shape", "params", "source"):
+        table.add_column(col, no_wrap=col != "shape")
+    for key, p in PRESETS.items():
+        table.add_row(key, p.shape.name, describe(p.shape), f"{param_counts(p.shape)['total']:,}", p.source)
+    console.print(table)
+    console.print(f"[dim]aliases: {', '.join(f'{a} -> {k}' for a, k in ALIASES.items())}[/dim]")
+
+
+def cost(
+    model: Annotated[Optional[str], typer.Argument(help="A preset (see --list), e.g. llama-3-8b, gpt3-175b.")] = None,
+    config: Annotated[Optional[Path], typer.Option("--config", help="A transformers config.json (or its folder).")] = None,
+    seq: Annotated[Optional[str], typer.Option("--seq", help="Sequence / context length n (8192, 8k, 128k). [default: 2048]")] = None,
+    batch: Annotated[int, typer.Option("--batch", help="Batch size B.")] = 1,
+    dtype: Annotated[str, typer.Option("--dtype", help="fp32, fp16, bf16, fp8, int8.")] = "bf16",
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    fit: Annotated[Optional[str], typer.Option("--fit", help="A memory budget (80GiB, 80GB, 1.5TiB, 512MiB): the longest context and largest batch whose weights + KV cache fit.")] = None,
+    measure: Annotated[bool, typer.Option("--measure", help="Check the formulas against a run of headcount.MultiHeadAttention (needs torch).")] = False,
+    list_presets: Annotated[bool, typer.Option("--list", help="List the presets and exit.")] = False,
+    d_model: Annotated[Optional[int], typer.Option("--d-model", help="Model width.")] = None,
+    heads: Annotated[Optional[str], typer.Option("--heads", help="Query heads; a list (8,32,128) compares side by side.")] = None,
+    kv_heads: Annotated[Optional[str], typer.Option("--kv-heads", help="KV heads; a list (32,8,1) compares MHA, GQA, MQA.")] = None,
+    head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="Head width (default d_model / heads).")] = None,
+    n_layers: Annotated[Optional[int], typer.Option("--n-layers", help="Layers (blocks per stack).")] = None,
+    d_ff: Annotated[Optional[int], typer.Option("--d-ff", help="MLP hidden width.")] = None,
+    vocab: Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size.")] = None,
+    mlp: Annotated[Optional[str], typer.Option("--mlp", help="gelu (2 matrices) or gated (3, SwiGLU).")] = None,
+    max_positions: Annotated[Optional[int], typer.Option("--max-positions", help="Learned position rows / context window.")] = None,
+    position: Annotated[Optional[str], typer.Option("--position", help="learned, rotary, sinusoidal, none.")] = None,
+    norm: Annotated[Optional[str], typer.Option("--norm", help="layernorm or rmsnorm.")] = None,
+    arch: Annotated[Optional[str], typer.Option("--arch", help="decoder, encoder, encoder-decoder.")] = None,
+    bias: Annotated[Optional[bool], typer.Option("--bias/--no-bias", help="Biases on every linear layer.")] = None,
+    tied: Annotated[Optional[bool], typer.Option("--tied/--untied", help="Tie the LM head to the embeddings.")] = None,
+) -> None:
+    """The three accounts (parameters, FLOPs, score memory) and the KV cache, by head count."""
+    console = _console()
+    try:
+        if list_presets:
+            _list_presets(console)
+            return
+        if measure and model is None and config is None and d_model is None:
+            d_model = MEASURE_DEFAULT["d_model"]
+            heads = heads or MEASURE_DEFAULT["heads"]
+            kv_heads = kv_heads or MEASURE_DEFAULT["kv_heads"]
+            seq = seq or MEASURE_DEFAULT["seq"]
+        n = parse_seq(seq) if seq is not None else 2048
+        if batch <= 0:
+            raise CostError(f"--batch: expected a positive whole number, got {batch}")
+        dtype_name, _ = parse_dtype(dtype)
+        budget = parse_budget(fit) if fit is not None else None
+        heads_list, kv_list = _int_list("--heads", heads), _int_list("--kv-heads", kv_heads)
+        base, note, source = _base_shape(model, config, d_model, heads_list, kv_list, head_dim)
+        fields = dict(d_model=d_model, head_dim=head_dim, n_layers=n_layers, d_ff=d_ff, vocab_size=vocab, mlp=mlp,
+                      max_positions=max_positions, position=position, norm=norm, arch=arch, tied_embeddings=tied)
+        if bias is not None:
+            fields.update(attn_bias=bias, o_bias=bias, mlp_bias=bias)
+        if model is None and config is None:  # already in the base shape
+            fields.pop("d_model"), fields.pop("head_dim")
+        shapes, labels = _variants(base, heads_list, kv_list, fields)
+        reports = [report(s, batch=batch, seq=n, dtype=dtype_name) for s in shapes]
+        fits = [fit_budget(s, budget, batch=batch, seq=n, dtype=dtype_name) for s in shapes] if budget else None
+        measured = _measure(shapes, batch, n, dtype_name) if measure else None
+    except CostError as err:
+        typer.echo(f"headcount cost: {' '.join(str(err).split())}", err=True)
+        raise typer.Exit(2) from None
+
+    if as_json:
+        from headcount.cost.format import to_json
+
+        def one(i):
+            rep = dict(reports[i])
+            if note:
+                rep["note"] = note
+            if source:
+                rep["source"] = source
+            if fits:
+                rep["fit"] = fits[i]
+            if measured:
+                rep["measure"] = measured[i]
+            return rep
+
+        if len(reports) == 1:
+            typer.echo(to_json(one(0)))
+        else:
+            typer.echo(to_json({"variants": [one(i) | {"label": labels[i]} for i in range(len(reports))],
+                                "labels": labels}))
+        return
+
+    from headcount.cost.format import render_comparison, render_measure, render_report
+
+    if len(reports) == 1:
+        render_report(reports[0], console, fit=fits[0] if fits else None, note=note, source=source)
+    else:
+        b = shapes[0]
+        title = (f"{b.name}: d_model {b.d_model}, {b.n_layers} layer{'s' if b.n_layers > 1 else ''}; batch {batch}, "
+                 f"seq {n:,}, {dtype_name}")
+        render_comparison(reports, labels, console, title=title, fits=fits)
+        if note:
+            console.print(f"[dim]note: {note}[/dim]")
+    if measured:
+        for shape, label, rows in zip(shapes, labels, measured):
+            render_measure(rows, console, title=f"measured vs formula: {label} ({describe(shape)}), batch {batch}, "
+                                                  f"seq {n:,}")
+        if any(r["ok"] is False for rows in measured for r in rows):
+            typer.echo("headcount cost: a measurement disagrees with its formula (see MISMATCH above)", err=True)
+            raise typer.Exit(1)
+
+
+def _measure(shapes, batch, seq, dtype) -> list[list[dict]]:
+    try:
+        from headcount.cost import measure as m
+    except ImportError as err:  # pragma: no cover - torch is a dependency
+        raise CostError(f"--measure needs torch and headcount.MultiHeadAttention ({err})") from None
+    out = []
+    for i, shape in enumerate(shapes):
+        try:
+            out.append(m.run_all(shape, batch, seq, dtype if dtype in ("fp32", "fp16", "bf16") else "fp32",
+                                 memory=i == 0))
+        except ImportError as err:
+            raise CostError(f"--measure needs torch and headcount.MultiHeadAttention ({err})") from None
+        except RuntimeError as err:
+            raise CostError(f"--measure failed: {err}") from None
+    return out
+
+
+def register(app) -> None:
+    app.command("cost", help=HELP, no_args_is_help=False)(cost)

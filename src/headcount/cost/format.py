@@ -146,8 +146,8 @@ def render_comparison(reports: list[dict], labels: list[str], console: Console, 
         table.add_row(label, *[fmt(v) for v in values])
 
     def bytes_row(label, values):
-        unit = row_unit(values)
-        row(label, values, lambda v: f"{v:,} ({human_bytes(v, unit)})")
+        unit = row_unit(values)  # one unit per row (0.25 GiB, 1 GiB, 4 GiB), unless a value is tiny in it
+        row(label, values, lambda v: f"{v:,} ({human_bytes(v, unit if v >= unit[1] / 10 else None)})")
 
     def get(path):
         out = []

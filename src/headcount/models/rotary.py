@@ -7,7 +7,8 @@ dimension d and position p, pair (i, i + d/2) is rotated by the angle p * theta^
     x' = x * cos + rotate_half(x) * sin,    rotate_half([x1, x2]) = [-x2, x1]
 
 The cos / sin tables are computed once, for every position up to `max_position`, in float32 exactly
-as transformers computes them (so the two agree bit for bit), and cast to the model's dtype.
+as transformers computes them (so the two agree bit for bit). They stay float32 when the model moves
+to another dtype; a forward call in bf16/fp16 casts the rows it uses, as transformers does.
 `rotate_half(x) * sin` is computed as `roll(x, d/2) * sin_signed` with the sign folded into the table
 (sin_signed = [-sin, sin]): one op fewer per tensor, the same bits ((-a) * b == -(a * b) in IEEE).
 """
@@ -26,29 +27,49 @@ def inverse_frequencies(head_dim: int, theta: float) -> Tensor:
     return 1.0 / (theta ** exponents)
 
 
+def rotary_tables(head_dim: int, n_positions: int, theta: float, device=None) -> tuple[Tensor, Tensor]:
+    """(cos, sin_signed), each [n_positions, head_dim] float32; sin_signed = [-sin | sin] by halves."""
+    inv_freq = inverse_frequencies(head_dim, theta)
+    positions = torch.arange(n_positions, dtype=torch.int64).to(torch.float32)
+    freqs = positions[:, None] * inv_freq[None, :]  # (P, d/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (P, d)
+    half = head_dim // 2
+    sin = emb.sin()
+    sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+    return emb.cos().to(device), sin_signed.to(device)
+
+
 class RotaryEmbedding(nn.Module):
-    """Precomputed cos / sin tables [max_position, head_dim] and the hook that applies them.
+    """Precomputed cos / sin tables [P, head_dim] and the hook that applies them.
 
     `hook(start, length)` returns a `qk_transform` for tokens at positions start .. start+length-1
     (with a KV cache, start = cache.length); `hook(position_ids=...)` takes explicit positions [B, T]
     (left-padded batches). One hook serves every layer of one forward call.
+
+    The tables cover min(max_position, 4096) positions at first and grow (doubling) on demand, up to
+    max_position: a 128k-context model does not pay 128 MB of tables it never uses.
     """
 
-    def __init__(self, head_dim: int, max_position: int, theta: float = 10000.0, *, dtype=torch.float32,
-                 device=None):
+    INITIAL_POSITIONS = 4096
+
+    def __init__(self, head_dim: int, max_position: int, theta: float = 10000.0, *, device=None):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"head_dim: rotary embedding needs an even head_dim, got {head_dim}")
         self.head_dim, self.max_position, self.theta = head_dim, max_position, float(theta)
-        inv_freq = inverse_frequencies(head_dim, theta)
-        positions = torch.arange(max_position, dtype=torch.int64).to(torch.float32)
-        freqs = positions[:, None] * inv_freq[None, :]  # (P, d/2)
-        emb = torch.cat((freqs, freqs), dim=-1)  # (P, d)
-        half = head_dim // 2
-        sin = emb.sin()
-        sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        self.register_buffer("cos", emb.cos().to(device=device, dtype=dtype), persistent=False)
-        self.register_buffer("sin_signed", sin_signed.to(device=device, dtype=dtype), persistent=False)
+        cos, sin_signed = rotary_tables(head_dim, min(max_position, self.INITIAL_POSITIONS), theta, device)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin_signed", sin_signed, persistent=False)
+
+    def _rebuild(self, n_positions: int) -> None:
+        self.cos, self.sin_signed = rotary_tables(self.head_dim, n_positions, self.theta, self.cos.device)
+
+    def _apply(self, fn, recurse=True):
+        # model.to(torch.bfloat16) must not round the tables: keep them float32, follow the device.
+        out = super()._apply(fn, recurse)
+        if self.cos.dtype != torch.float32:
+            self._rebuild(self.cos.shape[0])
+        return out
 
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, max_position={self.max_position}, theta={self.theta:g}"
@@ -57,28 +78,32 @@ class RotaryEmbedding(nn.Module):
         rolled = torch.roll(x, shifts=self.head_dim // 2, dims=-1)  # [x2, x1]
         return torch.addcmul(x * cos, rolled, sin)
 
-    def hook(self, start: int = 0, length: int | None = None, *, position_ids: Tensor | None = None):
+    def hook(self, start: int = 0, length: int | None = None, *, position_ids: Tensor | None = None,
+             dtype: torch.dtype = torch.float32):
         """A qk_transform for MultiHeadAttention: (q [B, nh, T, d], k [B, nkv, T, d]) -> rotated (q, k)."""
         if position_ids is not None:
             if position_ids.dim() != 2:
                 raise ValueError(f"position_ids: expected shape [B, T], got {list(position_ids.shape)}")
-            if position_ids.numel() and int(position_ids.max()) >= self.max_position:
-                raise ValueError(f"position_ids: position {int(position_ids.max())} is past the model's "
-                                 f"context of {self.max_position} tokens")
-            cos = self.cos[position_ids].unsqueeze(1)  # (B, 1, T, d)
-            sin = self.sin_signed[position_ids].unsqueeze(1)
+            end = int(position_ids.max()) + 1 if position_ids.numel() else 0
         else:
             if length is None:
                 raise ValueError("hook: give length (with start) or position_ids")
-            if start + length > self.max_position:
-                raise ValueError(f"positions {start}..{start + length - 1} are past the model's context of "
-                                 f"{self.max_position} tokens")
-            cos = self.cos[start:start + length]  # (T, d), broadcasts over (B, heads)
-            sin = self.sin_signed[start:start + length]
+            end = start + length
+        if end > self.max_position:
+            raise ValueError(f"position {end - 1} is past the model's context of {self.max_position} tokens")
+        if end > self.cos.shape[0]:
+            self._rebuild(min(self.max_position, max(end, 2 * self.cos.shape[0])))
+        if position_ids is not None:
+            cos = self.cos[position_ids].unsqueeze(1)  # (B, 1, T, d)
+            sin = self.sin_signed[position_ids].unsqueeze(1)
+        else:
+            cos = self.cos[start:end]  # (T, d), broadcasts over (B, heads)
+            sin = self.sin_signed[start:end]
+        if dtype != cos.dtype:
+            cos, sin = cos.to(dtype), sin.to(dtype)
 
         def qk_transform(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
-            c, s = (cos, sin) if cos.dtype == q.dtype else (cos.to(q.dtype), sin.to(q.dtype))
-            return self._apply_rotary(c, s, q), self._apply_rotary(c, s, k)
+            return self._apply_rotary(cos, sin, q), self._apply_rotary(cos, sin, k)
 
         return qk_transform
 

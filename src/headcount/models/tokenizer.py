@@ -1,0 +1,107 @@
+"""A thin tokenizer over the `tokenizers` library: encode, batch with padding, decode.
+
+Built from a tokenizer.json (MiniLM, local checkpoints) or from the vocabulary and merges inside a
+GGUF file (SmolLM2). The tokenizer.json's own truncation and padding settings are switched off
+(sentence-transformers ships MiniLM's with "pad everything to 128"): `batch` pads to the longest
+text and nothing is ever silently truncated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from tokenizers import Tokenizer as _Backend
+
+Tensor = torch.Tensor
+
+
+class Tokenizer:
+    """Encode / decode text for one model.
+
+    add_special_tokens: what `encode` does by default ([CLS] ... [SEP] for BERT; nothing for
+    SmolLM2, whose GGUF says add_bos_token = False).
+    """
+
+    def __init__(self, backend: _Backend, *, bos_token_id: int | None = None, eos_token_id: int | None = None,
+                 pad_token_id: int | None = None, add_special_tokens: bool = True):
+        backend.no_truncation()
+        backend.no_padding()
+        self.backend = backend
+        self.bos_token_id, self.eos_token_id = bos_token_id, eos_token_id
+        self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
+        self.add_special_tokens = add_special_tokens
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token_id}, eos={self.eos_token_id}, "
+                f"pad={self.pad_token_id})")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @classmethod
+    def from_file(cls, path: str | Path, **kwargs) -> "Tokenizer":
+        path = Path(path)
+        try:
+            backend = _Backend.from_file(str(path))
+        except Exception as e:  # the tokenizers library raises a bare Exception on bad JSON
+            raise ValueError(f"{path}: not a valid tokenizer.json ({e})") from None
+        return cls(backend, **kwargs)
+
+    def encode(self, text: str, *, add_special_tokens: bool | None = None) -> list[int]:
+        special = self.add_special_tokens if add_special_tokens is None else add_special_tokens
+        return self.backend.encode(text, add_special_tokens=special).ids
+
+    def encode_batch(self, texts: Sequence[str], *, add_special_tokens: bool | None = None) -> list[list[int]]:
+        special = self.add_special_tokens if add_special_tokens is None else add_special_tokens
+        return [e.ids for e in self.backend.encode_batch(list(texts), add_special_tokens=special)]
+
+    def batch(self, texts: Sequence[str], *, add_special_tokens: bool | None = None,
+              padding_side: str = "right") -> tuple[Tensor, Tensor]:
+        """(input_ids [B, T] long, attention_mask [B, T] bool, True = real token), padded to the longest."""
+        if isinstance(texts, str):
+            texts = [texts]
+        if padding_side not in ("right", "left"):
+            raise ValueError(f"padding_side: expected 'right' or 'left', got {padding_side!r}")
+        ids = self.encode_batch(texts, add_special_tokens=add_special_tokens)
+        length = max((len(i) for i in ids), default=0)
+        input_ids = torch.full((len(ids), length), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(ids), length), dtype=torch.bool)
+        for row, seq in enumerate(ids):
+            sl = slice(0, len(seq)) if padding_side == "right" else slice(length - len(seq), length)
+            input_ids[row, sl] = torch.tensor(seq, dtype=torch.long)
+            mask[row, sl] = True
+        return input_ids, mask
+
+    def decode(self, ids, *, skip_special_tokens: bool = False) -> str:
+        if isinstance(ids, torch.Tensor):
+            ids = ids.tolist()
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+
+def byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], *, special_ids: Sequence[int] = (),
+                   split_digits: bool = True) -> _Backend:
+    """A GPT-2 style byte-level BPE tokenizer from a GGUF vocabulary (tokens in id order) and merges.
+
+    split_digits: every digit is its own pre-token first (SmolLM2's tokenizer.json, and llama.cpp's
+    "smollm" pre-tokenizer: "\\p{N}" before the GPT-2 pattern).
+    """
+    from tokenizers import AddedToken, decoders, models, pre_tokenizers
+
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    backend = _Backend(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False, byte_fallback=False))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    if split_digits:
+        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        backend.pre_tokenizer = byte_level
+    backend.decoder = decoders.ByteLevel()
+    if special_ids:
+        backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special_ids])
+    return backend
