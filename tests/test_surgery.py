@@ -88,3 +88,37 @@ def test_prune_bad_input():
     attn.prune_heads([1])
     with pytest.raises(ValueError, match="pruned"):
         attn(torch.randn(1, 2, 16), cache=old_cache)
+
+
+@pytest.mark.parametrize("target", [4, 2, 1])
+def test_merge_kv_heads_exact_when_pooled_heads_are_equal(target):
+    attn = MultiHeadAttention(32, 8).double()
+    dh = 4
+    with torch.no_grad():  # make K/V heads equal within each future group, so pooling loses nothing
+        w, b = attn.qkv_proj.weight, attn.qkv_proj.bias
+        r = 8 // target
+        for block in (1, 2):  # K block, V block
+            for h in range(8):
+                src = block * 32 + (h // r * r) * dh
+                dst = block * 32 + h * dh
+                w[dst:dst + dh] = w[src:src + dh]
+                b[dst:dst + dh] = b[src:src + dh]
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    want, _ = multi_head(x, per_head(attn), is_causal=True)
+    attn.merge_kv_heads(target)
+    assert attn.n_kv_heads == target and attn.qkv_proj.weight.shape[0] == (8 + 2 * target) * dh
+    torch.testing.assert_close(attn(x, is_causal=True).output, want)
+    assert attn.new_cache(1, 10).nbytes == 2 * target * 10 * dh * 8
+
+
+def test_merge_kv_heads_is_the_mean_and_refuses_bad_targets():
+    attn = MultiHeadAttention(16, 4, n_kv_heads=4, bias=False)
+    k_before = attn.qkv_proj.weight[16:32].clone()
+    attn.merge_kv_heads(2)
+    torch.testing.assert_close(attn.qkv_proj.weight[16:20], (k_before[0:4] + k_before[4:8]) / 2)
+    with pytest.raises(ValueError, match="divisor of the current n_kv_heads=2, got 3"):
+        attn.merge_kv_heads(3)
+    pruned = MultiHeadAttention(36, 9, n_kv_heads=3)
+    pruned.prune_heads([4])
+    with pytest.raises(ValueError, match="uniform"):
+        pruned.merge_kv_heads(1)

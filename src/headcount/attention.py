@@ -117,6 +117,10 @@ class MultiHeadAttention(nn.Module):
         remaining query head reads. Indices refer to the current heads; `kept_heads` tracks originals."""
         surgery.prune_heads(self, heads)
 
+    def merge_kv_heads(self, n_kv_heads: int) -> None:
+        """MHA -> GQA -> MQA: mean-pool consecutive K/V heads down to n_kv_heads (see surgery.py)."""
+        surgery.merge_kv_heads(self, n_kv_heads)
+
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> "MultiHeadAttention":
         """Copy a torch.nn.MultiheadAttention (its masks use the opposite bool polarity; see masks.py)."""

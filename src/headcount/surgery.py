@@ -68,3 +68,41 @@ def prune_heads(attn, heads) -> None:
     attn.n_heads, attn.n_kv_heads = len(keep), len(used_kv)
     attn.kv_index = None if _uniform(attn.kv_head_of, attn.n_kv_heads) else \
         torch.tensor(attn.kv_head_of, dtype=torch.long, device=device)
+
+
+def merge_kv_heads(attn, n_kv_heads: int) -> None:
+    """MHA -> GQA -> MQA: mean-pool each run of consecutive K/V heads into one, in place.
+
+    The conversion GQA's authors use before uptraining (Ainslie et al. 2023, arXiv 2305.13245): KV
+    head j of the result is the mean of old KV heads j*r .. j*r + r - 1 (r = old / new), and query
+    head i then reads i // (n_heads // n_kv_heads) as usual. Exact when the pooled heads are equal;
+    otherwise it is an approximation whose cost is what the user measures.
+    """
+    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads <= 0:
+        raise ValueError(f"n_kv_heads: expected a positive int, got {n_kv_heads!r}")
+    if not attn.is_uniform:
+        raise ValueError("n_kv_heads: merging needs uniform groups; this module was pruned unevenly "
+                         f"(kv_head_of={attn.kv_head_of})")
+    old = attn.n_kv_heads
+    if old % n_kv_heads or n_kv_heads > old:
+        raise ValueError(f"n_kv_heads: expected a divisor of the current n_kv_heads={old}, got {n_kv_heads}")
+    if n_kv_heads == old:
+        return
+    nh, dh, r = attn.n_heads, attn.head_dim, old // n_kv_heads
+
+    def pool(t: torch.Tensor) -> torch.Tensor:  # (old * dh, ...) -> (new * dh, ...)
+        return t.unflatten(0, (n_kv_heads, r, dh)).mean(dim=1).flatten(0, 1)
+
+    with torch.no_grad():
+        w = attn.qkv_proj.weight
+        q, k, v = w.split([nh * dh, old * dh, old * dh])
+        attn.qkv_proj.weight = nn.Parameter(torch.cat([q, pool(k), pool(v)]).clone(),
+                                            requires_grad=w.requires_grad)
+        if attn.qkv_proj.bias is not None:
+            b = attn.qkv_proj.bias
+            qb, kb, vb = b.split([nh * dh, old * dh, old * dh])
+            attn.qkv_proj.bias = nn.Parameter(torch.cat([qb, pool(kb), pool(vb)]).clone(),
+                                              requires_grad=b.requires_grad)
+    attn.qkv_proj.out_features = attn.qkv_proj.weight.shape[0]
+    attn.n_kv_heads = n_kv_heads
+    attn.kv_head_of = tuple(i // (nh // n_kv_heads) for i in range(nh))

@@ -80,7 +80,7 @@ def decoder_config(cfg: dict, source: str = "config") -> DecoderConfig:
             qkv_bias=True if kind == "qwen2" else attention_bias,
             o_bias=False if kind == "qwen2" else attention_bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", kind == "llama" and False)),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             bos_token_id=cfg.get("bos_token_id"), eos_token_id=_first(cfg.get("eos_token_id")),
             pad_token_id=cfg.get("pad_token_id"), family=kind)
     if kind == "gpt2":
