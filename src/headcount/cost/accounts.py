@@ -184,7 +184,8 @@ def report(shape: ModelShape, *, batch: int = 1, seq: int = 2048, dtype: str = "
             "flops": FLOP_CONVENTION,
             "causal": "scores (Q K^T) and read (A V) halved; projections and MLP unchanged",
             "score_memory": "eager path holds the scores and the softmax output, B x n_heads x n x n each; "
-                            "a fused kernel holds neither",
+                            "a fused kernel holds neither; an eager path that computes the softmax in fp32 "
+                            "for fp16/bf16 (headcount's, transformers') holds 4-byte scores",
             "kv_cache": "2 (K and V) x n_layers x n_kv_heads x head_dim x bytes per token",
         },
         "params": params,

@@ -33,6 +33,20 @@ FLOPs count a multiply-add as 2 FLOPs (matrix multiplications only).
 MEASURE_DEFAULT = dict(d_model=256, heads="8", kv_heads="2", seq="256")
 
 
+def _whole(flag: str, text: str | None, *, minimum: int = 1) -> int | None:
+    """A flag's whole number, or a one-line CostError naming the flag."""
+    if text is None:
+        return None
+    try:
+        value = int(str(text).strip().replace(",", "").replace("_", ""))
+    except ValueError:
+        raise CostError(f"{flag}: expected a whole number, got {text!r}") from None
+    if value < minimum:
+        raise CostError(f"{flag}: expected a {'positive' if minimum == 1 else 'non-negative'} whole number, "
+                        f"got {value}")
+    return value
+
+
 def _int_list(flag: str, text: str | None) -> list[int] | None:
     if text is None:
         return None
@@ -105,21 +119,21 @@ def cost(
     model: Annotated[Optional[str], typer.Argument(help="A preset (see --list), e.g. llama-3-8b, gpt3-175b.")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="A transformers config.json (or its folder).")] = None,
     seq: Annotated[Optional[str], typer.Option("--seq", help="Sequence / context length n (8192, 8k, 128k). [default: 2048]")] = None,
-    batch: Annotated[int, typer.Option("--batch", help="Batch size B.")] = 1,
+    batch: Annotated[str, typer.Option("--batch", metavar="INT", help="Batch size B.")] = "1",
     dtype: Annotated[str, typer.Option("--dtype", help="fp32, fp16, bf16, fp8, int8.")] = "bf16",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     fit: Annotated[Optional[str], typer.Option("--fit", help="A memory budget (80GiB, 80GB, 1.5TiB, 512MiB): the longest context and largest batch whose weights + KV cache fit.")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Check the formulas against a run of headcount.MultiHeadAttention (needs torch).")] = False,
     list_presets: Annotated[bool, typer.Option("--list", help="List the presets and exit.")] = False,
-    d_model: Annotated[Optional[int], typer.Option("--d-model", help="Model width.")] = None,
+    d_model: Annotated[Optional[str], typer.Option("--d-model", metavar="INT", help="Model width.")] = None,
     heads: Annotated[Optional[str], typer.Option("--heads", help="Query heads; a list (8,32,128) compares side by side.")] = None,
     kv_heads: Annotated[Optional[str], typer.Option("--kv-heads", help="KV heads; a list (32,8,1) compares MHA, GQA, MQA.")] = None,
-    head_dim: Annotated[Optional[int], typer.Option("--head-dim", help="Head width (default d_model / heads).")] = None,
-    n_layers: Annotated[Optional[int], typer.Option("--n-layers", help="Layers (blocks per stack).")] = None,
-    d_ff: Annotated[Optional[int], typer.Option("--d-ff", help="MLP hidden width.")] = None,
-    vocab: Annotated[Optional[int], typer.Option("--vocab", help="Vocabulary size.")] = None,
+    head_dim: Annotated[Optional[str], typer.Option("--head-dim", metavar="INT", help="Head width (default d_model / heads).")] = None,
+    n_layers: Annotated[Optional[str], typer.Option("--n-layers", metavar="INT", help="Layers (blocks per stack).")] = None,
+    d_ff: Annotated[Optional[str], typer.Option("--d-ff", metavar="INT", help="MLP hidden width.")] = None,
+    vocab: Annotated[Optional[str], typer.Option("--vocab", metavar="INT", help="Vocabulary size.")] = None,
     mlp: Annotated[Optional[str], typer.Option("--mlp", help="gelu (2 matrices) or gated (3, SwiGLU).")] = None,
-    max_positions: Annotated[Optional[int], typer.Option("--max-positions", help="Learned position rows / context window.")] = None,
+    max_positions: Annotated[Optional[str], typer.Option("--max-positions", metavar="INT", help="Learned position rows / context window.")] = None,
     position: Annotated[Optional[str], typer.Option("--position", help="learned, rotary, sinusoidal, none.")] = None,
     norm: Annotated[Optional[str], typer.Option("--norm", help="layernorm or rmsnorm.")] = None,
     arch: Annotated[Optional[str], typer.Option("--arch", help="decoder, encoder, encoder-decoder.")] = None,
@@ -133,13 +147,15 @@ def cost(
             _list_presets(console)
             return
         if measure and model is None and config is None and d_model is None:
-            d_model = MEASURE_DEFAULT["d_model"]
+            d_model = str(MEASURE_DEFAULT["d_model"])
             heads = heads or MEASURE_DEFAULT["heads"]
             kv_heads = kv_heads or MEASURE_DEFAULT["kv_heads"]
             seq = seq or MEASURE_DEFAULT["seq"]
         n = parse_seq(seq) if seq is not None else 2048
-        if batch <= 0:
-            raise CostError(f"--batch: expected a positive whole number, got {batch}")
+        batch = _whole("--batch", batch)
+        d_model, head_dim, n_layers, d_ff = (_whole("--d-model", d_model), _whole("--head-dim", head_dim),
+                                             _whole("--n-layers", n_layers), _whole("--d-ff", d_ff))
+        vocab, max_positions = _whole("--vocab", vocab, minimum=0), _whole("--max-positions", max_positions, minimum=0)
         dtype_name, _ = parse_dtype(dtype)
         budget = parse_budget(fit) if fit is not None else None
         heads_list, kv_list = _int_list("--heads", heads), _int_list("--kv-heads", kv_heads)

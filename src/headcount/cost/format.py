@@ -83,7 +83,8 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
     count("    without / with every bias", a["total_without_bias"], f"with: {a['total_with_bias']:,}")
     count("  MLP per layer", p["mlp_per_layer"], shape["mlp"])
     count("  per layer", p["per_layer"], "attention + MLP + norms")
-    count("  embeddings", p["embeddings"], "tied to the LM head" if shape["tied_embeddings"] else "")
+    tied = shape["tied_embeddings"] and shape["arch"] != "encoder" and shape["vocab_size"] > 0
+    count("  embeddings", p["embeddings"], "tied to the LM head" if tied else "")
     if p["lm_head"]:
         count("  LM head", p["lm_head"], "untied")
     if p["positions"]:
@@ -99,7 +100,7 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
     flops("  read A V", fa["read"], f"2 B n_heads n^2 head_dim; causal {fc['read']:,}")
     flops("  output W_O", fa["output"], "2 B n n_heads head_dim d")
     flops("  attention per layer", fa["total"], f"causal {fc['total']:,}")
-    flops("  attention, all layers", f["attention_total"], f"{f['attention_modules']} attention modules")
+    flops("  attention, all layers", f["attention_total"], f"{f['attention_modules']} attention module{'s' if f['attention_modules'] > 1 else ''}")
     flops("  attention, all layers, causal", f["attention_total_causal"], "scores and read halved")
     flops("  MLP, all layers", f["mlp_total"], f"{f['mlp_per_layer']:,} per layer")
     if f["logits"]:
@@ -113,7 +114,7 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
 
     section("KV cache")
     nbytes("  per token", kv["bytes_per_token"],
-           f"2 x {kv['layers']} layers x {shape['n_kv_heads']} KV heads x {shape['head_dim']} x "
+           f"2 x {kv['layers']} layer{'s' if kv['layers'] > 1 else ''} x {shape['n_kv_heads']} KV heads x {shape['head_dim']} x "
            f"{rep['bytes_per_element']} B")
     nbytes(f"  {rep['batch']} x {rep['seq']:,} tokens", kv["bytes_for_context"],
            f"with {shape['n_heads']} KV heads (MHA): {human_bytes(kv['mha_bytes_per_token'] * rep['seq'] * rep['batch'])}")
@@ -189,7 +190,7 @@ def render_measure(rows: list[dict], console: Console, *, title: str) -> None:
         table.add_column(name, justify=justify, no_wrap=name != "how")
     for r in rows:
         fmt = (lambda v: f"{v:,}") if isinstance(r["measured"], int) else (lambda v: f"{v:,.3f}")
-        verdict = "[green]ok[/green]" if r["ok"] else "[red]MISMATCH[/red]"
+        verdict = {True: "[green]ok[/green]", False: "[red]MISMATCH[/red]", None: "[dim]info[/dim]"}[r["ok"]]
         table.add_row(r["check"], fmt(r["measured"]), fmt(r["formula"]) if r["formula"] is not None else "-",
                       verdict, r.get("how", ""))
     console.print(table)

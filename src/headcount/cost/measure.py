@@ -138,7 +138,7 @@ def check_kv(shape: ModelShape, batch: int, seq: int, dtype: str = "bf16", *,
         attn = build_attention(variant)
         measured = attn.new_cache(batch, seq, torch_dtype).nbytes
         formula = kv_cache(variant, batch, seq, nbytes)["bytes_for_context"]
-        rows.append(_row(f"KV cache, {variant.attention_kind} ({n_kv} KV heads), one layer", measured, formula,
+        rows.append(_row(f"KV cache, {variant.attention_kind} ({n_kv} KV head{'s' if n_kv > 1 else ''}), one layer", measured, formula,
                          measured == formula, f"KVCache.nbytes, B={batch}, max_len={seq}, {name}"))
     return rows
 
