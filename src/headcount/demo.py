@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 
@@ -14,7 +16,7 @@ def tour() -> None:
     from headcount import MultiHeadAttention
     from headcount.bench.attention import time_table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 160)
     torch.manual_seed(0)
     d_model, n_heads, T = 512, 8, 256
     x = torch.randn(1, T, d_model)
@@ -43,12 +45,15 @@ def tour() -> None:
 
 
 def _accounts_tour(console) -> None:
-    try:
-        from headcount.cost import demo_lines
-    except ImportError:
-        return
-    for line in demo_lines():
-        console.print(line)
+    """Chapter 2.3.3: same parameters and FLOPs at 8, 32, 128 heads; score memory x16 (headcount cost)."""
+    from headcount.cost import ModelShape, report
+    from headcount.cost.format import render_comparison
+
+    shapes = [ModelShape(d_model=4096, n_heads=h) for h in (8, 32, 128)]
+    reports = [report(s, batch=1, seq=4096, dtype="fp16") for s in shapes]
+    render_comparison(reports, [f"{s.n_heads} heads x {s.head_dim}" for s in shapes], console,
+                      title="the three accounts of one attention layer, d_model 4096, seq 4,096, fp16 "
+                            "(headcount cost --d-model 4096 --heads 8,32,128 --seq 4096 --dtype fp16)")
 
 
 def _models_tour(console) -> None:
