@@ -172,7 +172,11 @@ def default_corpus() -> Corpus:
     de-duplicated: a paragraph appears once per part, and a paragraph of a held-out topic is
     removed from every calibration topic. Topics left empty are skipped.
     """
-    from pydoc_data.topics import topics
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions split the stdlib docs into their own package
+        raise ValueError("this Python installation has no pydoc_data.topics (the default corpus); "
+                         "give a text file instead (--text FILE)") from None
 
     cleaned = {name: clean_topic(topics[name]).split("\n\n") for name in sorted(topics)}
     held_names = [n for n in cleaned if _held_out(n)]

@@ -55,6 +55,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_ca
     n_heads, tgt_len, src_len = q.shape[1], q.shape[2], k.shape[2]
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if is_causal and tgt_len == 1 and src_len >= 1:
+        is_causal = False  # one query at the last position sees every key: no mask to build
     if is_causal and (mask is not None or tgt_len != src_len or need_weights):
         mask = combine(mask, causal_mask(tgt_len, src_len, q.device), dtype=q.dtype)
         is_causal = False

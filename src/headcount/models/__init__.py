@@ -1,1 +1,42 @@
-"""Real pretrained models on headcount.MultiHeadAttention (issue 4)."""
+"""Real pretrained models on headcount.MultiHeadAttention (issue 4).
+
+    load("minilm") / load("smollm2") / load(path)      the zoo (zoo.py)
+    Decoder, DecoderConfig                             Llama / Qwen2 / SmolLM2 / GPT-2 (decoder.py)
+    Encoder, EncoderConfig                             BERT / MiniLM (encoder.py)
+    from_transformers, load_checkpoint                 converters (convert.py)
+    generate, perplexity                               (generation.py, evaluation.py: modules named
+                                                       so they never shadow the functions)
+
+Every model keeps its attention modules public: `model.layers[i].attn` is a MultiHeadAttention.
+Submodules are imported lazily so `import headcount.models` stays cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "load": "zoo", "known_models": "zoo", "ModelNotFoundError": "zoo",
+    "Decoder": "decoder", "DecoderConfig": "decoder", "DecoderOutput": "decoder",
+    "Encoder": "encoder", "EncoderConfig": "encoder", "EncoderOutput": "encoder",
+    "from_transformers": "convert", "from_state_dict": "convert", "load_checkpoint": "convert",
+    "CheckpointError": "convert",
+    "Tokenizer": "tokenizer",
+    "RotaryEmbedding": "rotary",
+    "generate": "generation", "stream_tokens": "generation", "GenerationResult": "generation",
+    "perplexity": "evaluation", "evaluate_perplexity": "evaluation", "PerplexityResult": "evaluation",
+    "demo_tour": "tour", "packed": "packing",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        module = importlib.import_module(f"headcount.models.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module 'headcount.models' has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

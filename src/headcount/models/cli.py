@@ -1,5 +1,137 @@
-"""`headcount perplexity`, `headcount generate`, `headcount bench decode` (issue 4). Placeholder."""
+"""`headcount perplexity`, `headcount generate`, `headcount bench decode` (issue 4).
+
+torch and the models are imported inside the commands: the CLI itself must start fast.
+Bad input (unknown model, missing package, unreadable file, a prompt past the context...) prints one
+line to stderr and exits with status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import Iterator, Optional
+
+import typer
+
+EXIT_BAD_INPUT = 2
+
+
+@contextlib.contextmanager
+def _one_line_errors(command: str) -> Iterator[None]:
+    try:
+        yield
+    except (ValueError, ImportError, OSError) as err:
+        msg = " ".join(str(err).split()) or type(err).__name__
+        typer.echo(f"headcount {command}: {msg}", err=True)
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    except KeyboardInterrupt:
+        typer.echo("", err=True)
+        raise typer.Exit(130) from None
+
+
+def _log(msg: str) -> None:
+    typer.echo(f"headcount: {msg}", err=True)
+
+
+def _decoder(name: str):
+    from headcount.models import load
+    from headcount.models.decoder import Decoder
+
+    model = load(name)
+    if not isinstance(model, Decoder):
+        raise ValueError(f"model {name!r} is an encoder; this command needs a decoder (causal LM) such as smollm2")
+    if model.tokenizer is None:
+        raise ValueError(f"model {name!r} has no tokenizer.json")
+    return model
 
 
 def register(app, bench_app) -> None:
-    return None
+    @app.command("perplexity")
+    def perplexity_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2) or a checkpoint directory"),
+        text: Optional[Path] = typer.Option(None, "--text", help="a UTF-8 text file to measure on, whole "
+                                            "(default: the held-out part of the default corpus)"),
+        window: int = typer.Option(1024, "--window", help="tokens per non-overlapping window"),
+        part: str = typer.Option("held_out", "--part", help="default corpus part: held_out or calibration"),
+        max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="use only the first N tokens"),
+        batch_size: int = typer.Option(1, "--batch-size", help="full windows evaluated together"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Perplexity: exp(mean NLL per token) over non-overlapping windows; each window's first token
+        is not scored (it has no context in its window)."""
+        with _one_line_errors("perplexity"):
+            from headcount.data import default_corpus, read_text
+            from headcount.models.evaluation import evaluate_perplexity
+
+            if part not in ("held_out", "calibration"):
+                raise ValueError(f"--part: expected held_out or calibration, got {part!r}")
+            if max_tokens is not None and max_tokens < 2:
+                raise ValueError(f"--max-tokens: expected at least 2, got {max_tokens}")
+            if batch_size < 1:
+                raise ValueError(f"--batch-size: expected a positive number, got {batch_size}")
+            if text is not None:
+                source, texts = str(text), read_text(text)
+            else:
+                source, texts = f"default corpus, {part.replace('_', '-')} part", default_corpus().texts(part)
+            lm = _decoder(model)
+            progress = None
+            if sys.stderr.isatty() and not json_out:
+                progress = lambda done, total: typer.echo(f"\r  window {done}/{total}", nl=done == total, err=True)  # noqa: E731
+            result = evaluate_perplexity(lm, texts, window, batch_size=batch_size, max_tokens=max_tokens,
+                                         progress=progress)
+        if json_out:
+            typer.echo(json.dumps({"model": model, "source": source, **result.__dict__}))
+        else:
+            typer.echo(f"{model} on {source}: {result}")
+
+    @app.command("generate")
+    def generate_cmd(
+        prompt: str = typer.Argument(..., help="the text to continue"),
+        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2) or a checkpoint directory"),
+        max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
+        temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples"),
+        top_k: Optional[int] = typer.Option(None, "--top-k", help="sample among the k most likely tokens"),
+        seed: Optional[int] = typer.Option(None, "--seed", help="random seed for sampling"),
+        no_stop: bool = typer.Option(False, "--no-stop", help="keep going past the end-of-sequence token"),
+    ) -> None:
+        """Stream a continuation of PROMPT, token by token, using the KV cache."""
+        with _one_line_errors("generate"):
+            from headcount.models.generation import TextStreamer, stream_tokens
+
+            lm = _decoder(model)
+            timings: dict = {}
+            tokens = stream_tokens(lm, prompt, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
+                                   stop_at_eos=not no_stop, timings=timings)
+            streamer = TextStreamer(lm.tokenizer)
+            n = 0
+            for token in tokens:
+                n += 1
+                if token == lm.config.eos_token_id and not no_stop:
+                    break
+                piece = streamer.push(token)
+                if piece:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+            sys.stdout.write("\n")
+            rate = (n - 1) / timings["decode_s"] if n > 1 and timings.get("decode_s") else float("nan")
+            _log(f"{n} tokens; prompt {len(lm.tokenizer.encode(prompt))} tokens in {timings.get('prefill_s', 0):.2f} s, "
+                 f"then {rate:.1f} tokens/s")
+
+    @bench_app.command("decode")
+    def bench_decode(
+        prompt_tokens: int = typer.Option(512, "--prompt-tokens", help="prompt length"),
+        new_tokens: int = typer.Option(64, "--new-tokens", help="decode steps timed"),
+        repeats: int = typer.Option(3, "--repeats", help="paired repeats (medians)"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    ) -> None:
+        """SmolLM2 fp32 prefill time and decode tokens/s: headcount vs transformers, same weights."""
+        with _one_line_errors("bench decode"):
+            from headcount.models import bench
+
+            result = bench.run(prompt_tokens, new_tokens, repeats, log=_log)
+        if json_out:
+            typer.echo(json.dumps(result, indent=2))
+        else:
+            bench.render(result)

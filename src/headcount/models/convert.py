@@ -20,6 +20,7 @@ Every error names the file and, where one is at fault, the tensor. Nothing is ev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import struct
@@ -156,12 +157,23 @@ class _Tensors:
                                   f"{list(shape)}{' (' + why + ')' if why else ''}")
         if not t.is_floating_point():
             raise CheckpointError(f"{self.source}: tensor {full!r} has dtype {t.dtype}, expected a float dtype")
+        _check_finite(t, full, self.source)
         self.used.add(full)
         return t
 
 
+def _check_finite(t: Tensor, name: str, source: str) -> None:
+    """Damaged bytes inside a tensor's data almost always decode to some NaN / inf somewhere."""
+    if not bool(torch.isfinite(t).all()):
+        raise CheckpointError(f"{source}: tensor {name!r} holds NaN or infinite values (a corrupted file?)")
+
+
 def _assign(model: torch.nn.Module, values: dict[str, Tensor], source: str) -> None:
-    """Copy `values` into the model's parameters; every parameter must be covered exactly once."""
+    """Put copies of `values` into the model's parameters; every parameter must be covered.
+
+    Always a copy: safetensors memory-maps the file, and a parameter left pointing into the map
+    would crash the process (SIGBUS) if the file were truncated or rewritten in place later.
+    `p.data =` keeps each Parameter object, so tied weights stay tied."""
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(values))
     if missing:
@@ -171,7 +183,27 @@ def _assign(model: torch.nn.Module, values: dict[str, Tensor], source: str) -> N
             p = params[name]
             if p.shape != value.shape:  # a converter bug rather than a bad file, but say which
                 raise CheckpointError(f"{source}: {name} would get shape {list(value.shape)}, expected {list(p.shape)}")
-            p.copy_(value)
+            p.data = value.detach().to(device=p.device, dtype=p.dtype).clone(memory_format=torch.contiguous_format)
+
+
+@contextlib.contextmanager
+def no_init():
+    """Build modules without initialising their weights (they are about to be overwritten): the
+    random init of 135M parameters costs more than reading them from disk."""
+    saved = {name: getattr(torch.nn.init, name) for name in
+             ("kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "uniform_", "normal_",
+              "zeros_", "ones_", "constant_", "trunc_normal_")}
+
+    def skip(tensor, *args, **kwargs):
+        return tensor
+
+    try:
+        for name in saved:
+            setattr(torch.nn.init, name, skip)
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(torch.nn.init, name, fn)
 
 
 def _decoder_values(cfg: DecoderConfig, t: _Tensors) -> dict[str, Tensor]:
@@ -234,6 +266,7 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors) -> dict[str, Tensor]:
         if tuple(w.shape) != (cfg.vocab_size, d):
             raise CheckpointError(f"{t.source}: tensor 'lm_head.weight' has shape {list(w.shape)}, expected "
                                   f"{[cfg.vocab_size, d]}")
+        _check_finite(w, name, t.source)
         out["lm_head.weight"] = w
     return out
 
@@ -288,12 +321,14 @@ def from_state_dict(cfg: dict, tensors: Mapping[str, Tensor], *, source: str = "
         ecfg = encoder_config(cfg, source)
         t = _Tensors(tensors, source, ("bert.", ""))
         ecfg.pooler = t.has("pooler.dense.weight")
-        model = Encoder(ecfg, dtype=dtype)
+        with no_init():
+            model = Encoder(ecfg, dtype=dtype)
         values = _encoder_values(ecfg, t)
     else:
         dcfg = decoder_config(cfg, source)
         t = _Tensors(tensors, source, ("transformer.", "model.", ""))
-        model = Decoder(dcfg, dtype=dtype)
+        with no_init():
+            model = Decoder(dcfg, dtype=dtype)
         values = _decoder_values(dcfg, t)
     _assign(model, values, source)
     return model.eval()
@@ -301,7 +336,7 @@ def from_state_dict(cfg: dict, tensors: Mapping[str, Tensor], *, source: str = "
 
 def from_transformers(hf_model, *, dtype: torch.dtype = torch.float32) -> Decoder | Encoder:
     """A live transformers model (BertModel, GPT2Model/GPT2LMHeadModel, LlamaForCausalLM,
-    Qwen2ForCausalLM) -> the headcount model with the same weights."""
+    Qwen2ForCausalLM) -> the headcount model with the same weights (copied: the two stay independent)."""
     cfg = hf_model.config.to_dict()
     name = type(hf_model).__name__
     return from_state_dict(cfg, hf_model.state_dict(), source=name, dtype=dtype)
@@ -457,3 +492,28 @@ def to_transformers_state_dict(model: Decoder) -> tuple[dict, dict[str, Tensor]]
         "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32",
     }
     return hf, sd
+
+
+def to_transformers(model: Decoder, *, attn_implementation: str = "sdpa"):
+    """The transformers LlamaForCausalLM / Qwen2ForCausalLM with this decoder's weights (needs the
+    transformers package): the reference the tests and `headcount bench decode` compare against."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built from a config and our weights: never the hub
+    try:
+        import transformers
+    except ImportError:
+        raise ImportError("comparing against transformers needs it: pip install transformers") from None
+    hf_cfg, sd = to_transformers_state_dict(model)
+    cls_cfg = transformers.LlamaConfig if model.config.family == "llama" else transformers.Qwen2Config
+    cls_model = transformers.LlamaForCausalLM if model.config.family == "llama" else transformers.Qwen2ForCausalLM
+    cfg = cls_cfg(**{k: v for k, v in hf_cfg.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    cfg._attn_implementation = attn_implementation
+    hf = cls_model(cfg).to(model.embed.weight.dtype)
+    missing, unexpected = hf.load_state_dict({k: v.clone() for k, v in sd.items()}, strict=False)
+    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or unexpected:
+        raise RuntimeError(f"to_transformers: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    if cfg.tie_word_embeddings:
+        hf.tie_weights()
+    return hf.eval()

