@@ -28,6 +28,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from headcount.models.convert import CheckpointError
 
@@ -163,7 +164,8 @@ def read_gguf(path: str | Path) -> tuple[dict, dict, dict]:
     }
 
     tensors: dict[str, np.ndarray] = {}
-    for t in reader.tensors:
+    # A progress bar on a terminal (the first load takes seconds); tqdm stays silent when piped.
+    for t in tqdm(reader.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor", disable=None, leave=False):
         try:
             w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
         except NotImplementedError:
