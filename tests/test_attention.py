@@ -158,3 +158,25 @@ def test_precision_flashattention_rule(dtype, n_kv):
         for need_weights in (False, True):
             err = (low(x, is_causal=True, need_weights=need_weights).output.double() - want).abs().max().item()
             assert err <= 2 * base_err, (need_weights, err, base_err)
+
+
+@given(configs(), st.sampled_from([torch.float32, torch.bfloat16, torch.float16]))
+def test_low_precision_paths_within_flashattention_rule(c, dtype):
+    """Over random shapes, masks and GQA layouts: each path's error against the fp64 reference is at most
+    2x that of the same per-head formula evaluated in `dtype` (floored at one unit of `dtype`'s epsilon,
+    since tiny shapes can make the plain error exactly 0)."""
+    attn64, x64, ctx64, kw64 = _inputs(c)
+    want, _ = multi_head(x64, per_head(attn64), ctx64, **kw64)
+    low = attn64.to(dtype)
+    cast = lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() else t  # noqa: E731
+    x, ctx = cast(x64), cast(ctx64)
+    kw = {k: cast(v) for k, v in kw64.items()}
+    with torch.no_grad():
+        plain, _ = multi_head(x, per_head(low), ctx, **kw)
+        base = (plain.double() - want).abs().max().item()
+        floor = torch.finfo(dtype).eps * max(1.0, want.abs().max().item())
+        for need_weights in (False, True):
+            got = low(x, ctx, need_weights=need_weights, **kw).output
+            assert not got.isnan().any()
+            err = (got.double() - want).abs().max().item()
+            assert err <= 2 * max(base, floor), (need_weights, err, base)
