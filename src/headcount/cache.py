@@ -73,15 +73,17 @@ class KVCache:
                              " (was the module pruned after the cache was made?)")
         if batch_size != self.batch_size:
             raise ValueError(f"cache: expected inputs of batch size {self.batch_size} (the cache's), got {batch_size}")
+        self._check_room(new_tokens)
+
+    def _check_room(self, new_tokens: int) -> None:
         if self.length + new_tokens > self.max_len:
             raise ValueError(f"cache: appending {new_tokens} tokens to {self.length} cached would exceed "
                              f"max_len={self.max_len}; make a larger cache or reset() it")
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Write k, v [B, n_kv_heads, T, head_dim] after the cached tokens; return views of all of them."""
+        self._check_room(k.shape[2])
         start, end = self.length, self.length + k.shape[2]
-        if end > self.max_len:
-            raise ValueError(f"cache: appending {k.shape[2]} tokens to {start} cached would exceed max_len={self.max_len}")
         self.k[:, :, start:end] = k
         self.v[:, :, start:end] = v
         self.length = end

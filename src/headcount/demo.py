@@ -41,7 +41,9 @@ def tour() -> None:
     console.print(f"[bold]bench[/] T=1024, d_model=512, 8 heads, fp32: headcount fused {ours * 1e3:.1f} ms = "
                   f"{ours / floor:.2f}x the inline SDPA floor; torch.nn.MultiheadAttention {peer / ours:.2f}x slower "
                   "(full table: headcount bench attention)")
-    _models_tour(console)
+    from headcount.models import demo_tour
+
+    demo_tour(console)
 
 
 def _accounts_tour(console) -> None:
@@ -54,14 +56,6 @@ def _accounts_tour(console) -> None:
     render_comparison(reports, [f"{s.n_heads} heads x {s.head_dim}" for s in shapes], console,
                       title="the three accounts of one attention layer, d_model 4096, seq 4,096, fp16 "
                             "(headcount cost --d-model 4096 --heads 8,32,128 --seq 4096 --dtype fp16)")
-
-
-def _models_tour(console) -> None:
-    try:
-        from headcount.models import demo_tour
-    except ImportError:
-        return
-    demo_tour(console)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

@@ -11,8 +11,6 @@ n_kv_heads) never copies K/V), and a query row whose keys are all masked gives e
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 
@@ -21,15 +19,14 @@ from headcount.masks import causal_mask, combine
 Tensor = torch.Tensor
 
 def _sdpa_has_gqa() -> bool:
-    try:  # torch >= 2.5 takes enable_gqa; older releases need K/V repeated per query head
-        return "enable_gqa" in inspect.signature(F.scaled_dot_product_attention).parameters
-    except (TypeError, ValueError):  # a builtin without a signature: probe it
-        try:
-            x = torch.zeros(1, 2, 1, 1)
-            F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
-            return True
-        except TypeError:
-            return False
+    """torch >= 2.5 takes enable_gqa; older releases need K/V repeated per query head. SDPA is a
+    builtin with no inspectable signature, so ask it."""
+    x = torch.zeros(1, 2, 1, 1)
+    try:
+        F.scaled_dot_product_attention(x, x[:, :1], x[:, :1], enable_gqa=True)
+        return True
+    except TypeError:
+        return False
 
 
 _SDPA_HAS_GQA = _sdpa_has_gqa()
@@ -52,10 +49,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_ca
     is_causal: bottom-right aligned (query t sits at position S - T + t), right for a KV cache.
     kv_index: [nh] long tensor mapping query head -> KV head when groups are uneven; None = uniform.
     """
-    n_heads, tgt_len, src_len = q.shape[1], q.shape[2], k.shape[2]
+    tgt_len, src_len = q.shape[2], k.shape[2]
     if scale is None:
         scale = q.shape[-1] ** -0.5
-    if is_causal and tgt_len == 1 and src_len >= 1:
+    if is_causal and tgt_len == 1:
         is_causal = False  # one query at the last position sees every key: no mask to build
     if is_causal and (mask is not None or tgt_len != src_len or need_weights):
         mask = combine(mask, causal_mask(tgt_len, src_len, q.device), dtype=q.dtype)

@@ -1,14 +1,11 @@
 """`headcount bench attention`: headcount's fused and eager paths against the inline-SDPA floor and
 torch.nn.MultiheadAttention, CPU fp32, B=1, d_model=512, n_heads=8; then the peak memory of each path
-at T=4096, n_heads=32, each in its own process."""
+at T=4096, n_heads=32, each in its own process (the same measurement `headcount cost --measure` uses)."""
 
 from __future__ import annotations
 
 import json
 import statistics
-import resource
-import subprocess
-import sys
 
 import torch
 import torch.nn.functional as F
@@ -58,51 +55,14 @@ def time_table(seq_lens=(256, 1024, 4096), *, d_model=512, n_heads=8, repeats=7,
     return rows
 
 
-def _rss_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def peak_growth_bytes(fn) -> int:
-    """Peak resident memory that fn() adds over what the process holds now (Linux: VmHWM reset).
-
-    Writing 5 to /proc/self/clear_refs resets the high-water mark, so the peak is this call's own."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        base = _rss_kib("VmRSS")
-        fn()
-        return (_rss_kib("VmHWM") - base) * 1024
-    except OSError:  # not Linux: fall back to ru_maxrss, which never resets
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        fn()
-        return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024
-
-
-def _peak_child(path: str, T: int, d_model: int, n_heads: int) -> None:
-    """Run in a fresh process: peak memory of one forward above the inputs and weights already held."""
-    torch.manual_seed(0)
-    attn = MultiHeadAttention(d_model, n_heads).eval()
-    x = torch.randn(1, T, d_model)
-    with torch.inference_mode():
-        attn(x[:, :8], need_weights=path == "eager")  # load kernels at a tiny size
-        grew = peak_growth_bytes(lambda: attn(x, need_weights=path == "eager"))
-    print(json.dumps({"path": path, "peak_above_inputs_bytes": grew}))
-
-
 def memory_table(T=4096, d_model=512, n_heads=32) -> list[dict]:
-    rows = []
-    for path in ("fused", "eager"):
-        code = f"from headcount.bench.attention import _peak_child; _peak_child({path!r}, {T}, {d_model}, {n_heads})"
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-        rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    """Peak memory one forward adds, each path in its own process (headcount.cost.measure.peak_memory)."""
+    from headcount.cost.measure import peak_memory
+
     score_bytes = n_heads * T * T * 4
-    for row in rows:
-        row["score_matrix_bytes_formula"] = score_bytes
-    return rows
+    return [{"path": path, "peak_above_inputs_bytes": peak_memory(n_heads, T, head_dim=d_model // n_heads,
+                                                                  eager=path == "eager")["peak_bytes"],
+             "score_matrix_bytes_formula": score_bytes} for path in ("fused", "eager")]
 
 
 def main(repeats: int = 7, seq_lens=(256, 1024, 4096), as_json: bool = False) -> dict:

@@ -119,6 +119,21 @@ def register(app, bench_app) -> None:
             _log(f"{n} tokens; prompt {len(lm.tokenizer.encode(prompt))} tokens in {timings.get('prefill_s', 0):.2f} s, "
                  f"then {rate:.1f} tokens/s")
 
+    @bench_app.command("exactness")
+    def bench_exactness(
+        window: int = typer.Option(1024, "--window", help="perplexity window"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    ) -> None:
+        """minilm and smollm2 against transformers on the same weights: max |diff| and perplexity."""
+        with _one_line_errors("bench exactness"):
+            from headcount.models import exactness
+
+            result = exactness.run(window)
+        if json_out:
+            typer.echo(json.dumps(result, indent=2))
+        else:
+            exactness.render(result)
+
     @bench_app.command("decode")
     def bench_decode(
         prompt_tokens: int = typer.Option(512, "--prompt-tokens", help="prompt length"),

@@ -147,9 +147,9 @@ class DecoderLayer(nn.Module):
             self.mlp = GeluMLP(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias,
                                approximate="tanh" if cfg.mlp == "gelu_tanh" else "none", **factory)
 
-    def forward(self, x: Tensor, *, cache: KVCache | None, is_causal: bool, key_padding_mask: Tensor | None,
+    def forward(self, x: Tensor, *, cache: KVCache | None, key_padding_mask: Tensor | None,
                 qk_transform, head_gates: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        out, weights = self.attn(self.attn_norm(x), cache=cache, is_causal=is_causal,
+        out, weights = self.attn(self.attn_norm(x), cache=cache, is_causal=True,
                                  key_padding_mask=key_padding_mask, qk_transform=qk_transform,
                                  head_gates=head_gates, need_weights=need_weights)
         x = x + out
@@ -253,12 +253,10 @@ class Decoder(nn.Module):
             else:
                 pos = position_ids
             x = x + self.pos_embed(pos)
-        # One new token sees every cached one: no mask at all (the cheapest decode step).
-        is_causal = length > 1
         weights = [] if need_weights else None
         for layer, cache_i, gate in zip(self.layers, cache if cache is not None else [None] * len(self.layers),
                                         gates):
-            x, w = layer(x, cache=cache_i, is_causal=is_causal, key_padding_mask=key_padding_mask,
+            x, w = layer(x, cache=cache_i, key_padding_mask=key_padding_mask,
                          qk_transform=qk_transform, head_gates=gate, need_weights=need_weights)
             if need_weights:
                 weights.append(w)
