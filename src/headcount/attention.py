@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from headcount import kernels, masks, surgery
+from headcount import head_surgery, kernels, masks
 from headcount.cache import KVCache
 
 Tensor = torch.Tensor
@@ -115,11 +115,11 @@ class MultiHeadAttention(nn.Module):
     def prune_heads(self, heads) -> None:
         """Remove query heads structurally (their Q rows and o_proj columns), and every KV head that no
         remaining query head reads. Indices refer to the current heads; `kept_heads` tracks originals."""
-        surgery.prune_heads(self, heads)
+        head_surgery.prune_heads(self, heads)
 
     def merge_kv_heads(self, n_kv_heads: int) -> None:
-        """MHA -> GQA -> MQA: mean-pool consecutive K/V heads down to n_kv_heads (see surgery.py)."""
-        surgery.merge_kv_heads(self, n_kv_heads)
+        """MHA -> GQA -> MQA: mean-pool consecutive K/V heads down to n_kv_heads (see head_surgery.py)."""
+        head_surgery.merge_kv_heads(self, n_kv_heads)
 
     @classmethod
     def from_torch(cls, module: nn.MultiheadAttention) -> "MultiHeadAttention":

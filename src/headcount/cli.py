@@ -22,10 +22,17 @@ def _register_all() -> None:
     from headcount.cost import cli as cost_cli
     from headcount.models import cli as models_cli
     from headcount import demo as demo_cli
+    from headcount.analysis import cli as analysis_cli
+    from headcount.surgery import cli as surgery_cli
+    from headcount.report import cli as report_cli
+    from headcount.experiments import cli as experiments_cli
+    from headcount.parallel import cli as parallel_cli
 
     cost_cli.register(app)
     models_cli.register(app, bench_app)
     demo_cli.register(app, bench_app)
+    for room in (analysis_cli, surgery_cli, report_cli, experiments_cli, parallel_cli):
+        room.register(app, bench_app)
 
 
 _register_all()

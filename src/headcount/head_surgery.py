@@ -1,4 +1,7 @@
-"""Structural head surgery on a MultiHeadAttention: prune_heads.
+"""Structural head surgery on ONE MultiHeadAttention module: prune_heads, merge_kv_heads.
+
+Model-level surgery (pruning with compensation, K/V merging across a whole model, save / export)
+lives in the `headcount.surgery` package, above models; this file stays below attention.
 
 Removing a query head removes its Q rows from qkv_proj and its block of columns from o_proj — the
 input of W_O, where the head writes. A KV head goes once no remaining query head reads it. Uneven

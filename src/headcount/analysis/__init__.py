@@ -1,0 +1,39 @@
+"""READ-ONLY questions about a model (issues 7, 8): which heads matter, what each does.
+
+    importance(model, texts=None, method=...) -> HeadScores     importance.py, scores.py
+    capture(model, batch)                                        capture.py
+    roles(model, texts=None) -> RoleScores                       roles.py
+    faithfulness(model, texts=None, layers=None)                 faithfulness.py
+    rank(model, texts=None)                                      rank.py
+    token_windows / sentence_batches / resolve_texts             batches.py (texts -> inputs)
+
+analysis never changes a weight: it touches models only through public hooks
+(model.layers[i].attn, forward(head_gates=..., need_weights=...)). Lazy exports keep imports cheap.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "importance": "importance", "HeadScores": "scores", "METHODS": "importance",
+    "capture": "capture",
+    "roles": "roles", "RoleScores": "roles",
+    "faithfulness": "faithfulness", "Faithfulness": "faithfulness",
+    "rank": "rank", "RankResult": "rank",
+    "token_windows": "batches", "sentence_batches": "batches", "resolve_texts": "batches",
+    "split_sentences": "batches",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        return getattr(module, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return __all__

@@ -1,0 +1,93 @@
+"""Text -> model inputs, shared by every analysis: token windows (decoders), sentences (encoders).
+
+    texts=None          -> the calibration part of headcount.data.default_corpus() (never held-out)
+    token_windows()     -> LongTensor [N, window] of consecutive, non-overlapping windows (decoders)
+    sentence_batches()  -> [(input_ids [B, T], attention_mask [B, T]), ...] (encoders)
+
+Anything that chooses (scores, orders, fits) calls these on calibration text; quality numbers call
+them with part="held_out" or on a user's held-out text.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+import torch
+
+Tensor = torch.Tensor
+
+PARTS = ("calibration", "held_out")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
+
+
+def resolve_texts(texts: str | Sequence[str] | None, part: str = "calibration") -> list[str]:
+    """texts as a list of strings; None = that part of the default corpus."""
+    if texts is None:
+        if part not in PARTS:
+            raise ValueError(f"part: expected one of {PARTS}, got {part!r}")
+        from headcount.data import default_corpus
+        return default_corpus().texts(part)
+    if isinstance(texts, str):
+        texts = [texts]
+    texts = [t for t in texts if isinstance(t, str)] if isinstance(texts, (list, tuple)) else None
+    if not texts or not any(t.strip() for t in texts):
+        raise ValueError("texts: expected a non-empty string or list of strings (or None for the default corpus)")
+    return list(texts)
+
+
+def is_decoder(model) -> bool:
+    """True for a causal language model (headcount.models.Decoder), False for an encoder."""
+    return hasattr(model, "lm_head")
+
+
+def token_windows(model, texts: str | Sequence[str] | None = None, *, window: int = 512,
+                  max_windows: int | None = None, part: str = "calibration") -> Tensor:
+    """Consecutive, non-overlapping full windows of `window` tokens: LongTensor [N, window].
+
+    The texts are joined by a blank line and tokenized once (the perplexity definition's stream);
+    a last partial window is dropped so every row has the same length.
+    """
+    from headcount.models.evaluation import token_stream
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+        raise ValueError(f"window: expected an int >= 2, got {window!r}")
+    if window > model.config.max_position:
+        raise ValueError(f"window: {window} tokens is past the model's context of {model.config.max_position}")
+    ids = token_stream(model, resolve_texts(texts, part))
+    n = len(ids) // window
+    if max_windows is not None:
+        n = min(n, max_windows)
+    if n == 0:
+        raise ValueError(f"texts: {len(ids)} tokens is less than one window of {window}; "
+                         "give more text or a smaller window")
+    return torch.tensor(ids[:n * window], dtype=torch.long).view(n, window)
+
+
+def split_sentences(texts: str | Sequence[str] | None = None, *, part: str = "calibration",
+                    min_words: int = 4, max_sentences: int | None = None) -> list[str]:
+    """Sentences (a light rule: split after . ! ? before a capital), at least `min_words` words."""
+    out = []
+    for text in resolve_texts(texts, part):
+        for para in re.split(r"\n\s*\n", text):
+            para = " ".join(para.split())
+            for s in _SENTENCE_END.split(para):
+                if len(s.split()) >= min_words:
+                    out.append(s)
+                    if max_sentences is not None and len(out) >= max_sentences:
+                        return out
+    return out
+
+
+def sentence_batches(model, sentences: Sequence[str], *, batch_size: int = 32,
+                     max_len: int = 128) -> list[tuple[Tensor, Tensor]]:
+    """Padded (input_ids [B, T], attention_mask [B, T]) batches for an encoder, truncated at max_len."""
+    if model.tokenizer is None:
+        raise ValueError("sentence_batches: this model has no tokenizer")
+    if not sentences:
+        raise ValueError("sentences: expected at least one sentence, got none")
+    device = model.embed.weight.device
+    batches = []
+    for i in range(0, len(sentences), batch_size):
+        ids, mask = model.tokenizer.batch(list(sentences[i:i + batch_size]))
+        batches.append((ids[:, :max_len].to(device), mask[:, :max_len].to(device)))
+    return batches
