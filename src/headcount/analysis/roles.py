@@ -411,16 +411,41 @@ def _sentences(model, texts, causal, max_sentences, batch_size, progress, n_head
                                               else "every other position")}
 
 
-def _labelled(role: str, scores: list[list[float]], threshold: float, meta: dict) -> list[list]:
+def labelled_heads(role: str, scores: Sequence[Sequence[float]], threshold: float | None = None,
+                   extra: Sequence[Sequence] | None = None) -> list[list]:
+    """[[layer, head(, extra)], ...] of the heads past `threshold` (default THRESHOLDS[role]), highest score
+    first (ties: lower layer, then head). extra[layer][head] is appended when given (offset, relation)."""
+    threshold = THRESHOLDS[role] if threshold is None else threshold
     passes = (lambda s: s > threshold) if role in STRICT else (lambda s: s >= threshold - 1e-12)
-    found = [(s, layer, head) for layer, row in enumerate(scores) for head, s in enumerate(row) if passes(s)]
+    found = [(float(s), layer, head) for layer, row in enumerate(scores) for head, s in enumerate(row) if passes(s)]
     found.sort(key=lambda e: (-e[0], e[1], e[2]))
-    out = []
-    for _, layer, head in found:
-        if role == "positional":
-            out.append([layer, head, meta["positional_offsets"][layer][head]])
-        elif role == "syntactic":
-            out.append([layer, head, meta["syntactic"]["best_relation"][layer][head]])
-        else:
-            out.append([layer, head])
+    return [[layer, head] + ([extra[layer][head]] if extra is not None else []) for _, layer, head in found]
+
+
+def layer_scores(weights: Tensor, ids: Tensor | None = None, *, causal: bool = True,
+                 query_mask: Tensor | None = None) -> dict[str, Tensor]:
+    """The window roles for ONE layer's weights [B, H, T, S] (or [H, T, S]), as pure functions:
+    previous_token, positional (+ positional_offset), sink, and with ids [B, T] duplicate_token and
+    induction (meaningful on repeated sequences). Each a [H] tensor."""
+    w = weights if weights.dim() == 4 else weights.unsqueeze(0)
+    t, s = w.shape[-2:]
+    out = {"previous_token": patterns.pattern_score(w, patterns.previous_token_pattern(t, s), query_mask)}
+    share, offset = patterns.positional_score(w, query_mask)
+    out["positional"], out["positional_offset"] = share, offset
+    num, den = patterns.first_token_sums(w, query_mask, min_position=SINK_FROM if causal else 0)
+    out["sink"] = torch.where(den > 0, num / den.clamp_min(1), torch.zeros_like(num))
+    if ids is not None:
+        ids = ids if ids.dim() == 2 else ids.unsqueeze(0)
+        out["duplicate_token"] = patterns.pattern_score(w, patterns.duplicate_token_pattern(ids, causal=causal),
+                                                        query_mask)
+        out["induction"] = patterns.pattern_score(w, patterns.induction_pattern(ids), query_mask)
     return out
+
+
+def _labelled(role: str, scores: list[list[float]], threshold: float, meta: dict) -> list[list]:
+    extra = None
+    if role == "positional":
+        extra = meta["positional_offsets"]
+    elif role == "syntactic":
+        extra = meta["syntactic"]["best_relation"]
+    return labelled_heads(role, scores, threshold, extra)
