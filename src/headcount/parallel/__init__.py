@@ -1,7 +1,10 @@
 """Heads sharded over processes with torch.distributed (issue 10): a plan applied to an unchanged model.
 
     shard_heads(attn, group=None)      this rank's shard of one MultiHeadAttention (shard.py)
-    tensor_parallel(model, group=None) the same for a whole model (tensor_parallel.py)
+    tensor_parallel(model, group=None) the same for a whole model (model.py: a module name that never
+                                       shadows the function)
+    head_plan(n_heads, world_size)     which heads each rank gets (plan.py, pure Python)
+    init(), spawn(fn, world_size)      process groups from torchrun's environment; a launcher (runtime.py)
     python -m headcount.parallel.check  max |diff| vs one process (check.py)
 """
 
@@ -9,7 +12,8 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"shard_heads": "shard", "tensor_parallel": "tensor_parallel"}
+_EXPORTS = {"shard_heads": "shard", "tensor_parallel": "model", "head_plan": "plan",
+            "init": "runtime", "check_same_weights": "runtime", "spawn": "runtime"}
 
 __all__ = sorted(_EXPORTS)
 
