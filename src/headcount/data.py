@@ -22,7 +22,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Corpus", "Document", "default_corpus", "corpus_from_text", "read_text", "clean_topic"]
+__all__ = ["Corpus", "Document", "default_corpus", "corpus_from_text", "read_text", "clean_topic", "code_corpus"]
 
 HELD_OUT_MODULUS = 5  # one topic (or paragraph) in five is held out
 
@@ -238,3 +238,82 @@ def read_text(path: str | Path) -> str:
     if not text.strip():
         raise ValueError(f"{p}: the file is empty")
     return text
+
+
+# ------------------------------------------------------------------------------ code-like text
+CODE_PACKAGES = (("torch", ("nn", "optim", "utils/data", "distributions")), ("numpy", ("lib", "linalg", "polynomial")))
+CODE_MAX_CHARS = 800_000
+
+
+def _docs_and_comments(source: str) -> str:
+    """A Python file's docstrings and comments, in file order, as blank-line separated paragraphs."""
+    import ast
+    import io
+    import tokenize
+
+    pieces: list[tuple[int, str]] = []
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=True)
+            if doc and node.body:
+                pieces.append((node.body[0].lineno, doc.strip()))
+    comment_lines: list[tuple[int, str]] = []
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT and not tok.string.startswith("#!"):
+                text = tok.string.lstrip("#").strip()
+                if text and not text.startswith(("noqa", "type:", "pragma", "fmt:", "pyre-", "mypy")):
+                    comment_lines.append((tok.start[0], text))
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        pass
+    block: list[str] = []
+    last = -2
+    for line, text in comment_lines + [(10**9, "")]:  # consecutive comment lines form one paragraph
+        if line != last + 1 and block:
+            pieces.append((last, " ".join(block)))
+            block = []
+        if text:
+            block.append(text)
+        last = line
+    return "\n\n".join(text for _, text in sorted(pieces))
+
+
+def code_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
+    """Code-like text from another domain than the default corpus: the docstrings and comments of the
+    installed torch and numpy sources (fixed sub-packages, files sorted by path), one document per
+    file, split like topics (``crc32(relative path) % 5 == 0`` held out), about `max_chars` in all
+    (half per package).
+    Deterministic for given installed versions. Found with importlib (the packages are not imported)."""
+    import importlib.util
+
+    docs: list[Document] = []
+    for package, subdirs in CODE_PACKAGES:
+        total = 0  # each package gets an equal share of max_chars
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        root = Path(next(iter(spec.submodule_search_locations)))
+        for sub in subdirs:
+            for path in sorted((root / sub).rglob("*.py")):
+                if "test" in path.relative_to(root).as_posix():
+                    continue
+                try:
+                    text = _docs_and_comments(path.read_text(encoding="utf-8"))
+                except (OSError, UnicodeDecodeError):
+                    continue
+                if len(text) < 200:
+                    continue
+                name = f"{package}/{path.relative_to(root).as_posix()}"
+                docs.append(Document(name, text))
+                total += len(text)
+                if total >= max_chars // len(CODE_PACKAGES):
+                    break
+            if total >= max_chars // len(CODE_PACKAGES):
+                break
+    if not docs:
+        raise ValueError("code_corpus: neither torch nor numpy sources were found")
+    return Corpus(tuple(d for d in docs if not _held_out(d.name)), tuple(d for d in docs if _held_out(d.name)))

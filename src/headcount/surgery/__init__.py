@@ -1,11 +1,12 @@
 """Model-level head surgery (issue 7): WRITES a whole model. Sits above models and analysis.
 
-    prune(model, heads, *, mode, compensate, calibration)   prune.py
-    prune_to(model, fraction, *, order, mode, compensate)   prune.py
+    prune(model, heads, *, mode, compensate, calibration)   pruning.py (plan.py, compensate.py)
+    prune_to(model, fraction, *, order, mode, compensate)   pruning.py
+    pruning_curve(model, *, fractions, orders, ...)         curve.py
     merge_kv(model, n_kv_heads, *, layers, method)          merge.py
     merge_plan(model, budget)                               merge.py
     uptrain(model, steps, *, lr, trainable)                 uptrain.py
-    save(model, dir) / export_transformers(model, dir)      save.py
+    save(model, dir) / export_transformers(model, dir)      saving.py
 
 Not to be confused with headcount.head_surgery (below attention): structural surgery on ONE
 MultiHeadAttention module (prune_heads, merge_kv_heads), which this package builds on.
@@ -16,10 +17,12 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "prune": "prune", "prune_to": "prune", "PruneResult": "prune",
+    # module names differ from the function names: an imported submodule `prune` would shadow prune()
+    "prune": "pruning", "prune_to": "pruning", "PruneResult": "pruning",
+    "pruning_curve": "curve", "PruningCurve": "curve",
     "merge_kv": "merge", "merge_plan": "merge", "MergeResult": "merge",
     "uptrain": "uptrain",
-    "save": "save", "export_transformers": "save",
+    "save": "saving", "export_transformers": "saving",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,0 +1,202 @@
+"""prune / prune_to: remove attention heads from a whole model, in place, with compensation.
+
+    prune(model, heads, *, mode="query", compensate="lstsq", calibration=None) -> PruneResult
+    prune_to(model, fraction, *, order="reconstruction", mode="query", compensate="lstsq",
+             uniform=False, calibration=None) -> PruneResult
+
+heads: (layer, head) pairs or {layer: [heads]}, ORIGINAL head indices (attn.kept_heads maps them).
+mode="query": any query heads; a KV head goes when no query head reads it any more.
+mode="group": whole GQA groups (query heads with their KV head): shrinks the KV cache.
+Removing every remaining head of a layer is refused (ValueError); prune_to never does it.
+Compensation and the sequential refit: compensate.py. Which heads: plan.py.
+
+calibration: None = the calibration part of the default corpus (decoders: at most
+`calibration_windows` windows of `window` tokens; encoders: calibration sentences); a string or
+list of strings; "mixed" = half default-corpus prose, half code-like text (headcount.data.code_corpus);
+or ready inputs (a LongTensor [N, T] of windows, or [(input_ids, attention_mask), ...]).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from headcount.surgery import plan as _plan
+from headcount.surgery.compensate import COMPENSATIONS, DEFAULT_RIDGE, DEFAULT_TARGET, prune_sequential
+
+Tensor = torch.Tensor
+
+CALIBRATION_WINDOWS = 16
+WINDOW = 512
+CALIBRATION_SENTENCES = 256
+DEFAULT_CALIBRATION = None  # the default corpus's calibration prose
+
+
+@dataclass
+class PruneResult:
+    """What a prune did: heads removed per layer (original indices) and the before/after accounts."""
+
+    mode: str
+    compensate: str
+    removed: dict[int, list[int]]
+    heads_before: int
+    heads_after: int
+    kv_heads_before: int
+    kv_heads_after: int
+    params_before: int
+    params_after: int
+    kv_bytes_per_token_before: int
+    kv_bytes_per_token_after: int
+    calibration_tokens: int = 0
+    seconds: float = 0.0
+    ridge: float | None = None
+    target: str | None = None
+    layer_fits: list = field(default_factory=list)  # compensate.LayerFit per pruned layer
+    order: str | None = None
+    fraction: float | None = None
+    uniform: bool | None = None
+
+    @property
+    def heads_removed(self) -> int:
+        return sum(len(v) for v in self.removed.values())
+
+    def to_json(self) -> dict:
+        return {
+            "mode": self.mode, "compensate": self.compensate, "order": self.order, "fraction": self.fraction,
+            "uniform": self.uniform, "heads_removed": self.heads_removed,
+            "removed": {str(k): v for k, v in self.removed.items()},
+            "heads_before": self.heads_before, "heads_after": self.heads_after,
+            "kv_heads_before": self.kv_heads_before, "kv_heads_after": self.kv_heads_after,
+            "params_before": self.params_before, "params_after": self.params_after,
+            "kv_bytes_per_token_before": self.kv_bytes_per_token_before,
+            "kv_bytes_per_token_after": self.kv_bytes_per_token_after,
+            "calibration_tokens": self.calibration_tokens, "seconds": round(self.seconds, 3),
+            "ridge": self.ridge, "target": self.target,
+            "layer_fits": [f.to_json() for f in self.layer_fits],
+        }
+
+
+# ------------------------------------------------------------------------------------------ accounts
+def n_params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def kv_bytes_per_token(model) -> int:
+    """KV cache bytes per token (batch 1), summed over layers, from each layer's KVCache.nbytes."""
+    return sum(layer.attn.new_cache(1, 1).nbytes for layer in model.layers)
+
+
+def count_heads(model) -> tuple[int, int]:
+    return (sum(layer.attn.n_heads for layer in model.layers), sum(layer.attn.n_kv_heads for layer in model.layers))
+
+
+# --------------------------------------------------------------------------------------- calibration
+def _is_decoder(model) -> bool:
+    return hasattr(model, "lm_head")
+
+
+def calibration_batches(model, calibration=DEFAULT_CALIBRATION, *, calibration_windows: int = CALIBRATION_WINDOWS,
+                        window: int = WINDOW, batch_size: int = 4) -> list[tuple[Tensor, Tensor | None]]:
+    """Calibration inputs as [(input_ids [B, T], attention_mask [B, T] or None), ...] (see the module doc)."""
+    from headcount.analysis.batches import sentence_batches, split_sentences, token_windows
+
+    if isinstance(calibration_windows, bool) or not isinstance(calibration_windows, int) or calibration_windows < 1:
+        raise ValueError(f"calibration_windows: expected a positive int, got {calibration_windows!r}")
+    if isinstance(calibration, Tensor):
+        if calibration.dim() != 2 or calibration.dtype != torch.long:
+            raise ValueError(f"calibration: expected token windows, a LongTensor [N, T]; got {calibration.dtype} "
+                             f"{list(calibration.shape)}")
+        return [(calibration[i:i + batch_size], None) for i in range(0, calibration.shape[0], batch_size)]
+    if isinstance(calibration, list) and calibration and isinstance(calibration[0], tuple):
+        return list(calibration)
+    texts = calibration
+    if calibration == "mixed":
+        from headcount.data import code_corpus, default_corpus
+        half = max(1, calibration_windows // 2)
+        if _is_decoder(model):
+            a = token_windows(model, default_corpus().texts("calibration"), window=window, max_windows=half)
+            b = token_windows(model, code_corpus().texts("calibration"), window=window,
+                              max_windows=calibration_windows - half or 1)
+            ids = torch.stack([r for pair in zip(a, b) for r in pair] + list(a[len(b):]) + list(b[len(a):]))
+            return calibration_batches(model, ids, batch_size=batch_size)
+        texts = default_corpus().texts("calibration") + code_corpus().texts("calibration")
+    if _is_decoder(model):
+        ids = token_windows(model, texts, window=window, max_windows=calibration_windows)
+        return calibration_batches(model, ids, batch_size=batch_size)
+    sentences = split_sentences(texts, max_sentences=CALIBRATION_SENTENCES * calibration_windows // CALIBRATION_WINDOWS)
+    return sentence_batches(model, sentences, batch_size=32)
+
+
+# ---------------------------------------------------------------------------------------------- prune
+def _check_choice(name: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name}: expected one of {tuple(allowed)}, got {value!r}")
+
+
+def prune(model, heads, *, mode: str = "query", compensate: str = "lstsq", calibration=DEFAULT_CALIBRATION,
+          calibration_windows: int = CALIBRATION_WINDOWS, window: int = WINDOW, ridge: float = DEFAULT_RIDGE,
+          target: str = DEFAULT_TARGET, prior: str = "original", progress: bool = True) -> PruneResult:
+    """Remove `heads` (original indices) from `model` in place, compensating; see the module doc.
+
+    Everything is checked before the first weight changes: a bad head list leaves the model as it was.
+    """
+    _plan.check_mode(mode)
+    _check_choice("compensate", compensate, COMPENSATIONS)
+    removed = _plan.normalize_heads(model, heads)
+    if mode == "group":
+        _plan.check_groups(model, removed)
+    start = time.perf_counter()
+    heads_before, kv_before = count_heads(model)
+    params_before, kv_bytes_before = n_params(model), kv_bytes_per_token(model)
+    fits, tokens = [], 0
+    if removed and compensate == "none":
+        for layer, current in _plan.to_current(model, removed).items():
+            model.layers[layer].attn.prune_heads(current)
+    elif removed:
+        batches = calibration_batches(model, calibration, calibration_windows=calibration_windows, window=window)
+        was_training = model.training
+        model.eval()
+        try:
+            fits = prune_sequential(model, removed, batches, compensate=compensate, ridge=ridge, target=target,
+                                    prior=prior, progress=progress)
+        finally:
+            model.train(was_training)
+        tokens = fits[0].tokens if fits else 0
+    heads_after, kv_after = count_heads(model)
+    return PruneResult(mode, compensate, removed, heads_before, heads_after, kv_before, kv_after, params_before,
+                       n_params(model), kv_bytes_before, kv_bytes_per_token(model), tokens,
+                       time.perf_counter() - start, ridge if compensate == "lstsq" else None,
+                       target if compensate == "lstsq" else None, fits)
+
+
+def resolve_scores(model, order, *, calibration=DEFAULT_CALIBRATION, seed: int = 0,
+                   calibration_windows: int = CALIBRATION_WINDOWS) -> tuple[dict, str]:
+    """({(layer, original head): score}, a name) from a HeadScores, a method name, or "random"."""
+    if isinstance(order, str):
+        if order == "random":
+            return _plan.random_scores(model, seed), f"random(seed={seed})"
+        from headcount.analysis import importance
+        texts = None if calibration is None or not isinstance(calibration, (str, list)) or calibration == "mixed" \
+            else calibration
+        return _plan.head_scores(model, importance(model, texts, method=order)), order
+    return _plan.head_scores(model, order), getattr(order, "method", "scores")
+
+
+def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "query", compensate: str = "lstsq",
+             uniform: bool = False, calibration=DEFAULT_CALIBRATION, seed: int = 0, **kwargs) -> PruneResult:
+    """Remove `fraction` of the query heads (or of the GQA groups, mode="group"), least important first.
+
+    order: a HeadScores (headcount.analysis.importance), a method name computed here on the
+    calibration text, or "random" (seeded by `seed`). uniform=True: the same number from every
+    layer, and in query mode the same number from every GQA group. Other keywords go to prune().
+    """
+    _plan.check_mode(mode)
+    _check_choice("compensate", compensate, COMPENSATIONS)
+    _plan._check_fraction(fraction)
+    scores, name = resolve_scores(model, order, calibration=calibration, seed=seed)
+    chosen = _plan.plan_fraction(model, fraction, scores, mode=mode, uniform=bool(uniform))
+    result = prune(model, chosen, mode=mode, compensate=compensate, calibration=calibration, **kwargs)
+    result.order, result.fraction, result.uniform = name, float(fraction), bool(uniform)
+    return result
