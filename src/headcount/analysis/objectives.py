@@ -1,0 +1,73 @@
+"""The losses head importance is measured with: one per model family.
+
+    decoder (Decoder, has lm_head): next-token cross-entropy. `lm_nll(model, ids, head_gates)` ->
+        [B] summed NLL (nats) of tokens 1..T-1 of each row; differentiable when grad is enabled.
+    encoder (Encoder): embedding fidelity, as the model is used (sentence-transformers' recipe):
+        `pooled(model, ids, mask, head_gates)` -> [B, d] L2-normalised mean-pooled embeddings;
+        `fidelity(emb, ref)` -> [B] 1 - cos(emb, ref) against the unmodified model's embeddings.
+        Its gradient is ZERO at the unmodified model (a minimum), so first-order scores say nothing
+        there; the second-order (Gauss-Newton) term 1/2 ||d emb / d gate||^2 is what importance's
+        "gradient" method estimates on an encoder, with random probes (see importance.py).
+    scored_positions(ids, mask, decoder) -> [B, T] bool: the positions whose head outputs reach the
+        loss (a decoder: all but the last, whose prediction is not scored; an encoder: real tokens).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+LOGIT_CHUNK = 256  # positions per lm_head call without grad (bounds memory at CHUNK x vocab floats)
+
+
+def is_decoder(model) -> bool:
+    return hasattr(model, "lm_head")
+
+
+def _wide(logits: Tensor) -> Tensor:
+    return logits if logits.dtype == torch.float64 else logits.float()
+
+
+def lm_nll(model, ids: Tensor, head_gates=None) -> Tensor:
+    """[B] float64 summed next-token NLL of tokens 1..T-1 of each row of ids [B, T]."""
+    hidden = model(ids, head_gates=head_gates, compute_logits=False).hidden_states  # (B, T, d)
+    targets = ids[:, 1:]
+    if torch.is_grad_enabled():  # one lm_head call: the graph needs the logits anyway
+        logits = _wide(model.lm_head(hidden[:, :-1]))
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+        return nll.view(targets.shape).sum(1).double()
+    total = torch.zeros(ids.shape[0], dtype=torch.float64, device=ids.device)
+    length = ids.shape[1]
+    for start in range(0, length - 1, LOGIT_CHUNK):
+        end = min(start + LOGIT_CHUNK, length - 1)
+        logits = _wide(model.lm_head(hidden[:, start:end]))
+        t = ids[:, start + 1:end + 1]
+        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1), reduction="none")
+        total += nll.view(t.shape).double().sum(1)
+    return total
+
+
+def pooled(model, ids: Tensor, mask: Tensor, head_gates=None) -> Tensor:
+    """[B, d] L2-normalised mean-pooled sentence embeddings over real tokens."""
+    hidden = model(ids, mask, head_gates=head_gates).last_hidden_state
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    emb = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    return F.normalize(emb, dim=-1)
+
+
+def fidelity(emb: Tensor, ref: Tensor) -> Tensor:
+    """[B] 1 - cosine similarity of (normalised) embeddings to the reference ones, float64."""
+    return 1.0 - (emb.double() * ref.double()).sum(-1)
+
+
+def scored_positions(ids: Tensor, mask: Tensor | None, decoder: bool) -> Tensor:
+    """[B, T] bool: positions whose attention output reaches the loss."""
+    if decoder:
+        out = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+        out[:, -1] = False
+        return out
+    if mask is None:
+        return torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    return mask.bool()
