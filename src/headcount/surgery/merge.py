@@ -1,0 +1,250 @@
+"""K/V-head merging on a whole model: MHA -> GQA -> MQA, in place (issue 7).
+
+    merge_kv(model, n_kv_heads, *, layers=None, method="aware", calibration=None, ...) -> MergeResult
+    merge_plan(model, budget, *, calibration=None, ...) -> MergePlan      (merge_planner.py)
+
+method="mean": the GQA paper's conversion (Ainslie et al. 2023): each run of consecutive K/V heads
+    mean-pooled into one (headcount.head_surgery.merge_kv_heads); needs a divisor of the current count.
+method="aware": activation-aware and rotary-respecting, computed from calibration activations
+    (merge_fit.py has the math). Layer by layer, bottom up, each layer seeing the already-merged
+    layers below it:
+      1. keys: per frequency pair, a complex rank-1 (per new head) reduction of the group's keys,
+         weighted by the energy of the queries that read each old head; its inverse (a 2x2
+         rotation-scaling per pair) folded into each query head's W_Q rows, which commutes with rotary;
+      2. values: a reduction of the group's attention-averaged values in the metric of o_proj (how much
+         each value direction moves the layer output), the back-map folded into o_proj's columns;
+      3. o_proj refit by ridge least squares on the merged layer's contexts to reproduce the layer's
+         output on calibration tokens (`target`: "local" = the original layer on the merged model's
+         input; "stream" = the original model's layer output; "residual" = that plus the drift of
+         the residual stream, so the refit also corrects what the layers below changed).
+    Any target count from 1 to the current count works, divisors or not: uneven groups get an
+    explicit query -> KV head map (grouping="auto" picks which old heads share a new one from
+    calibration; "contiguous" keeps runs of consecutive heads).
+
+Calibration: None = the calibration part of the default corpus (decoders: `n_windows` windows of
+`window` tokens; encoders: sentences); nothing here reads held-out text.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from headcount.surgery import merge_fit
+from headcount.surgery.merge_stream import Stream, calibration_batches
+
+METHODS = ("aware", "mean")
+TARGETS = ("local", "stream", "residual")
+GROUPINGS = ("auto", "contiguous")
+
+
+@dataclass
+class LayerMerge:
+    """What merging did to one layer."""
+
+    layer: int
+    n_kv_before: int
+    n_kv_after: int
+    groups: list[list[int]]  # old KV heads merged into each new KV head
+    kv_head_of: list[int]  # query head -> new KV head
+    k_kept: float | None = None  # fraction of the query-weighted key energy kept (aware)
+    v_kept: float | None = None  # fraction of the output-weighted context energy kept (aware)
+    error_before_refit: float | None = None  # relative layer-output error on calibration tokens
+    error_after_refit: float | None = None
+
+
+@dataclass
+class MergeResult:
+    method: str
+    kv_heads_before: list[int]  # per layer
+    kv_heads_after: list[int]
+    kv_bytes_per_token_before: int
+    kv_bytes_per_token_after: int
+    layers: list[LayerMerge] = field(default_factory=list)
+    calibration_tokens: int = 0
+    seconds: float = 0.0
+    options: dict = field(default_factory=dict)
+
+    @property
+    def merged_layers(self) -> list[int]:
+        return [m.layer for m in self.layers]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "MergeResult":
+        data = dict(data)
+        data["layers"] = [LayerMerge(**m) for m in data.get("layers", [])]
+        return cls(**data)
+
+
+def kv_bytes_per_token(model) -> int:
+    """KV-cache bytes one token costs across all layers (KVCache.nbytes of a one-token cache)."""
+    return sum(attn.new_cache(1, 1).nbytes for attn in (layer.attn for layer in model.layers))
+
+
+def _targets(model, n_kv_heads, layers, method: str) -> dict[int, int]:
+    """Validate everything before any weight changes: {layer: new n_kv_heads}."""
+    n_layers = len(model.layers)
+    if method not in METHODS:
+        raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
+    plan = getattr(n_kv_heads, "kv_heads", None)
+    if plan is not None:  # a MergePlan
+        n_kv_heads = {int(k): v for k, v in plan.items()}
+    if isinstance(n_kv_heads, dict):
+        if layers is not None:
+            raise ValueError("layers: give either layers= or a per-layer mapping / plan, not both")
+        wanted = dict(n_kv_heads)
+    else:
+        if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int):
+            raise TypeError(f"n_kv_heads: expected a positive int, a {{layer: n}} mapping or a MergePlan, "
+                            f"got {n_kv_heads!r}")
+        if layers is None:
+            layer_list = list(range(n_layers))
+        else:
+            if isinstance(layers, int) and not isinstance(layers, bool):
+                layers = [layers]
+            try:
+                layer_list = [int(i) for i in layers]
+            except (TypeError, ValueError):
+                raise TypeError(f"layers: expected a list of layer indices, got {layers!r}") from None
+            if not layer_list:
+                raise ValueError("layers: expected at least one layer index, got none")
+            if len(set(layer_list)) != len(layer_list):
+                raise ValueError(f"layers: duplicate layer indices in {layer_list}")
+        wanted = {i: n_kv_heads for i in layer_list}
+    bad = [i for i in wanted if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers]
+    if bad:
+        raise ValueError(f"layers: expected indices in [0, {n_layers}) ({n_layers} layers), got {sorted(bad)}")
+    for i, n in sorted(wanted.items()):
+        attn = model.layers[i].attn
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"n_kv_heads: expected a positive int for layer {i}, got {n!r}")
+        if n < 1:
+            raise ValueError(f"n_kv_heads: expected at least 1, got {n}")
+        if n > attn.n_kv_heads:
+            raise ValueError(f"n_kv_heads: layer {i} has {attn.n_kv_heads} KV heads; merging cannot raise it "
+                             f"to {n} (expected 1 .. {attn.n_kv_heads})")
+        if method == "mean" and n != attn.n_kv_heads:
+            if attn.n_kv_heads % n:
+                divisors = [d for d in range(1, attn.n_kv_heads + 1) if attn.n_kv_heads % d == 0]
+                raise ValueError(f"n_kv_heads: method='mean' needs a divisor of layer {i}'s "
+                                 f"{attn.n_kv_heads} KV heads ({divisors}), got {n}; method='aware' "
+                                 "takes any count")
+            if not attn.is_uniform:
+                raise ValueError(f"n_kv_heads: method='mean' needs uniform groups; layer {i} has "
+                                 f"kv_head_of={attn.kv_head_of} (use method='aware')")
+    return {i: n for i, n in sorted(wanted.items()) if n != model.layers[i].attn.n_kv_heads}
+
+
+def _contiguous(n_old: int, n_new: int) -> list[list[int]]:
+    """n_old heads in n_new runs of consecutive heads, sizes as even as possible."""
+    bounds = [round(j * n_old / n_new) for j in range(n_new + 1)]
+    return [list(range(bounds[j], bounds[j + 1])) for j in range(n_new)]
+
+
+def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, grouping="auto",
+                refit: bool = True, ridge: float = 1e-3) -> LayerMerge:
+    """The aware merge of one attention module, from captured inputs and target outputs (in place)."""
+    n_old, d = attn.n_kv_heads, attn.head_dim
+    stats = merge_fit.layer_stats(attn, captures)
+    if isinstance(grouping, (list, tuple)):
+        groups = [sorted(int(g) for g in grp) for grp in grouping]
+        flat = sorted(g for grp in groups for g in grp)
+        if flat != list(range(n_old)) or len(groups) != n_new or any(not grp for grp in groups):
+            raise ValueError(f"grouping: expected {n_new} non-empty groups covering KV heads 0..{n_old - 1} "
+                             f"once each, got {grouping!r}")
+    elif grouping == "contiguous":
+        groups = _contiguous(n_old, n_new)
+    elif grouping == "auto":
+        groups = merge_fit.choose_groups(stats, attn.o_proj.weight.detach(), attn.kv_head_of, n_old, n_new, d)
+    else:
+        raise ValueError(f"grouping: expected 'auto', 'contiguous' or a list of groups, got {grouping!r}")
+    mw = merge_fit.merged_weights(attn, stats, groups)
+    merge_fit.install(attn, mw)
+    before = merge_fit.output_error(attn, captures, targets)
+    after = merge_fit.refit_o_proj(attn, captures, targets, ridge=ridge) if refit else before
+    return LayerMerge(-1, n_old, n_new, groups, list(attn.kv_head_of), mw.k_kept, mw.v_kept, before, after)
+
+
+def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibration=None, n_windows: int = 8,
+             window: int = 512, grouping="auto", target: str = "local", refit: bool = True, ridge: float = 1e-3,
+             progress: bool = True) -> MergeResult:
+    """Merge K/V heads of `model` in place down to `n_kv_heads` (an int for every layer in `layers`, a
+    {layer: n} mapping, or a MergePlan from merge_plan). See the module docstring for the methods."""
+    wanted = _targets(model, n_kv_heads, layers, method)
+    if target not in TARGETS:
+        raise ValueError(f"target: expected one of {TARGETS}, got {target!r}")
+    if not isinstance(grouping, (list, tuple)) and grouping not in GROUPINGS:
+        raise ValueError(f"grouping: expected one of {GROUPINGS} or a list of groups, got {grouping!r}")
+    if isinstance(grouping, (list, tuple)) and len(wanted) > 1:
+        raise ValueError("grouping: an explicit list of groups applies to one layer at a time")
+    start = time.perf_counter()
+    before_heads = [layer.attn.n_kv_heads for layer in model.layers]
+    bytes_before = kv_bytes_per_token(model)
+    result = MergeResult(method, before_heads, list(before_heads), bytes_before, bytes_before,
+                         options={"grouping": grouping if isinstance(grouping, str) else "explicit",
+                                  "target": target, "refit": refit, "ridge": ridge, "n_windows": n_windows,
+                                  "window": window})
+    if not wanted:
+        return result
+    if method == "mean":
+        for i, n in wanted.items():
+            attn = model.layers[i].attn
+            old = attn.n_kv_heads
+            attn.merge_kv_heads(n)
+            result.layers.append(LayerMerge(i, old, n, _contiguous(old, n), list(attn.kv_head_of)))
+    else:
+        _merge_aware(model, wanted, result, calibration=calibration, n_windows=n_windows, window=window,
+                     grouping=grouping, target=target, refit=refit, ridge=ridge, progress=progress)
+    result.kv_heads_after = [layer.attn.n_kv_heads for layer in model.layers]
+    result.kv_bytes_per_token_after = kv_bytes_per_token(model)
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibration, n_windows, window,
+                 grouping, target, refit, ridge, progress) -> None:
+    from tqdm.auto import tqdm
+
+    was_training = model.training
+    model.eval()
+    batches = calibration_batches(model, calibration, n_windows=n_windows, window=window)
+    result.calibration_tokens = sum(b.n_tokens for b in batches)
+    current = Stream(model, batches)
+    original = current.copy() if target != "local" else None
+    last = max(wanted)
+    try:
+        for i in tqdm(range(last + 1), desc="merging K/V heads", disable=None if progress else True,
+                      leave=False):
+            if i not in wanted:
+                current.advance(i)
+                if original is not None:
+                    original.advance(i)
+                continue
+            if original is not None:  # the original layer on the original stream
+                reference = original.layer_io(i, advance=True)
+            caps = current.layer_io(i)
+            if target == "local":
+                targets = [c["y"] for c in caps]
+            elif target == "stream":
+                targets = [r["y"] for r in reference]
+            else:  # residual: also undo the drift of the stream entering this layer
+                targets = [r["y"] + (r["h"] - c["h"]) for r, c in zip(reference, caps)]
+            info = merge_layer(model.layers[i].attn, caps, targets, wanted[i], grouping=grouping, refit=refit,
+                               ridge=ridge)
+            info.layer = i
+            result.layers.append(info)
+            if i != last:
+                current.advance(i)
+    finally:
+        model.train(was_training)
+
+
+def merge_plan(model, budget, **kwargs):
+    """Choose which layers to merge (and to how many KV heads) for a KV-cache budget; see merge_planner."""
+    from headcount.surgery.merge_planner import merge_plan as plan
+    return plan(model, budget, **kwargs)

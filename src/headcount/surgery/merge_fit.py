@@ -1,0 +1,428 @@
+"""The activation-aware K/V merge of ONE attention layer, in closed form (used by merge.py).
+
+Notation: the layer has n_heads query heads and n_kv old K/V heads of head_dim d; old KV head g is read by
+the query heads {i : kv_head_of[i] = g}. A new KV head m replaces a group S_m of old KV heads.
+
+Keys, with rotary (the "rotate half" layout of headcount.models.rotary): dims (f, f + d/2) form frequency
+pair f; read as one complex number k_f = k[f] + i k[f + d/2], the position rotation multiplies k_f (and
+q_f) by e^{i p theta_f}, and the logit is sum_f Re(q_f conj(k_f) e^{i (p - s) theta_f}). A complex scale
+c per frequency pair (a 2x2 rotation-scaling on rows f, f + d/2) commutes with that rotation, so a new
+key  z_f = sum_{g in S} conj(b_g) k_{g,f}  is again a rotary key, and  k_{g,f} ~ gamma_g z_f  is undone in
+the query: q'_{i,f} = conj(gamma_g) q_{i,f} keeps q'_f conj(z_f) = q_f conj(gamma_g z_f) ~ q_f conj(k_{g,f}).
+The error in head i's logits is  Re(q_{i,f} conj(k_{g,f} - gamma_g z_f) e^{i..}), whose mean square is
+E|q_{i,f}|^2 E|k_{g,f} - gamma_g z_f|^2 / 2 for independent queries and keys: the key residual weighted
+by the energy of the queries that read it, per frequency. Minimising the sum over heads and frequencies
+is, per frequency, the rank-1 reduction below with Sigma = E[k_S k_S^H] (complex |S| x |S|) and
+G = diag(sum of E|q_{i,f}|^2 over the query heads reading g). Without rotary the same holds with real
+head_dim-wide blocks: Sigma = E[k_S k_S^T], G_g = sum_i E[q_i q_i^T], and q'_i = P_g^T q_i.
+
+Values: query head i's context is c_i = A_i v_g; the output is sum_i O_i c_i. With v_g ~ P_g z (z = B^T v_S)
+and the map P_g folded into o_proj (O_i P_g), the output error of head i is O_i A_i (v_g - P_g z): the same
+reduction with Sigma = the second moment of the attention-averaged values A_i v_S (the contexts, what
+o_proj actually sees) and G_g = sum_i O_i^T O_i (how much each value direction moves the output).
+
+    reduce(sigma, G, r): minimise sum_g E[(x_g - P_g z)^H G_g (x_g - P_g z)], z = B^H x of width r.
+        x -> G^{1/2} x turns it into plain PCA: U = top-r eigenvectors of G^{1/2} Sigma G^{1/2},
+        B = G^{1/2} U, P = G^{-1/2} U. Returns (B, P, kept energy fraction).
+
+Finally o_proj is refit by ridge least squares (headcount.analysis.refit) on the merged layer's contexts,
+so that the layer output reproduces the target on calibration tokens: this also absorbs part of the
+attention-pattern change the merged keys cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Tensor = torch.Tensor
+
+EPS = 1e-6
+
+
+def _sqrtm_psd(a: Tensor, inverse: bool = False) -> Tensor:
+    w, v = torch.linalg.eigh(a)
+    w = w.clamp(min=float(w.max().real) * EPS if w.numel() else 0.0)
+    d = w.rsqrt() if inverse else w.sqrt()
+    return (v * d.to(v.dtype)) @ v.mH
+
+
+def reduce(sigma: Tensor, g_metric: Tensor, r: int) -> tuple[Tensor, Tensor, float]:
+    """(B [n, r], P [n, r], kept fraction): z = B^H x, x ~ P z in the G-metric (see module docstring)."""
+    g_half = _sqrtm_psd(g_metric)
+    g_ihalf = _sqrtm_psd(g_metric, inverse=True)
+    m = g_half @ sigma @ g_half
+    m = (m + m.mH) / 2
+    w, u = torch.linalg.eigh(m)  # ascending
+    u = u[:, -r:].flip(-1)
+    total = float(w.real.clamp(min=0).sum())
+    kept = float(w[-r:].real.clamp(min=0).sum()) / total if total > 0 else 1.0
+    return g_half @ u, g_ihalf @ u, kept
+
+
+@dataclass
+class LayerStats:
+    """Second moments of one layer on calibration tokens (float64 sums)."""
+
+    rotary: bool
+    n_tokens: int
+    k_sigma: Tensor  # rotary: [d/2, n_kv, n_kv] complex; else [n_kv*d, n_kv*d]
+    q_weight: Tensor  # rotary: [n_heads, d/2] (sum |q_f|^2); else [n_heads, d, d] (sum q q^T)
+    v_sigma: Tensor  # [n_heads, n_kv*d, n_kv*d]: per query head, sum of (A_i v_S)(A_i v_S)^T
+    k_energy: Tensor  # [n_kv]: sum |k_g|^2 (to keep the merged keys' scale)
+
+
+def _causal_or_padding(kwargs: dict, t: int, s: int, device) -> Tensor | None:
+    mask = None
+    if kwargs.get("is_causal"):
+        mask = torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
+    kpm = kwargs.get("key_padding_mask")
+    if kpm is not None:
+        kpm = kpm[:, None, None, :]  # (B, 1, 1, S)
+        mask = kpm if mask is None else (mask & kpm)
+    return mask
+
+
+def split_qkv(attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """q [B, nh, T, d], k [B, nkv, T, d], v [B, nkv, T, d] (before any position transform)."""
+    b, t, _ = x.shape
+    nh, nkv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    qkv = attn.qkv_proj(x).view(b, t, nh + 2 * nkv, d).transpose(1, 2)
+    return qkv[:, :nh], qkv[:, nh:nh + nkv], qkv[:, nh + nkv:]
+
+
+def to_complex(t: Tensor) -> Tensor:
+    """[..., d] real -> [..., d/2] complex128: pair (f, f + d/2) as k[f] + i k[f + d/2]."""
+    half = t.shape[-1] // 2
+    return torch.complex(t[..., :half].double(), t[..., half:].double())
+
+
+def layer_stats(attn, captures: list[dict], *, key_weighting: str = "uniform") -> LayerStats:
+    """Collect the second moments the merge needs from captured attention inputs (merge_stream.Stream)."""
+    nh, nkv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    kv_of = torch.tensor(attn.kv_head_of, dtype=torch.long)
+    rotary = captures[0]["kwargs"].get("qk_transform") is not None
+    half = d // 2
+    if rotary:
+        k_sigma = torch.zeros(half, nkv, nkv, dtype=torch.complex128)
+        q_weight = torch.zeros(nh, half, dtype=torch.float64)
+    else:
+        k_sigma = torch.zeros(nkv * d, nkv * d, dtype=torch.float64)
+        q_weight = torch.zeros(nh, d, d, dtype=torch.float64)
+    v_sigma = torch.zeros(nh, nkv * d, nkv * d, dtype=torch.float64)
+    k_energy = torch.zeros(nkv, dtype=torch.float64)
+    n_tokens = 0
+    with torch.no_grad():
+        for cap in captures:
+            x, kw, sel = cap["x"], cap["kwargs"], cap["mask"]
+            q, k, v = split_qkv(attn, x)
+            b, _, t, _ = q.shape
+            # token rows [B*T, heads, d], real tokens only
+            qf = q.transpose(1, 2).reshape(b * t, nh, d)
+            kf = k.transpose(1, 2).reshape(b * t, nkv, d)
+            if sel is not None:
+                qf, kf = qf[sel], kf[sel]
+            n_tokens += qf.shape[0]
+            k_energy += kf.double().pow(2).sum(dim=(0, 2))
+            if rotary:
+                kc, qc = to_complex(kf), to_complex(qf)  # (N, nkv, d/2), (N, nh, d/2)
+                k_sigma += torch.einsum("ngf,njf->fgj", kc, kc.conj())
+                q_weight += qc.abs().pow(2).sum(0)
+            else:
+                kd = kf.reshape(-1, nkv * d).double()
+                k_sigma += kd.T @ kd
+                qd = qf.double()
+                q_weight += torch.einsum("nhd,nhe->hde", qd, qd)
+            # contexts of every query head over ALL old value heads: A_i [v_0 | v_1 | ...]
+            qt = kw.get("qk_transform")
+            qr, kr = qt(q, k) if qt is not None else (q, k)
+            scores = torch.einsum("bhtd,bhsd->bhts", qr, kr.index_select(1, kv_of)) * attn.softmax_scale
+            mask = _causal_or_padding(kw, t, kr.shape[2], x.device)
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0)
+            v_all = v.transpose(1, 2).reshape(b, t, nkv * d)  # (B, S, nkv*d)
+            ctx = torch.einsum("bhts,bse->bhte", probs, v_all)  # (B, nh, T, nkv*d)
+            ctx = ctx.transpose(1, 2).reshape(b * t, nh, nkv * d)
+            if sel is not None:
+                ctx = ctx[sel]
+            ctx = ctx.double()
+            v_sigma += torch.einsum("nhe,nhf->hef", ctx, ctx)
+    return LayerStats(rotary, n_tokens, k_sigma, q_weight, v_sigma, k_energy)
+
+
+# ------------------------------------------------------------------------------------------ grouping
+def _readers(kv_head_of, g: int) -> list[int]:
+    return [i for i, kv in enumerate(kv_head_of) if kv == g]
+
+
+def _v_metric(o_weight: Tensor, kv_head_of, group: list[int], d: int) -> Tensor:
+    """blockdiag over g in group of sum_i O_i^T O_i (O_i = o_proj columns of query head i)."""
+    blocks = []
+    for g in group:
+        m = torch.zeros(d, d, dtype=torch.float64)
+        for i in _readers(kv_head_of, g):
+            o = o_weight[:, i * d:(i + 1) * d].double()
+            m += o.T @ o
+        blocks.append(m)
+    return torch.block_diag(*blocks)
+
+
+def _v_sigma(stats: LayerStats, kv_head_of, group: list[int], d: int) -> Tensor:
+    idx = torch.tensor([g * d + j for g in group for j in range(d)], dtype=torch.long)
+    readers = [i for g in group for i in _readers(kv_head_of, g)]
+    return stats.v_sigma[readers].sum(0)[idx][:, idx]
+
+
+def _k_problem(stats: LayerStats, kv_head_of, group: list[int], d: int, f: int | None = None):
+    """(sigma, G) of the key reduction of `group` (frequency pair f with rotary)."""
+    if stats.rotary:
+        idx = torch.tensor(group, dtype=torch.long)
+        sigma = stats.k_sigma[f][idx][:, idx]
+        w = torch.stack([stats.q_weight[_readers(kv_head_of, g), f].sum() for g in group])
+        return sigma, torch.diag(w).to(sigma.dtype)
+    idx = torch.tensor([g * d + j for g in group for j in range(d)], dtype=torch.long)
+    sigma = stats.k_sigma[idx][:, idx]
+    g_metric = torch.block_diag(*[stats.q_weight[_readers(kv_head_of, g)].sum(0) for g in group])
+    return sigma, g_metric
+
+
+def group_cost(stats: LayerStats, o_weight: Tensor, kv_head_of, group: list[int], d: int) -> float:
+    """Energy lost (K and V, each as a fraction of the layer's total) when `group` becomes one KV head."""
+    if len(group) == 1:
+        return 0.0
+    k_lost, k_total = 0.0, 0.0
+    freqs = range(stats.k_sigma.shape[0]) if stats.rotary else [None]
+    for f in freqs:
+        sigma, g_metric = _k_problem(stats, kv_head_of, group, d, f)
+        m = _sqrtm_psd(g_metric) @ sigma @ _sqrtm_psd(g_metric)
+        w = torch.linalg.eigvalsh((m + m.mH) / 2).clamp(min=0)
+        r = 1 if stats.rotary else d
+        k_lost += float(w[:-r].sum())
+        k_total += float(w.sum())
+    sigma = _v_sigma(stats, kv_head_of, group, d)
+    g_metric = _v_metric(o_weight, kv_head_of, group, d)
+    m = _sqrtm_psd(g_metric) @ sigma @ _sqrtm_psd(g_metric)
+    w = torch.linalg.eigvalsh((m + m.T) / 2).clamp(min=0)
+    v_lost, v_total = float(w[:-d].sum()), float(w.sum())
+    return k_lost / max(k_total, 1e-30) + v_lost / max(v_total, 1e-30)
+
+
+def choose_groups(stats: LayerStats, o_weight: Tensor, kv_head_of, n_kv: int, n_new: int, d: int) -> list[list[int]]:
+    """Old KV heads -> n_new groups: agglomerative, merging the pair that loses the least energy."""
+    groups = [[g] for g in range(n_kv)]
+    cost = {(g,): 0.0 for g in range(n_kv)}
+    while len(groups) > n_new:
+        best = None
+        for a in range(len(groups)):
+            for b in range(a + 1, len(groups)):
+                union = sorted(groups[a] + groups[b])
+                key = tuple(union)
+                if key not in cost:
+                    cost[key] = group_cost(stats, o_weight, kv_head_of, union, d)
+                delta = cost[key] - cost[tuple(groups[a])] - cost[tuple(groups[b])]
+                if best is None or delta < best[0]:
+                    best = (delta, a, b, union)
+        _, a, b, union = best
+        groups = [grp for j, grp in enumerate(groups) if j not in (a, b)] + [union]
+    return sorted(groups, key=lambda grp: grp[0])
+
+
+# ------------------------------------------------------------------------------------------ new weights
+def pair_scale(rows: Tensor, c: Tensor) -> Tensor:
+    """Multiply each rotary frequency pair of `rows` [d, ...] (rows f and f + d/2, read as the complex
+    number rows[f] + i rows[f + d/2]) by the complex scale c[f] ([d/2] complex): a 2x2 rotation-scaling
+    per pair, which commutes with the rotary position rotation of that pair."""
+    half = rows.shape[0] // 2
+    shape = (half,) + (1,) * (rows.dim() - 1)
+    cr, ci = c.real.to(rows.dtype).view(shape), c.imag.to(rows.dtype).view(shape)
+    re, im = rows[:half], rows[half:]
+    return torch.cat([cr * re - ci * im, ci * re + cr * im])
+
+
+@dataclass
+class MergedWeights:
+    q_w: Tensor
+    q_b: Tensor | None
+    k_w: Tensor
+    k_b: Tensor | None
+    v_w: Tensor
+    v_b: Tensor | None
+    o_w: Tensor
+    kv_head_of: tuple[int, ...]
+    k_kept: float
+    v_kept: float
+
+
+def merged_weights(attn, stats: LayerStats, groups: list[list[int]]) -> MergedWeights:
+    """New Q / K / V rows and o_proj columns for the given grouping of old KV heads (float64)."""
+    nh, nkv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
+    half = d // 2
+    w = attn.qkv_proj.weight.detach().double()
+    bias = attn.qkv_proj.bias
+    bias = None if bias is None else bias.detach().double()
+    q_w, k_w, v_w = w.split([nh * d, nkv * d, nkv * d])
+    q_w = q_w.clone().view(nh, d, -1)
+    k_w, v_w = k_w.view(nkv, d, -1), v_w.view(nkv, d, -1)
+    if bias is not None:
+        q_b, k_b, v_b = bias.split([nh * d, nkv * d, nkv * d])
+        q_b, k_b, v_b = q_b.clone().view(nh, d), k_b.view(nkv, d), v_b.view(nkv, d)
+    o_w = attn.o_proj.weight.detach().double().clone()
+    kv_of = attn.kv_head_of
+    new_of = [0] * nh
+    new_k, new_kb, new_v, new_vb = [], [], [], []
+    k_kept, v_kept, k_weight_total = 0.0, 0.0, 0.0
+    for m, group in enumerate(groups):
+        readers = [i for g in group for i in _readers(kv_of, g)]
+        for i in readers:
+            new_of[i] = m
+        # ---- keys
+        if stats.rotary:
+            cs = torch.zeros(half, len(group), dtype=torch.complex128)  # z_f = sum_g cs[f, g] k_{g,f}
+            gammas = torch.zeros(half, len(group), dtype=torch.complex128)  # k_{g,f} ~ gammas[f, g] z_f
+            for f in range(half):
+                sigma, g_metric = _k_problem(stats, kv_of, group, d, f)
+                b_vec, p_vec, kept = reduce(sigma, g_metric, 1)  # [|S|, 1] complex
+                c, gamma = b_vec[:, 0].conj(), p_vec[:, 0]
+                weight = float(g_metric.real.diagonal().sum())
+                k_kept += kept * weight
+                k_weight_total += weight
+                # rescale z_f so the merged key's energy matches the old heads' mean at this frequency
+                z_energy = float((c @ sigma @ c.conj()).real)  # E|z_f|^2
+                target = float(sigma.real.diagonal().mean())
+                s = (target / z_energy) ** 0.5 if z_energy > 0 and target > 0 else 1.0
+                cs[f], gammas[f] = c * s, gamma / s
+            new_k.append(sum(pair_scale(k_w[g], cs[:, j]) for j, g in enumerate(group)))
+            new_kb.append(sum(pair_scale(k_b[g], cs[:, j]) for j, g in enumerate(group))
+                          if bias is not None else None)
+            for j, g in enumerate(group):
+                for i in _readers(kv_of, g):  # q' = conj(gamma) q keeps q' conj(z) = q conj(gamma z)
+                    q_w[i] = pair_scale(q_w[i], gammas[:, j].conj())
+                    if bias is not None:
+                        q_b[i] = pair_scale(q_b[i], gammas[:, j].conj())
+        else:
+            sigma, g_metric = _k_problem(stats, kv_of, group, d)
+            b_mat, p_mat, kept = reduce(sigma, g_metric, d)  # [|S| d, d]
+            weight = float(g_metric.diagonal().sum())
+            k_kept += kept * weight
+            k_weight_total += weight
+            z_energy = (b_mat.T @ sigma @ b_mat).diagonal()
+            target = float(sigma.diagonal().mean())
+            s = (target / z_energy.clamp(min=1e-30)).sqrt()
+            b_mat, p_mat = b_mat * s, p_mat / s
+            stacked = k_w[group].reshape(len(group) * d, -1)
+            new_k.append(b_mat.T @ stacked)
+            new_kb.append(b_mat.T @ k_b[group].reshape(-1) if bias is not None else None)
+            for j, g in enumerate(group):
+                p_g = p_mat[j * d:(j + 1) * d]  # k_g ~ P_g z
+                for i in _readers(kv_of, g):
+                    q_w[i] = p_g.T @ q_w[i]
+                    if bias is not None:
+                        q_b[i] = p_g.T @ q_b[i]
+        # ---- values
+        sigma = _v_sigma(stats, kv_of, group, d)
+        g_metric = _v_metric(o_w, kv_of, group, d)
+        b_mat, p_mat, kept = reduce(sigma, g_metric, d)
+        v_kept += kept / len(groups)
+        z_energy = (b_mat.T @ sigma @ b_mat).diagonal()
+        target = float(sigma.diagonal().mean())
+        s = (target / z_energy.clamp(min=1e-30)).sqrt()
+        b_mat, p_mat = b_mat * s, p_mat / s
+        new_v.append(b_mat.T @ v_w[group].reshape(len(group) * d, -1))
+        new_vb.append(b_mat.T @ v_b[group].reshape(-1) if bias is not None else None)
+        for j, g in enumerate(group):
+            p_g = p_mat[j * d:(j + 1) * d]  # v_g ~ P_g z
+            for i in _readers(kv_of, g):
+                o_w[:, i * d:(i + 1) * d] = o_w[:, i * d:(i + 1) * d] @ p_g
+    cat_b = (lambda parts: torch.cat(parts)) if bias is not None else (lambda parts: None)
+    return MergedWeights(q_w.reshape(nh * d, -1), cat_b([q_b.reshape(-1)]) if bias is not None else None,
+                         torch.cat(new_k), cat_b(new_kb), torch.cat(new_v), cat_b(new_vb), o_w,
+                         tuple(new_of), k_kept / max(k_weight_total, 1e-30), v_kept)
+
+
+def install(attn, mw: MergedWeights) -> None:
+    """Write merged weights into `attn` in place (new Parameters, new head counts and query -> KV map)."""
+    from torch import nn
+    nh, d = attn.n_heads, attn.head_dim
+    n_new = max(mw.kv_head_of) + 1
+    weight = attn.qkv_proj.weight
+    with torch.no_grad():
+        new_w = torch.cat([mw.q_w, mw.k_w, mw.v_w]).to(weight)
+        attn.qkv_proj.weight = nn.Parameter(new_w, requires_grad=weight.requires_grad)
+        if attn.qkv_proj.bias is not None:
+            b = attn.qkv_proj.bias
+            attn.qkv_proj.bias = nn.Parameter(torch.cat([mw.q_b, mw.k_b, mw.v_b]).to(b),
+                                              requires_grad=b.requires_grad)
+        o = attn.o_proj.weight
+        attn.o_proj.weight = nn.Parameter(mw.o_w.to(o), requires_grad=o.requires_grad)
+    attn.qkv_proj.out_features = attn.qkv_proj.weight.shape[0]
+    set_kv_map(attn, mw.kv_head_of, n_new)
+    assert attn.qkv_proj.out_features == (nh + 2 * n_new) * d
+
+
+def set_kv_map(attn, kv_head_of, n_kv: int) -> None:
+    """Set n_kv_heads and the query -> KV head map (kv_index only when the groups are not uniform)."""
+    nh = attn.n_heads
+    kv_head_of = tuple(int(g) for g in kv_head_of)
+    attn.n_kv_heads = n_kv
+    attn.kv_head_of = kv_head_of
+    uniform = nh % n_kv == 0 and all(g == i // (nh // n_kv) for i, g in enumerate(kv_head_of))
+    attn.kv_index = None if uniform else torch.tensor(kv_head_of, dtype=torch.long,
+                                                      device=attn.qkv_proj.weight.device)
+
+
+def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: float = 1e-3) -> float:
+    """Ridge refit of o_proj so that attn(x) ~ target on the captured tokens; returns the relative error."""
+    from torch import nn
+
+    from headcount.analysis.refit import GramStats, ridge_solve
+
+    ctx: dict = {}
+
+    def pre(module, args):
+        ctx["x"] = args[0].detach()
+
+    handle = attn.o_proj.register_forward_pre_hook(pre)
+    stats = None
+    try:
+        with torch.no_grad():
+            for cap, y in zip(captures, targets):
+                attn(cap["x"], **cap["kwargs"])
+                x = ctx["x"].reshape(-1, ctx["x"].shape[-1]).double()
+                yy = y.reshape(-1, y.shape[-1]).double()
+                if cap["mask"] is not None:
+                    x, yy = x[cap["mask"]], yy[cap["mask"]]
+                x1 = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], dim=1)
+                s = GramStats(x1.T @ x1, x1.T @ yy, (yy * yy).sum(0), int(x.shape[0]))
+                stats = s if stats is None else stats + s
+    finally:
+        handle.remove()
+    fit_bias = attn.o_proj.bias is not None
+    weight, bias = ridge_solve(stats, range(stats.n_inputs), ridge=ridge, fit_bias=fit_bias)
+    # residual of the solution: yty - 2 w.c + w^T A w (relative to yty)
+    idx = list(range(stats.n_inputs)) + ([stats.n_inputs] if fit_bias else [])
+    sol = torch.cat([weight.T, bias[None]]) if fit_bias else weight.T
+    a, c = stats.xtx[idx][:, idx], stats.xty[idx]
+    resid = float((stats.yty - 2 * (sol * c).sum(0) + (sol * (a @ sol)).sum(0)).sum())
+    rel = (max(resid, 0.0) / float(stats.yty.sum())) ** 0.5
+    with torch.no_grad():
+        o = attn.o_proj.weight
+        attn.o_proj.weight = nn.Parameter(weight.to(o), requires_grad=o.requires_grad)
+        if fit_bias:
+            attn.o_proj.bias = nn.Parameter(bias.to(attn.o_proj.bias), requires_grad=attn.o_proj.bias.requires_grad)
+    return rel
+
+
+def output_error(attn, captures: list[dict], targets: list[Tensor]) -> float:
+    """Relative error ||attn(x) - target|| / ||target|| over the captured real tokens."""
+    num, den = 0.0, 0.0
+    with torch.no_grad():
+        for cap, y in zip(captures, targets):
+            out = attn(cap["x"], **cap["kwargs"]).output
+            diff, yy = (out - y).reshape(-1, y.shape[-1]), y.reshape(-1, y.shape[-1])
+            if cap["mask"] is not None:
+                diff, yy = diff[cap["mask"]], yy[cap["mask"]]
+            num += float(diff.double().pow(2).sum())
+            den += float(yy.double().pow(2).sum())
+    return (num / den) ** 0.5 if den > 0 else 0.0

@@ -1,0 +1,227 @@
+"""Calibration inputs and a layer-by-layer walk through a model, for K/V merging (merge.py, merge_planner.py).
+
+    calibration_batches(model, calibration, n_windows, window) -> [Batch]   texts -> model inputs
+    Stream(model, batches)            the residual stream at the input of one layer, batch by batch;
+        .layer_io(l, ...)             run layer l, capture its attention's input / kwargs / output
+        .advance(l)                   move the stream past layer l
+    calibration_loss(model, batches, reference=None) -> float
+        decoders: mean next-token NLL (nats); encoders: 1 - mean cosine of the mean-pooled sentence
+        embeddings to `reference` (the embeddings of the unmodified model, from sentence_embeddings).
+
+Everything goes through public hooks: forward (pre-)hooks on `model.layers[i]` and
+`model.layers[i].attn`, and the layers' own forward with the keyword arguments the model passed to
+layer 0 (the rotary hook `qk_transform`, the padding mask). No private attribute is read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+Tensor = torch.Tensor
+
+
+@dataclass
+class Batch:
+    """One calibration batch: input_ids [B, T] and, for encoders, attention_mask [B, T] (1 = real)."""
+
+    ids: Tensor
+    mask: Tensor | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.ids.numel() if self.mask is None else self.mask.sum())
+
+
+def is_decoder(model) -> bool:
+    return hasattr(model, "lm_head")
+
+
+def calibration_batches(model, calibration=None, *, n_windows: int = 8, window: int = 512,
+                        batch_size: int = 4, part: str = "calibration", n_sentences: int = 256) -> list[Batch]:
+    """Calibration text -> batches. Decoders: `n_windows` windows of `window` tokens; encoders:
+    `n_sentences` sentences. `calibration` may be None (that part of the default corpus), a string,
+    a list of strings, a LongTensor [N, T] of token windows (decoders), or a list of Batch."""
+    from headcount.analysis.batches import sentence_batches, split_sentences, token_windows
+
+    if isinstance(calibration, list) and calibration and all(isinstance(b, Batch) for b in calibration):
+        return calibration
+    device = model.embed.weight.device
+    if is_decoder(model):
+        if isinstance(calibration, Tensor):
+            if calibration.dim() != 2 or calibration.dtype != torch.long:
+                raise ValueError(f"calibration: expected a LongTensor [N, T] of token windows, got "
+                                 f"{calibration.dtype} {list(calibration.shape)}")
+            ids = calibration
+        else:
+            window = min(window, model.config.max_position)
+            ids = token_windows(model, calibration, window=window, max_windows=n_windows, part=part)
+        ids = ids.to(device)
+        return [Batch(ids[i:i + batch_size]) for i in range(0, ids.shape[0], batch_size)]
+    if isinstance(calibration, Tensor):
+        raise ValueError("calibration: an encoder takes text (a string or list of strings), not token windows")
+    sentences = split_sentences(calibration, part=part, max_sentences=n_sentences)
+    if not sentences:
+        raise ValueError("calibration: no sentences of at least 4 words in the calibration text")
+    return [Batch(ids, mask) for ids, mask in sentence_batches(model, sentences, batch_size=32)]
+
+
+class _Stop(Exception):
+    """Raised by a hook to end a forward once the wanted input has been captured."""
+
+
+def _run_model(model, batch: Batch):
+    if is_decoder(model):
+        return model(batch.ids, compute_logits=False)
+    return model(batch.ids, batch.mask)
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+class Stream:
+    """The residual stream of `model` on calibration batches, at the input of one layer at a time."""
+
+    def __init__(self, model, batches: list[Batch]):
+        self.model, self.batches = model, batches
+        self.hidden: list[Tensor] = []
+        self.kwargs: list[dict] = []
+        layer0 = model.layers[0]
+
+        def grab(module, args, kwargs):
+            self.hidden.append(args[0].detach())
+            self.kwargs.append({k: v for k, v in kwargs.items() if k != "x"})
+            raise _Stop
+
+        handle = layer0.register_forward_pre_hook(grab, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                for batch in batches:
+                    try:
+                        _run_model(model, batch)
+                    except _Stop:
+                        pass
+        finally:
+            handle.remove()
+        self.layer = 0
+
+    def copy(self) -> "Stream":
+        other = Stream.__new__(Stream)
+        other.model, other.batches = self.model, self.batches
+        other.hidden, other.kwargs, other.layer = list(self.hidden), self.kwargs, self.layer
+        return other
+
+    def token_mask(self, b: int) -> Tensor | None:
+        """[B*T] bool of real tokens in batch b (None: all tokens are real)."""
+        mask = self.batches[b].mask
+        return None if mask is None else mask.reshape(-1).bool()
+
+    def layer_io(self, layer: int, *, advance: bool = False) -> list[dict]:
+        """Run layer `layer` on the stream; per batch: attention input x, its kwargs, its output y,
+        and the layer's residual input h. With advance=True the stream moves past the layer."""
+        if layer != self.layer:
+            raise ValueError(f"layer: the stream stands at layer {self.layer}, not {layer}")
+        block = self.model.layers[layer]
+        attn = block.attn
+        out: list[dict] = []
+        current: dict = {}
+
+        def pre(module, args, kwargs):
+            current["x"] = args[0].detach()
+            current["kwargs"] = dict(kwargs)
+
+        def post(module, args, kwargs, output):
+            current["y"] = _first(output).detach()
+
+        handles = [attn.register_forward_pre_hook(pre, with_kwargs=True),
+                   attn.register_forward_hook(post, with_kwargs=True)]
+        try:
+            with torch.no_grad():
+                for b, (h, kw) in enumerate(zip(self.hidden, self.kwargs)):
+                    current.clear()
+                    new_h = _first(block(h, **kw))
+                    out.append({"x": current["x"], "kwargs": current["kwargs"], "y": current["y"], "h": h,
+                                "mask": self.token_mask(b)})
+                    if advance:
+                        self.hidden[b] = new_h.detach()
+        finally:
+            for handle in handles:
+                handle.remove()
+        if advance:
+            self.layer += 1
+        return out
+
+    def advance(self, layer: int) -> None:
+        """Move the stream past layer `layer` (no capture)."""
+        if layer != self.layer:
+            raise ValueError(f"layer: the stream stands at layer {self.layer}, not {layer}")
+        block = self.model.layers[layer]
+        with torch.no_grad():
+            self.hidden = [_first(block(h, **kw)).detach() for h, kw in zip(self.hidden, self.kwargs)]
+        self.layer += 1
+
+    def tail_loss(self, reference=None) -> float:
+        """The calibration loss of the model from the stream's current layer to the end."""
+        hidden = list(self.hidden)
+        with torch.no_grad():
+            for layer in self.model.layers[self.layer:]:
+                hidden = [_first(layer(h, **kw)) for h, kw in zip(hidden, self.kwargs)]
+        return _loss_from_hidden(self.model, self.batches, hidden, reference)
+
+
+def _loss_from_hidden(model, batches: list[Batch], hidden: list[Tensor], reference) -> float:
+    if is_decoder(model):
+        total, count = 0.0, 0
+        for batch, h in zip(batches, hidden):
+            h = model.norm(h)
+            for start in range(0, h.shape[1] - 1, 256):  # bounded [chunk, vocab] logits
+                end = min(start + 256, h.shape[1] - 1)
+                logits = model.lm_head(h[:, start:end]).float()
+                targets = batch.ids[:, start + 1:end + 1]
+                total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                               reduction="sum"))
+                count += targets.numel()
+        return total / count
+    pooled = torch.cat([_pool(h, batch.mask) for h, batch in zip(hidden, batches)])
+    if reference is None:
+        raise ValueError("reference: an encoder's calibration loss needs the unmodified model's embeddings")
+    return float(1.0 - F.cosine_similarity(pooled, reference, dim=-1).mean())
+
+
+def _pool(hidden: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return hidden.mean(1)
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+
+def sentence_embeddings(model, batches: list[Batch]) -> Tensor | None:
+    """Mean-pooled last hidden states [N, d] of an encoder on the batches (None for decoders)."""
+    if is_decoder(model):
+        return None
+    with torch.no_grad():
+        return torch.cat([_pool(model(b.ids, b.mask).last_hidden_state, b.mask) for b in batches])
+
+
+def calibration_loss(model, batches: list[Batch], reference: Tensor | None = None) -> float:
+    """Decoders: mean next-token NLL over the batches; encoders: 1 - mean cosine to `reference`."""
+    with torch.no_grad():
+        if is_decoder(model):
+            hidden = [model(b.ids, compute_logits=False).hidden_states for b in batches]
+            total, count = 0.0, 0
+            for batch, h in zip(batches, hidden):
+                for start in range(0, h.shape[1] - 1, 256):
+                    end = min(start + 256, h.shape[1] - 1)
+                    logits = model.lm_head(h[:, start:end]).float()
+                    targets = batch.ids[:, start + 1:end + 1]
+                    total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                                   reduction="sum"))
+                    count += targets.numel()
+            return total / count
+        pooled = sentence_embeddings(model, batches)
+        if reference is None:
+            raise ValueError("reference: an encoder's calibration loss needs the unmodified model's embeddings")
+        return float(1.0 - F.cosine_similarity(pooled, reference, dim=-1).mean())

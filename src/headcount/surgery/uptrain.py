@@ -1,0 +1,193 @@
+"""uptrain: a short CPU fine-tune after merging or pruning, on calibration text (issue 7).
+
+    uptrain(model, steps, *, lr=1e-4, trainable="attention", calibration=None, batch_size=1, window=256,
+            teacher=None) -> UptrainResult
+
+AdamW with a linear warm-up then cosine decay (torch.optim.lr_scheduler), a progress bar on stderr
+with the running loss, and the first / last losses logged. Decoders: next-token cross-entropy on
+calibration windows, or, with `teacher` (the unmodified model), the KL divergence from the teacher's
+next-token distribution (distillation: every position carries a full distribution, not one token, so
+it recovers more per step). Encoders need a teacher: the loss is 1 - cosine between the mean-pooled
+sentence embeddings of the student and the teacher.
+
+trainable: "attention" (qkv_proj and o_proj of every layer), "qkv" (qkv_proj only), "o_proj",
+"all" (every parameter), or a list of layer indices (those layers' attention). Everything else is
+frozen for the run and restored afterwards; the model is left in eval mode.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from headcount.surgery.merge_stream import calibration_batches, is_decoder
+
+TRAINABLE = ("attention", "qkv", "o_proj", "all")
+
+
+@dataclass
+class UptrainResult:
+    steps: int
+    lr: float
+    trainable: str
+    trainable_params: int
+    tokens: int  # tokens seen (with repeats)
+    seconds: float
+    losses: list[float] = field(default_factory=list)  # one per step
+    objective: str = "cross_entropy"
+
+    @property
+    def loss_first(self) -> float:
+        k = max(1, min(5, len(self.losses)))
+        return sum(self.losses[:k]) / k
+
+    @property
+    def loss_last(self) -> float:
+        k = max(1, min(5, len(self.losses)))
+        return sum(self.losses[-k:]) / k
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "loss_first": self.loss_first, "loss_last": self.loss_last}
+
+
+def _parameters(model, trainable) -> list[torch.nn.Parameter]:
+    if isinstance(trainable, str):
+        if trainable not in TRAINABLE:
+            raise ValueError(f"trainable: expected one of {TRAINABLE} or a list of layer indices, got {trainable!r}")
+        if trainable == "all":
+            return [p for p in model.parameters()]
+        layers = range(len(model.layers))
+    else:
+        try:
+            layers = sorted({int(i) for i in trainable})
+        except (TypeError, ValueError):
+            raise TypeError(f"trainable: expected one of {TRAINABLE} or a list of layer indices, "
+                            f"got {trainable!r}") from None
+        bad = [i for i in layers if not 0 <= i < len(model.layers)]
+        if bad or not layers:
+            raise ValueError(f"trainable: expected layer indices in [0, {len(model.layers)}), got {list(trainable)}")
+        trainable = "attention"
+    params = []
+    for i in layers:
+        attn = model.layers[i].attn
+        if trainable in ("attention", "qkv"):
+            params += list(attn.qkv_proj.parameters())
+        if trainable in ("attention", "o_proj"):
+            params += list(attn.o_proj.parameters())
+    return params
+
+
+def _decoder_loss(model, ids, teacher) -> torch.Tensor:
+    logits = model(ids[:, :-1]).logits.float()
+    if teacher is None:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+    with torch.no_grad():
+        target = F.log_softmax(teacher(ids[:, :-1]).logits.float(), dim=-1)
+    return F.kl_div(F.log_softmax(logits, dim=-1).reshape(-1, logits.shape[-1]),
+                    target.reshape(-1, target.shape[-1]), log_target=True, reduction="batchmean")
+
+
+def _encoder_loss(model, batch, teacher) -> torch.Tensor:
+    def pool(m):
+        h = m(batch.ids, batch.mask).last_hidden_state
+        w = batch.mask.unsqueeze(-1).to(h.dtype)
+        return (h * w).sum(1) / w.sum(1).clamp(min=1e-9)
+
+    with torch.no_grad():
+        target = pool(teacher)
+    return 1.0 - F.cosine_similarity(pool(model), target, dim=-1).mean()
+
+
+def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calibration=None, batch_size: int = 1,
+            window: int = 256, teacher=None, weight_decay: float = 0.0, warmup: float = 0.1, seed: int = 0,
+            max_windows: int | None = None, progress: bool = True, log=None) -> UptrainResult:
+    """Fine-tune `model` in place for `steps` optimizer steps on calibration text (see module docstring)."""
+    from tqdm.auto import tqdm
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps: expected a positive int, got {steps!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
+        raise ValueError(f"lr: expected a positive float, got {lr!r}")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+    if not 0.0 <= warmup < 1.0:
+        raise ValueError(f"warmup: expected a fraction of the steps in [0, 1), got {warmup!r}")
+    decoder = is_decoder(model)
+    if not decoder and teacher is None:
+        raise ValueError("teacher: an encoder has no language-model loss; pass the unmodified model as teacher=")
+    params = _parameters(model, trainable)
+    if decoder:
+        batches = calibration_batches(model, calibration, n_windows=max_windows or 10**9, window=window,
+                                      batch_size=batch_size)
+        pool = torch.cat([b.ids for b in batches])
+    else:
+        batches = calibration_batches(model, calibration, n_sentences=max(256, 16 * batch_size))
+        pool = None
+    generator = torch.Generator().manual_seed(seed)
+
+    frozen = {p: p.requires_grad for p in model.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for p in params:
+        p.requires_grad_(True)
+    n_trainable = sum(p.numel() for p in {id(p): p for p in params}.values())
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    n_warm = int(warmup * steps)
+
+    def factor(step: int) -> float:
+        if step < n_warm:
+            return (step + 1) / (n_warm + 1)
+        progress_frac = (step - n_warm) / max(1, steps - n_warm)
+        return 0.5 * (1.0 + math.cos(math.pi * progress_frac))
+
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    result = UptrainResult(steps, float(lr), trainable if isinstance(trainable, str) else "layers",
+                           n_trainable, 0, 0.0, objective="cross_entropy" if decoder and teacher is None else
+                           ("kl_to_teacher" if decoder else "cosine_to_teacher"))
+    start = time.perf_counter()
+    was_training = model.training
+    order: list[int] = []
+    model.train()
+    try:
+        bar = tqdm(range(steps), desc="uptrain", disable=None if progress else True, leave=False)
+        running = None
+        for step in bar:
+            if not order:
+                n = pool.shape[0] if decoder else len(batches)
+                order = torch.randperm(n, generator=generator).tolist()
+            if decoder:
+                take = [order.pop() for _ in range(min(batch_size, len(order)))]
+                ids = pool[take]
+                loss = _decoder_loss(model, ids, teacher)
+                result.tokens += ids.numel()
+            else:
+                batch = batches[order.pop()]
+                loss = _encoder_loss(model, batch, teacher)
+                result.tokens += int(batch.mask.sum())
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            schedule.step()
+            value = float(loss.detach())
+            result.losses.append(value)
+            running = value if running is None else 0.9 * running + 0.1 * value
+            bar.set_postfix(loss=f"{running:.4f}")
+    finally:
+        for p, flag in frozen.items():
+            p.requires_grad_(flag)
+        model.train(was_training)
+        model.eval()
+    result.seconds = time.perf_counter() - start
+    message = (f"uptrain: {steps} steps, {result.tokens:,} tokens, {result.objective} "
+               f"{result.loss_first:.4f} -> {result.loss_last:.4f} in {result.seconds:.0f} s")
+    if log is not None:
+        log(message)
+    elif progress:
+        import sys
+        print(message, file=sys.stderr)
+    return result
