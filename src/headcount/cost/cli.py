@@ -5,6 +5,7 @@ Light imports only (typer, rich, the pure-Python accounts): no torch unless --me
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -25,6 +26,8 @@ HELP = """The three accounts of chapter 2.3.3 (parameters, FLOPs, score-matrix m
   headcount cost llama-3-8b --kv-heads 32,8,1 --dtype fp16
   headcount cost llama-3-70b --fit 80GiB
   headcount cost --config path/to/config.json --json
+  headcount cost path/to/checkpoint-dir          (a path in place of a preset: its config.json)
+  headcount cost llama-3-70b --tp 8 --seq 8192 --dtype bf16   (per-rank accounts, heads split over 8 ranks)
   headcount cost --measure
 
 FLOPs count a multiply-add as 2 FLOPs (matrix multiplications only).
@@ -61,10 +64,27 @@ def _int_list(flag: str, text: str | None) -> list[int] | None:
     return list(dict.fromkeys(values))
 
 
+def _as_path(name: str) -> Path | None:
+    """The MODEL argument as a config path: an existing file or directory (a bare word that is also a
+    preset stays the preset), or anything spelled like a path (a separator, or .json) even if missing."""
+    spelled = "/" in name or os.sep in name or name.lower().endswith(".json")
+    path = Path(name).expanduser()
+    if spelled:
+        return path
+    if path.exists():
+        try:
+            get_preset(name)
+        except CostError:
+            return path
+    return None
+
+
 def _base_shape(model, config, d_model, heads, kv_heads, head_dim) -> tuple[ModelShape, str, str]:
-    """(shape, note, source) from a preset, a config.json, or --d-model/--heads."""
+    """(shape, note, source) from a preset, a config.json (--config or a path as MODEL), or --d-model/--heads."""
     if model is not None and config is not None:
         raise CostError("give a preset name or --config, not both")
+    if model is not None and _as_path(model) is not None:
+        config, model = _as_path(model), None
     if model is not None:
         preset = get_preset(model)
         return preset.shape, preset.note, preset.source
@@ -116,13 +136,14 @@ def _list_presets(console) -> None:
 
 
 def cost(
-    model: Annotated[Optional[str], typer.Argument(help="A preset (see --list), e.g. llama-3-8b, gpt3-175b.")] = None,
+    model: Annotated[Optional[str], typer.Argument(help="A preset (see --list), e.g. llama-3-8b, gpt3-175b; or a path: a config.json, or a checkpoint directory holding one.")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="A transformers config.json (or its folder).")] = None,
     seq: Annotated[Optional[str], typer.Option("--seq", help="Sequence / context length n (8192, 8k, 128k). [default: 2048]")] = None,
     batch: Annotated[str, typer.Option("--batch", metavar="INT", help="Batch size B.")] = "1",
     dtype: Annotated[str, typer.Option("--dtype", help="fp32, fp16, bf16, fp8, int8.")] = "bf16",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     fit: Annotated[Optional[str], typer.Option("--fit", help="A memory budget (80GiB, 80GB, 1.5TiB, 512MiB): the longest context and largest batch whose weights + KV cache fit.")] = None,
+    tp: Annotated[Optional[str], typer.Option("--tp", metavar="INT", help="Tensor parallel by heads over N ranks: per-rank parameters, KV cache (replicated KV heads counted), score memory and all-reduce bytes.")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Check the formulas against a run of headcount.MultiHeadAttention (needs torch).")] = False,
     list_presets: Annotated[bool, typer.Option("--list", help="List the presets and exit.")] = False,
     d_model: Annotated[Optional[str], typer.Option("--d-model", metavar="INT", help="Model width.")] = None,
@@ -158,6 +179,7 @@ def cost(
         vocab, max_positions = _whole("--vocab", vocab, minimum=0), _whole("--max-positions", max_positions, minimum=0)
         dtype_name, _ = parse_dtype(dtype)
         budget = parse_budget(fit) if fit is not None else None
+        tp = _whole("--tp", tp)
         heads_list, kv_list = _int_list("--heads", heads), _int_list("--kv-heads", kv_heads)
         base, note, source = _base_shape(model, config, d_model, heads_list, kv_list, head_dim)
         fields = dict(d_model=d_model, head_dim=head_dim, n_layers=n_layers, d_ff=d_ff, vocab_size=vocab, mlp=mlp,
@@ -169,6 +191,12 @@ def cost(
         shapes, labels = _variants(base, heads_list, kv_list, fields)
         reports = [report(s, batch=batch, seq=n, dtype=dtype_name) for s in shapes]
         fits = [fit_budget(s, budget, batch=batch, seq=n, dtype=dtype_name) for s in shapes] if budget else None
+        if tp is not None:
+            from headcount.cost.parallel import per_rank
+
+            tps = [per_rank(s, tp, batch=batch, seq=n, dtype=dtype_name) for s in shapes]
+        else:
+            tps = None
         measured = _measure(shapes, batch, n, dtype_name) if measure else None
     except CostError as err:
         typer.echo(f"headcount cost: {' '.join(str(err).split())}", err=True)
@@ -187,6 +215,9 @@ def cost(
                 rep["fit"] = fits[i]
             if measured:
                 rep["measure"] = measured[i]
+            if tps:
+                rep["per_rank"] = tps[i]["per_rank"]
+                rep["tensor_parallel"] = tps[i]["summary"]
             return rep
 
         if len(reports) == 1:
@@ -196,7 +227,7 @@ def cost(
                                 "labels": labels}))
         return
 
-    from headcount.cost.format import render_comparison, render_measure, render_report
+    from headcount.cost.format import render_comparison, render_measure, render_per_rank, render_report
 
     if len(reports) == 1:
         render_report(reports[0], console, fit=fits[0] if fits else None, note=note, source=source)
@@ -207,6 +238,10 @@ def cost(
         render_comparison(reports, labels, console, title=title, fits=fits)
         if note:
             console.print(f"[dim]note: {note}[/dim]")
+    if tps:
+        for label, t, r in zip(labels, tps, reports):
+            render_per_rank(t, r, console, title=f"{label}: tensor parallel by heads over {tp} rank"
+                                                  f"{'s' if tp > 1 else ''}; batch {batch}, seq {n:,}, {dtype_name}")
     if measured:
         for shape, label, rows in zip(shapes, labels, measured):
             render_measure(rows, console, title=f"measured vs formula: {label} ({describe(shape)}), batch {batch}, "

@@ -194,3 +194,58 @@ def render_measure(rows: list[dict], console: Console, *, title: str) -> None:
         table.add_row(r["check"], fmt(r["measured"]), fmt(r["formula"]) if r["formula"] is not None else "-",
                       verdict, r.get("how", ""))
     console.print(table)
+
+
+# ------------------------------------------------------------------------------- tensor parallel
+def _heads(indices: list[int], replicated: list[int] = ()) -> str:
+    """[0, 1, 2, 3, 4] -> '0-4'; replicated KV heads get a '*'."""
+    if not indices:
+        return "-"
+    runs, start, prev = [], indices[0], indices[0]
+    for i in indices[1:] + [None]:
+        if i is not None and i == prev + 1:
+            prev = i
+            continue
+        run = [start] if start == prev else ([start, prev] if prev == start + 1 else None)
+        text = ", ".join(f"{h}{'*' if h in replicated else ''}" for h in run) if run else \
+            f"{start}{'*' if start in replicated else ''}-{prev}{'*' if prev in replicated else ''}"
+        runs.append(text)
+        if i is not None:
+            start = prev = i
+    return ", ".join(runs)
+
+
+def render_per_rank(tp: dict, rep: dict, console: Console, *, title: str) -> None:
+    """One row per rank: heads, parameters, KV cache, score memory, all-reduce bytes."""
+    s = tp["summary"]
+    table = Table(title=title, title_justify="left")
+    for name in ("rank", "query heads", "KV heads", "attn params / layer", "params", "weights",
+                 "KV cache / token", f"KV cache, {rep['batch']} x {rep['seq']:,}", "eager scores / layer",
+                 "all-reduce / token / layer"):
+        table.add_column(name, justify="left" if "heads" in name or name == "rank" else "right", no_wrap=True)
+    for r in tp["per_rank"]:
+        table.add_row(str(r["rank"]), _heads(r["query_heads"]), _heads(r["kv_heads"], r["replicated_kv_heads"]),
+                      f"{r['params']['attention_per_layer']:,}", f"{r['params']['total']:,}",
+                      human_bytes(r["weights_bytes"]), human_bytes(r["kv_cache"]["bytes_per_token"]),
+                      human_bytes(r["kv_cache"]["bytes_for_context"]),
+                      human_bytes(r["score_memory_bytes"]["eager_per_layer"]),
+                      f"{r['allreduce_bytes_per_token_per_layer']:,} B")
+    console.print(table)
+    replicated = s["kv_heads_stored"] - s["kv_heads_model"]
+    lines = [
+        f"KV heads: {s['kv_heads_stored']} held over the ranks for the model's {s['kv_heads_model']}"
+        + (f" (* = held on more than one rank: the KV cache of all ranks is {s['kv_cache_replication']:.2f}x one "
+           f"process's, {human_bytes(s['kv_cache_bytes_per_token_all_ranks'])} vs "
+           f"{human_bytes(s['kv_cache_bytes_per_token_one_process'])} per token)" if replicated else
+           " (none replicated)"),
+        f"replicated on every rank: embeddings, norms, LM head ({s['replicated_params_per_rank']:,} parameters); "
+        f"all ranks together hold {s['params_all_ranks']:,} vs {s['params_one_process']:,} in one process",
+    ]
+    if s["world_size"] > 1:
+        lines.append(f"all-reduce: {s['allreduces_per_layer']} per layer (after W_O, after the MLP) of d_model values "
+                     f"per token = {human_bytes(s['allreduce_bytes_per_token'])} per token over all layers; a ring "
+                     f"sends {human_bytes(s['ring_bytes_sent_per_rank_per_token'])} per token from every rank")
+    else:
+        lines.append("one rank: the whole model, no all-reduce (fine: --tp 1 is the single-process account)")
+    for line in lines:
+        console.print(f"[dim]{line}[/dim]")
