@@ -1,7 +1,162 @@
-"""`headcount importance` (issue 7). Registered through headcount.analysis.cli."""
+"""`headcount importance` and `headcount bench importance` (issue 7). Registered through headcount.analysis.cli.
+
+    headcount importance --model smollm2 --method gradient [--text FILE] [--json] [--png FILE]
+                         [--windows N] [--window T] [--normalize]
+
+A rich table of the least and most important heads, a [layers x heads] heatmap PNG (matplotlib, Agg),
+or the HeadScores JSON. Bad input (unknown method, empty or non-UTF-8 --text, unwritable --png) exits 2
+with one line. torch is imported inside the commands only.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+METHOD_NAMES = ("gradient", "ablation", "confidence", "reconstruction")  # = importance.METHODS (no torch here)
+
+
+def _check_png(png: Path) -> None:
+    if png.suffix.lower() != ".png":
+        raise ValueError(f"--png: expected a file name ending in .png, got {str(png)!r}")
+    if png.is_dir():
+        raise ValueError(f"--png: {png} is a directory")
+    parent = png.parent if str(png.parent) else Path(".")
+    if not parent.is_dir():
+        raise ValueError(f"--png: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (png.exists() and not os.access(png, os.W_OK)):
+        raise ValueError(f"--png: cannot write {png} (permission denied)")
+
+
+def heatmap(scores, path: str | Path) -> None:
+    """Save a [layers x heads] heatmap of HeadScores (padding of pruned layers left blank)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    data = np.ma.masked_invalid(scores.scores.numpy())
+    fig, ax = plt.subplots(figsize=(1.2 + 0.45 * scores.n_heads, 1.2 + 0.22 * scores.n_layers))
+    im = ax.imshow(data, aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(scores.n_heads))
+    step = max(1, scores.n_layers // 15)
+    ax.set_yticks(range(0, scores.n_layers, step))
+    name = scores.model or "model"
+    ax.set_title(f"{name}: {scores.method}{' (normalised)' if scores.normalized else ''}", fontsize=10)
+    fig.colorbar(im, ax=ax, label="importance")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _table(scores, top: int):
+    from rich.table import Table
+
+    order = scores.order()
+    table = Table(title=f"{scores.model or 'model'}: {scores.method} importance on {scores.source} "
+                        f"({scores.n_tokens:,} tokens{', normalised per layer' if scores.normalized else ''})",
+                  title_justify="left")
+    table.add_column("rank", justify="right")
+    table.add_column("layer", justify="right")
+    table.add_column("head", justify="right")
+    table.add_column("score", justify="right")
+    n = len(order)
+    shown = order[:top] + ([None] if n > 2 * top else []) + order[max(top, n - top):]
+    for pos, item in enumerate(shown):
+        if item is None:
+            table.add_row("...", "", "", "")
+            continue
+        rank = pos + 1 if pos < top else n - len(shown) + pos + 1
+        layer, head = item
+        original = scores.kept_heads[layer][head]
+        label = str(head) if original == head else f"{head} (was {original})"
+        table.add_row(str(rank), str(layer), label, f"{float(scores.scores[layer, head]):.4g}")
+    return table
+
 
 def register(app, bench_app) -> None:
-    """Add `headcount importance`."""
+    """Add `headcount importance` and `headcount bench importance`."""
+    from headcount.models.cli import _one_line_errors
+
+    @app.command("importance")
+    def importance_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2, minilm) or a saved directory"),
+        method: str = typer.Option("gradient", "--method", help="gradient | ablation | confidence | reconstruction"),
+        text: Optional[Path] = typer.Option(None, "--text", help="a UTF-8 calibration text file "
+                                            "(default: the calibration part of the default corpus)"),
+        json_out: bool = typer.Option(False, "--json", help="print HeadScores JSON"),
+        png: Optional[Path] = typer.Option(None, "--png", help="save a [layers x heads] heatmap PNG here"),
+        windows: int = typer.Option(16, "--windows", help="decoder: windows of --window tokens "
+                                    "(encoder: N x 16 sentences)"),
+        window: int = typer.Option(512, "--window", help="tokens per window"),
+        normalize: bool = typer.Option(False, "--normalize", help="divide each layer's scores by their L2 norm"),
+        top: int = typer.Option(10, "--top", help="rows of the table at each end"),
+    ) -> None:
+        """Score every attention head (higher = more important); least important first in the table."""
+        with _one_line_errors("importance"):
+            if method not in METHOD_NAMES:
+                raise ValueError(f"--method: expected one of {', '.join(METHOD_NAMES)}, got {method!r}")
+            if windows < 1:
+                raise ValueError(f"--windows: expected a positive number, got {windows}")
+            if window < 2:
+                raise ValueError(f"--window: expected at least 2, got {window}")
+            if png is not None:
+                _check_png(png)
+            texts, source = None, "default corpus: calibration"
+            if text is not None:
+                from headcount.data import read_text
+                texts, source = read_text(text), str(text)
+            from headcount.analysis.importance import importance
+            from headcount.models import load
+
+            lm = load(model)
+            scores = importance(lm, texts, method, window=window, max_windows=windows, max_sentences=16 * windows,
+                                normalize=normalize, progress=True, source=source)
+            if png is not None:
+                heatmap(scores, png)
+            if json_out:
+                typer.echo(json.dumps(scores.to_json()))
+            else:
+                from rich.console import Console
+                console = Console()
+                console.print(_table(scores, top))
+                if png is not None:
+                    console.print(f"heatmap: {png}")
+
+    @bench_app.command("importance")
+    def bench_importance_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or a saved directory"),
+        window: int = typer.Option(256, "--window", help="tokens per window"),
+        windows: int = typer.Option(2, "--windows", help="calibration windows for the agreement (encoder: x16 "
+                                    "sentences)"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Cost of gradient / ablation scoring per batch over a plain forward, and Spearman of each method
+        against ablation over all heads (calibration text)."""
+        with _one_line_errors("bench importance"):
+            import torch
+
+            from headcount.analysis.importance import agreement, cost_ratio
+            from headcount.models import load
+
+            torch.set_num_threads(min(2, torch.get_num_threads()))
+            lm = load(model)
+            cost = cost_ratio(lm, window=window)
+            agree = agreement(lm, window=window, max_windows=windows, max_sentences=16 * windows)
+            out = {"cost": cost, "spearman_vs_ablation": agree["spearman"], "n_heads": agree["n_heads"],
+                   "n_tokens": agree["n_tokens"]}
+            if json_out:
+                typer.echo(json.dumps(out, indent=2))
+                return
+            typer.echo(f"{model}: one batch ({cost['tokens']} tokens): forward {cost['forward_s']:.3f} s; "
+                       f"gradient {cost['gradient_s']:.3f} s = {cost['gradient_ratio']:.2f} forwards; "
+                       f"ablation {cost['ablation_s']:.3f} s = {cost['ablation_ratio']:.1f} forwards "
+                       f"({cost['n_heads']} heads)")
+            for name, rho in agree["spearman"].items():
+                typer.echo(f"  Spearman vs ablation over {agree['n_heads']} heads: {name:20s} {rho:+.3f}")
