@@ -115,9 +115,16 @@ def register(app, bench_app) -> None:
             from headcount.analysis.importance import importance
             from headcount.models import load
 
+            group, main = None, True
+            if "WORLD_SIZE" in os.environ:  # under torchrun: each rank scores a shard of the text (issue 10)
+                from headcount.parallel import runtime
+                group = runtime.init()
+                main = runtime.is_main(group)
             lm = load(model)
             scores = importance(lm, texts, method, window=window, max_windows=windows, max_sentences=16 * windows,
-                                normalize=normalize, progress=True, source=source)
+                                normalize=normalize, progress=main, source=source, group=group)
+            if not main:  # every rank holds the same scores; rank 0 prints
+                return
             if png is not None:
                 heatmap(scores, png)
             if json_out:
