@@ -1,8 +1,11 @@
-"""`headcount demo` (the tour `make demo` runs) and `headcount bench attention`."""
+"""`headcount demo` (what `make demo` runs: the head report on smollm2), `headcount tour` (attention on a
+random input, the accounts, generation) and `headcount bench attention`."""
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -60,8 +63,17 @@ def _accounts_tour(console) -> None:
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     @app.command("demo")
-    def demo() -> None:
-        """The tour `make demo` runs: attention on a random input, its accounts, a benchmark line."""
+    def demo(quick: bool = typer.Option(False, "--quick", help="smaller analyses (a first look)"),
+             out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default out/report-smollm2)"),
+             ) -> None:
+        """What `make demo` runs: the head report on smollm2 with the default corpus, then a five-line summary."""
+        from headcount.report.cli import run_report
+
+        run_report("smollm2", out=out, force=out is None, quick=quick, command="demo")
+
+    @app.command("tour")
+    def tour_command() -> None:
+        """A tour: attention on a random input, its accounts, a benchmark line, the real models."""
         tour()
 
     @bench_app.command("attention")

@@ -1,0 +1,254 @@
+"""Plotly figures from report.json's sections. Each function takes JSON (never a model) and returns
+a plotly Figure, or None when its section is missing (the page then shows a "not available" panel).
+"""
+
+from __future__ import annotations
+
+import math
+
+from headcount.report.claims import ROLE_NAMES
+
+ROLE_COLORS = {
+    "previous_token": "#4C78A8", "duplicate_token": "#72B7B2", "induction": "#E45756", "positional": "#F58518",
+    "syntactic": "#54A24B", "rare_word": "#B279A2", "sink": "#9D755D",
+}
+NONE_COLOR = "#ECECF2"
+ROLE_SHORT = {"previous_token": "PREV", "duplicate_token": "DUP", "induction": "IND", "positional": "POS",
+              "syntactic": "SYN", "rare_word": "RARE", "sink": "SINK"}
+# attention weights: most are small, so the scale spends its colours on the low end
+ATTN_SCALE = [[0.0, "#ffffff"], [0.03, "#eef4fb"], [0.1, "#c6dbef"], [0.25, "#6baed6"], [0.5, "#2171b5"],
+              [1.0, "#08306b"]]
+FONT = dict(family="Inter, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif", size=12, color="#1f2330")
+
+
+def _layout(fig, *, height: int, **kw):
+    kw.setdefault("margin", dict(l=60, r=20, t=40, b=50))
+    fig.update_layout(template="plotly_white", font=FONT, height=height, paper_bgcolor="rgba(0,0,0,0)",
+                      plot_bgcolor="rgba(0,0,0,0)", **kw)
+    return fig
+
+
+def _label_of(entry) -> str | None:
+    if len(entry) > 2 and entry[2] is not None:
+        e = entry[2]
+        return f"{e:+d}" if isinstance(e, int) else str(e)
+    return None
+
+
+# ------------------------------------------------------------------------------------------ roles
+def strongest_roles(roles: dict) -> tuple[list[list[str | None]], list[list[str]]]:
+    """Per (layer, head): the role it is labelled with most strongly (score / threshold; the sink only
+    when nothing else), and a hover text listing every role's score."""
+    names = [r for r in ROLE_NAMES if isinstance(roles.get(r), dict)]
+    first = roles[names[0]]["scores"]
+    n_layers, n_heads = len(first), max(len(row) for row in first)
+    labels = {r: {tuple(e[:2]): _label_of(e) for e in roles[r].get("heads") or []} for r in names}
+    best: list[list[str | None]] = [[None] * n_heads for _ in range(n_layers)]
+    hover: list[list[str]] = [[""] * n_heads for _ in range(n_layers)]
+    for l in range(n_layers):
+        for h in range(n_heads):
+            cands = []
+            lines = [f"<b>layer {l}, head {h}</b>"]
+            for r in names:
+                row = roles[r]["scores"][l] if l < len(roles[r]["scores"]) else []
+                s = row[h] if h < len(row) else None
+                thr = roles[r].get("threshold")
+                mark = ""
+                if (l, h) in labels[r]:
+                    extra = labels[r][(l, h)]
+                    mark = " \u2714" + (f" {extra}" if extra else "")
+                    ratio = (s / thr) if (s is not None and thr) else 0.0
+                    cands.append((r != "sink", ratio, r))
+                lines.append(f"{r.replace('_', '-')}: {'n/a' if s is None else f'{s:.3f}'}"
+                             f"{'' if thr is None else f' (thr {thr:g})'}{mark}")
+            if cands:
+                best[l][h] = max(cands)[2]
+            hover[l][h] = "<br>".join(lines)
+    return best, hover
+
+
+def head_map(roles: dict | None):
+    if not roles:
+        return None
+    import plotly.graph_objects as go
+
+    best, hover = strongest_roles(roles)
+    order = [None, *ROLE_NAMES]
+    n = len(order)
+    colors = [NONE_COLOR, *(ROLE_COLORS[r] for r in ROLE_NAMES)]
+    scale = []
+    for i, c in enumerate(colors):  # a stepped scale: index i owns [i/n, (i+1)/n]
+        scale += [[i / n, c], [(i + 1) / n, c]]
+    z = [[order.index(b) + 0.5 for b in row] for row in best]
+    text = [[ROLE_SHORT.get(b, "") if b else "" for b in row] for row in best]
+    n_layers, n_heads = len(z), len(z[0])
+    fig = go.Figure(go.Heatmap(
+        z=z, zmin=0, zmax=n, colorscale=scale, showscale=False, text=text, texttemplate="%{text}",
+        textfont=dict(size=9, color="white"), hovertext=hover, hoverinfo="text", xgap=2, ygap=2,
+        x=list(range(n_heads)), y=list(range(n_layers))))
+    _layout(fig, height=max(320, 22 * n_layers + 90), margin=dict(l=60, r=10, t=10, b=50))
+    fig.update_xaxes(title="head", dtick=1, side="bottom", showgrid=False)
+    fig.update_yaxes(title="layer", dtick=1 if n_layers <= 16 else 2, autorange="reversed", showgrid=False)
+    return fig
+
+
+def importance_map(importance: dict | None):
+    if not importance or not importance.get("scores"):
+        return None
+    import plotly.graph_objects as go
+
+    z = importance["scores"]
+    n_layers = len(z)
+    fig = go.Figure(go.Heatmap(
+        z=z, colorscale="Viridis", xgap=2, ygap=2, colorbar=dict(title=dict(text="importance", side="right"),
+                                                                    thickness=12),
+        hovertemplate="layer %{y}, head %{x}<br>importance %{z:.3g}<extra></extra>"))
+    _layout(fig, height=max(320, 22 * n_layers + 90), margin=dict(l=60, r=10, t=10, b=50))
+    fig.update_xaxes(title="head", dtick=1, showgrid=False)
+    fig.update_yaxes(title="layer", dtick=1 if n_layers <= 16 else 2, autorange="reversed", showgrid=False)
+    return fig
+
+
+# -------------------------------------------------------------------------------------- accounts
+def accounts_chart(accounts: dict | None):
+    rows = (accounts or {}).get("rows") or []
+    if not rows:
+        return None
+    import plotly.graph_objects as go
+
+    labels = [f"{r['label']}<br>{r['n_kv_heads']} KV head{'s' if r['n_kv_heads'] > 1 else ''}" for r in rows]
+    colors = ["#E45756" if r.get("is_model") else "#9FB3C8" for r in rows]
+    fig = go.Figure(go.Bar(
+        x=labels, y=[r["kv_bytes_per_token"] / 1024 for r in rows], marker_color=colors,
+        text=[f"{r['kv_bytes_per_token'] / 1024:,.1f} KiB" for r in rows], textposition="outside",
+        hovertemplate="%{x}<br>%{y:,.1f} KiB per token<extra></extra>", cliponaxis=False))
+    _layout(fig, height=300, margin=dict(l=60, r=20, t=30, b=50))
+    fig.update_yaxes(title=f"KV cache per token, KiB ({accounts.get('dtype')})", rangemode="tozero")
+    return fig
+
+
+# ----------------------------------------------------------------------------------- attention
+def attention_grid(sample: dict | None, layer: int, head_titles: list[str] | None = None):
+    """Small multiples: one heatmap per head of `layer`, tokens on both axes (queries down, keys across)."""
+    if not sample or not sample.get("layers"):
+        return None
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    heads = sample["layers"][layer]
+    tokens = sample["tokens"]
+    scale = sample.get("scale", 1000)
+    n = len(heads)
+    cols = 3 if n <= 9 else 4
+    rows = math.ceil(n / cols)
+    titles = head_titles or [f"head {h}" for h in range(n)]
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.09,
+                        vertical_spacing=0.5 / rows)
+    idx = list(range(len(tokens)))
+    hover = [[f"{tokens[q]} \u2192 {tokens[k]}" for k in idx] for q in idx]
+    for h, w in enumerate(heads):
+        r, c = divmod(h, cols)
+        fig.add_trace(go.Heatmap(
+            z=[[v / scale for v in row] for row in w], x=idx, y=idx, zmin=0, zmax=1, colorscale=ATTN_SCALE,
+            showscale=h == 0, colorbar=dict(thickness=10, len=0.5, title=dict(text="weight", side="right")),
+            customdata=hover, hovertemplate=f"head {h}<br>%{{customdata}}<br>weight %{{z:.3f}}<extra></extra>"),
+            row=r + 1, col=c + 1)
+    small = 7 if len(tokens) > 24 else 9
+    fig.update_xaxes(tickvals=idx, ticktext=tokens, tickangle=-90, tickfont=dict(size=small), showgrid=False)
+    fig.update_yaxes(tickvals=idx, ticktext=tokens, autorange="reversed", tickfont=dict(size=small), showgrid=False)
+    _layout(fig, height=330 * rows + 40, margin=dict(l=70, r=20, t=40, b=70))
+    fig.update_annotations(font=dict(size=12))
+    return fig
+
+
+# ------------------------------------------------------------------------------------- surgery
+_DASHES = ["solid", "dash", "dot", "dashdot", "longdash"]
+_LINE_COLORS = ["#4C78A8", "#E45756", "#54A24B", "#F58518", "#B279A2", "#72B7B2"]
+
+
+def pruning_chart(pruning: dict | None):
+    points = (pruning or {}).get("points") or []
+    if not points:
+        return None
+    import plotly.graph_objects as go
+
+    groups: dict[tuple, list] = {}
+    for p in points:
+        key = (str(p.get("order")), str(p.get("compensate")), str(p.get("mode")))
+        groups.setdefault(key, []).append(p)
+    fig = go.Figure()
+    base = pruning.get("base_ppl")
+    for i, (key, ps) in enumerate(sorted(groups.items())):
+        ps = sorted(ps, key=lambda p: p["fraction"])
+        xs, ys = [0.0, *(p["fraction"] for p in ps)], [base, *(p["ppl"] for p in ps)]
+        name = f"order {key[0]}, compensate {key[1]}" + (f", {key[2]}" if key[2] not in ("None", "") else "")
+        fig.add_trace(go.Scatter(
+            x=xs, y=ys, mode="lines+markers", name=name,
+            line=dict(color=_LINE_COLORS[i % len(_LINE_COLORS)], dash=_DASHES[(i // len(_LINE_COLORS)) % 5]),
+            customdata=[0, *(p.get("heads_removed") for p in ps)],
+            hovertemplate="%{x:.0%} of heads (%{customdata} removed)<br>perplexity %{y:.2f}<extra>" + name
+                          + "</extra>"))
+    if base:
+        fig.add_hline(y=base, line=dict(color="#888", dash="dot"), annotation_text=f"unpruned {base:.2f}",
+                      annotation_position="top left")
+        fig.add_hline(y=base * 1.1, line=dict(color="#bbb", dash="dot"), annotation_text="+10%",
+                      annotation_position="bottom right")
+    _layout(fig, height=360, legend=dict(orientation="h", y=-0.25))
+    fig.update_xaxes(title="share of heads removed", tickformat=".0%", rangemode="tozero")
+    fig.update_yaxes(title="held-out perplexity", type="log")
+    return fig
+
+
+# -------------------------------------------------------------------------------- faithfulness
+def faithfulness_chart(faith: dict | None):
+    heads = (faith or {}).get("heads") or []
+    if not heads:
+        return None
+    import plotly.graph_objects as go
+
+    layers = sorted({h["layer"] for h in heads})
+    fig = go.Figure()
+    for i, l in enumerate(layers):
+        hs = [h for h in heads if h["layer"] == l and h.get("tau_gradient") is not None]
+        fig.add_trace(go.Scatter(
+            x=[h["tau_gradient"] for h in hs], y=[h.get("jsd") for h in hs], mode="markers", name=f"layer {l}",
+            marker=dict(size=10, color=_LINE_COLORS[i % len(_LINE_COLORS)], line=dict(width=1, color="white")),
+            customdata=[[h["head"], h.get("tau_loo"), h.get("tv")] for h in hs],
+            hovertemplate=f"layer {l}, head %{{customdata[0]}}<br>tau (gradient) %{{x:.2f}}<br>"
+                          "tau (leave-one-out) %{customdata[1]:.2f}<br>JSD %{y:.3f}, TV %{customdata[2]:.4f}"
+                          "<extra></extra>"))
+    fig.add_vline(x=0, line=dict(color="#bbb", dash="dot"))
+    _layout(fig, height=360, legend=dict(orientation="h", y=-0.25))
+    fig.update_xaxes(title="Kendall tau: attention vs gradient x input", range=[-1, 1])
+    fig.update_yaxes(title="adversarial JSD at the same output", rangemode="tozero")
+    return fig
+
+
+# ---------------------------------------------------------------------------------------- rank
+def rank_chart(rank: dict | None):
+    summary = (rank or {}).get("summary") or []
+    if not summary:
+        return None
+    import plotly.graph_objects as go
+
+    s = sorted(summary, key=lambda r: r["length"])
+    xs = [r["length"] for r in s]
+    fig = go.Figure()
+    heads = (rank or {}).get("heads") or []
+    if heads:
+        fig.add_trace(go.Scatter(
+            x=[h["length"] for h in heads], y=[h["rank"] for h in heads], mode="markers", name="one head",
+            marker=dict(size=5, color="rgba(76,120,168,0.25)"),
+            customdata=[[h["layer"], h["head"]] for h in heads],
+            hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>n=%{x}: rank %{y}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=xs, y=[r["bound"] for r in s], mode="lines+markers", name="bound min(head_dim, n)",
+                             line=dict(color="#E45756", dash="dash", width=2)))
+    fig.add_trace(go.Scatter(
+        x=xs, y=[r["mean_rank"] for r in s], mode="lines+markers", name="mean rank",
+        line=dict(color="#1f2330", width=3),
+        error_y=dict(type="data", symmetric=False, array=[r["max_rank"] - r["mean_rank"] for r in s],
+                     arrayminus=[r["mean_rank"] - r["min_rank"] for r in s], color="#666", thickness=1)))
+    _layout(fig, height=360, legend=dict(orientation="h", y=-0.25))
+    fig.update_xaxes(title="sequence length n", type="log", tickvals=xs)
+    fig.update_yaxes(title="numerical rank of QK^T", rangemode="tozero")
+    return fig

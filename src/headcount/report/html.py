@@ -1,0 +1,311 @@
+"""report.json -> one self-contained HTML page (plotly.js inlined once; no network, nothing beside it).
+
+    render_html(report) -> str
+
+Takes only the JSON-able report (collect.assemble's output), so the page can be built and tested
+without running an analysis. A missing section becomes a "not available" panel with its reason.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+
+from headcount.report import charts
+from headcount.report.claims import ROLE_NAMES, head_name
+from headcount.report.style import ATTENTION_JS, CSS
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True,
+               "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines"]}
+_STATUS_CLASS = {"held": "held", "partly": "partly", "did not hold": "nothold", "not measured": "na"}
+
+e = html.escape
+
+
+def _fig(fig, div_id: str) -> str:
+    import plotly.io as pio
+    return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG,
+                       validate=False)
+
+
+def _na(what: str, reason: str | None) -> str:
+    return (f'<div class="na"><b>{e(what)}: not available</b>{e(reason or "not computed for this report")}'
+            "</div>")
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _fmt_num(n: float) -> str:
+    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:,.2f}{unit}"
+    return f"{n:,.0f}"
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def _f(x, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+# ----------------------------------------------------------------------------------------- parts
+def _header(r: dict) -> str:
+    s = r.get("shape") or {}
+    acc = (r.get("accounts") or {}).get("rows") or []
+    mine = next((row for row in acc if row.get("is_model")), None)
+    roles = r.get("roles") or {}
+    labelled = {tuple(x[:2]) for k in ROLE_NAMES for x in ((roles.get(k) or {}).get("heads") or [])}
+    stats = []
+    if s:
+        stats += [(f"{s['n_layers']} \u00d7 {s['n_heads']}", "layers \u00d7 query heads"),
+                  (f"{s['n_kv_heads']}", f"KV heads per layer ({s.get('attention_kind', '')})"),
+                  (f"{s['head_dim']}", "head_dim"), (f"{s['d_model']}", "d_model")]
+    if mine:
+        stats += [(_fmt_num(mine["params"]), "parameters"),
+                  (_fmt_bytes(mine["kv_bytes_per_token"]), f"KV cache / token ({r['accounts']['dtype']})")]
+    if roles:
+        stats.append((str(len(labelled)), "heads with a role"))
+    held = sum(c["status"] == "held" for c in r.get("claims") or [])
+    stats.append((f"{held} / {len(r.get('claims') or [])}", "chapter claims held"))
+    cards = "".join(f'<div class="stat"><b>{e(a)}</b><span>{e(b)}</span></div>' for a, b in stats)
+    desc = s.get("describe", "")
+    return (f'<header><h1>What the heads of {e(str(r.get("model")))} do</h1>'
+            f'<div class="sub">{e(r.get("kind", ""))} \u00b7 {e(desc)}</div><div class="stats">{cards}</div></header>')
+
+
+def _claims(r: dict) -> str:
+    items = []
+    for c in r.get("claims") or []:
+        cls = _STATUS_CLASS.get(c["status"], "na")
+        items.append(
+            f'<div class="claim {cls}"><h3><span class="id">{e(c["id"])}</span>{e(c["title"])}'
+            f'<span class="badge {cls}">{e(c["status"])}</span></h3>'
+            f'<p class="says">Chapter: {e(c["claim"])}</p><p class="found">{e(c["finding"])}</p>'
+            f'<p class="test">Test: {e(c["test"])}</p></div>')
+    return ('<section class="card" id="claims"><h2>The chapter\'s claims, on this model</h2>'
+            '<p class="lede">Each claim of chapter 2.3 next to what this model showed, with the number and the '
+            f'test that decided it.</p><div class="claims">{"".join(items)}</div></section>')
+
+
+def _accounts(r: dict) -> str:
+    acc = r.get("accounts")
+    if not acc:
+        body = _na("The three accounts", (r.get("unavailable") or {}).get("shape"))
+    else:
+        head = ("<tr><th>attention</th><th>KV heads</th><th>parameters</th><th>attention params</th>"
+                f"<th>KV cache / token</th><th>KV cache at {acc['seq']:,} tokens</th><th>FLOPs at {acc['seq']:,}</th>"
+                "<th>eager scores / layer</th></tr>")
+        rows = "".join(
+            f'<tr class="{"mine" if x.get("is_model") else ""}"><td>{e(x["label"])}'
+            f'{" (this model)" if x.get("is_model") else ""}</td><td>{x["n_kv_heads"]}</td>'
+            f'<td>{x["params"]:,}</td><td>{x["attention_params"]:,}</td><td>{_fmt_bytes(x["kv_bytes_per_token"])}</td>'
+            f'<td>{_fmt_bytes(x["kv_bytes_context"])}</td><td>{_fmt_num(x["flops"])}</td>'
+            f'<td>{_fmt_bytes(x["score_bytes_per_layer"])}</td></tr>' for x in acc["rows"])
+        fig = charts.accounts_chart(acc)
+        body = (f'<div class="grid2"><div><table class="data">{head}{rows}</table>'
+                f'<p class="lede" style="margin-top:10px">Only n_kv_heads changes between the rows. Parameters and '
+                f'FLOPs barely move; the KV cache falls in proportion to the KV heads. Batch 1, {e(acc["dtype"])}, '
+                f'from <code>headcount cost</code>.</p></div><div>{_fig(fig, "fig-accounts")}</div></div>')
+    return ('<section class="card" id="accounts"><h2>Shape and the three accounts: MHA, GQA, MQA</h2>'
+            f'<p class="lede">The same model counted three ways: with a K/V head per query head (MHA), '
+            f'with groups of query heads sharing one (GQA), and with a single one (MQA).</p>{body}</section>')
+
+
+def _legend() -> str:
+    chips = "".join(f'<span><i style="background:{charts.ROLE_COLORS[r]}"></i>{e(r.replace("_", "-"))} '
+                    f'({charts.ROLE_SHORT[r]})</span>' for r in ROLE_NAMES)
+    return f'<div class="legend">{chips}<span><i style="background:{charts.NONE_COLOR}"></i>no role</span></div>'
+
+
+def _head_map(r: dict) -> str:
+    un = r.get("unavailable") or {}
+    roles = r.get("roles")
+    left = (_legend() + _fig(charts.head_map(roles), "fig-headmap")) if roles else _na("Role scores", un.get("roles"))
+    imp = r.get("importance")
+    right = (_fig(charts.importance_map(imp), "fig-importance") if imp and imp.get("scores")
+             else _na("Head importance", un.get("importance", "headcount.analysis.importance was not run")))
+    tops = ""
+    if roles:
+        rows = []
+        for k in ROLE_NAMES:
+            role = roles.get(k) or {}
+            hs = role.get("heads") or []
+            names = ", ".join(head_name(h) for h in hs[:6]) + (f" and {len(hs) - 6} more" if len(hs) > 6 else "")
+            rows.append(f'<tr><td><i style="display:inline-block;width:10px;height:10px;border-radius:2px;'
+                        f'background:{charts.ROLE_COLORS[k]};margin-right:6px"></i>{e(k)}</td>'
+                        f'<td>{role.get("threshold", "–")}</td><td>{len(hs)}</td>'
+                        f'<td style="text-align:left">{e(names) or "–"}</td></tr>')
+        tops = ('<h3 class="sub">Labelled heads, highest score first</h3><table class="data"><tr><th>role</th>'
+                '<th>threshold</th><th>heads</th><th style="text-align:left">which</th></tr>' + "".join(rows)
+                + "</table>")
+    method = (imp or {}).get("method")
+    return ('<section class="card" id="heads"><h2>The head map</h2>'
+            '<p class="lede">Every (layer, head) coloured by its strongest role (score over threshold; the sink '
+            'only when nothing else). Hover a cell for all its scores. Right: how much the loss depends on each '
+            f'head{f" ({e(method)})" if method else ""}.</p>'
+            f'<div class="grid2"><div>{left}</div><div><div class="legend">&nbsp;</div>{right}</div></div>'
+            f"{tops}</section>")
+
+
+def _head_titles(r: dict, n_layers: int, n_heads: int) -> list[list[str]]:
+    best = None
+    if r.get("roles"):
+        try:
+            best, _ = charts.strongest_roles(r["roles"])
+        except (KeyError, IndexError, TypeError, ValueError):
+            best = None
+    out = []
+    for l in range(n_layers):
+        row = []
+        for h in range(n_heads):
+            role = best[l][h] if best and l < len(best) and h < len(best[l]) else None
+            row.append(f"head {h}" + (f" \u00b7 {role.replace('_', '-')}" if role else ""))
+        out.append(row)
+    return out
+
+
+def _default_layer(r: dict, n_layers: int) -> int:
+    roles = r.get("roles") or {}
+    for k in ("induction", "previous_token", "duplicate_token", "positional"):
+        hs = (roles.get(k) or {}).get("heads") or []
+        if hs and hs[0][0] < n_layers:
+            return int(hs[0][0])
+    return n_layers // 2
+
+
+def _attention(r: dict) -> str:
+    sample = r.get("sample")
+    if not sample or not sample.get("layers"):
+        body = _na("Attention on a sample sentence", (r.get("unavailable") or {}).get("sample"))
+    else:
+        n_layers, n_heads = len(sample["layers"]), len(sample["layers"][0])
+        titles = _head_titles(r, n_layers, n_heads)
+        layer = _default_layer(r, n_layers)
+        fig = charts.attention_grid(sample, layer, titles[layer])
+        payload = json.dumps({"scale": sample.get("scale", 1000), "layers": sample["layers"], "titles": titles},
+                             separators=(",", ":")).replace("</", "<\\/")
+        options = "".join(f'<option value="{l}"{" selected" if l == layer else ""}>layer {l}</option>'
+                          for l in range(n_layers))
+        body = (f'<div class="controls"><button id="attn-prev" type="button">\u2190</button>'
+                f'<select id="attn-layer" aria-label="layer">{options}</select>'
+                f'<button id="attn-next" type="button">\u2192</button>'
+                f'<span class="sentence">\u201c{e(sample["sentence"])}\u201d ({len(sample["tokens"])} tokens; '
+                f'rows: queries, columns: keys)</span></div>{_fig(fig, "fig-attention")}'
+                f'<script type="application/json" id="attn-data">{payload}</script>'
+                f"<script>{ATTENTION_JS}</script>")
+    return ('<section class="card" id="attention"><h2>One sentence through every head</h2>'
+            '<p class="lede">The attention weights of each head of one layer on a sentence that repeats itself: '
+            'a previous-token head draws the diagonal just below the main one; an induction head, in the second '
+            'half, looks at the token after the earlier copy of the current one; a sink head piles its weight on '
+            'the first token. Switch layers with the menu or the arrows.</p>' + body + "</section>")
+
+
+def _surgery(r: dict) -> str:
+    un = r.get("unavailable") or {}
+    pr = r.get("pruning")
+    left = (_fig(charts.pruning_chart(pr), "fig-pruning") if pr and pr.get("points")
+            else _na("The pruning curve", un.get("pruning", "headcount.surgery.pruning_curve was not run")))
+    m = r.get("kv_merge")
+    if m:
+        def kpi(label, a, b, fmt=str):
+            change = ""
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a:
+                change = f"<small> ({b / a - 1:+.1%})</small>"
+            return f'<div class="kpi"><span>{e(label)}</span><b>{e(fmt(a))} \u2192 {e(fmt(b))}</b>{change}</div>'
+        right = ('<h3 class="sub" style="margin-top:0">Merging K/V heads (mean-pooled, no training)</h3>'
+                 '<div class="kpis">'
+                 + kpi("KV heads per layer", m.get("heads_before"), m.get("heads_after"))
+                 + kpi("KV cache / token", m.get("kv_bytes_per_token_before"), m.get("kv_bytes_per_token_after"),
+                       lambda v: _fmt_bytes(v) if isinstance(v, (int, float)) else "–")
+                 + kpi("parameters", m.get("params_before"), m.get("params_after"),
+                       lambda v: _fmt_num(v) if isinstance(v, (int, float)) else "–")
+                 + kpi("held-out perplexity", m.get("ppl_before"), m.get("ppl_after"),
+                       lambda v: f"{v:.2f}" if isinstance(v, (int, float)) else "–")
+                 + "</div>")
+    else:
+        right = _na("The K/V merge", un.get("kv_merge", "headcount.surgery.merge_kv was not run"))
+    return ('<section class="card" id="surgery"><h2>Removing heads, merging K/V heads</h2>'
+            '<p class="lede">Left: held-out perplexity as the least important heads are removed (chapter 2.3.6). '
+            'Right: the GQA trade-off measured on this model: fewer K/V heads, a smaller cache, and what it costs '
+            f'(chapter 2.3.7).</p><div class="grid2"><div>{left}</div><div>{right}</div></div></section>')
+
+
+def _faithfulness(r: dict) -> str:
+    f = r.get("faithfulness")
+    if not f or not f.get("heads"):
+        body = _na("Faithfulness", (r.get("unavailable") or {}).get("faithfulness"))
+    else:
+        rows = "".join(
+            f'<tr><td>L{h["layer"]} H{h["head"]}</td><td>{_f(h.get("tau_gradient"), 2)}</td>'
+            f'<td>{_f(h.get("tau_loo"), 2)}</td><td>{_f(h.get("tau_uniform"), 2)}</td>'
+            f'<td>{_f(h.get("jsd"))}<span class="cell-bar" style="width:{int(60 * min(1.0, (h.get("jsd") or 0) / 0.7))}px">'
+            f'</span></td><td>{_f(h.get("tv"), 4)}</td></tr>'
+            for h in sorted(f["heads"], key=lambda h: (h["layer"], h["head"])))
+        table = ('<div class="scroll"><table class="data"><tr><th>head</th><th>\u03c4 gradient\u00d7input</th>'
+                 '<th>\u03c4 leave-one-out</th><th>\u03c4 uniform</th><th>adversarial JSD</th><th>TV reached</th></tr>'
+                 f"{rows}</table></div>")
+        note = (f'<p class="lede" style="margin-top:8px">Kendall \u03c4 between a head\'s attention over the input '
+                f'tokens and each token\'s importance for the loss; the adversarial search moves the attention as far '
+                f'as it can (Jensen-Shannon divergence) while the next-token distribution moves by at most '
+                f'\u03b5 = {f.get("epsilon")} (total variation). {f.get("n_examples", "?")} examples, layers '
+                f'{", ".join(str(x) for x in f.get("layers") or [])}.</p>')
+        body = f'<div class="grid2"><div>{table}{note}</div><div>{_fig(charts.faithfulness_chart(f), "fig-faith")}</div></div>'
+    return ('<section class="card" id="faithfulness"><h2>Is attention an explanation?</h2>'
+            '<p class="lede">Jain and Wallace (2019): attention weights often disagree with gradient importance, '
+            'and very different attention can give the same prediction.</p>' + body + "</section>")
+
+
+def _rank(r: dict) -> str:
+    rk = r.get("rank")
+    if not rk or not rk.get("summary"):
+        body = _na("Rank", (r.get("unavailable") or {}).get("rank"))
+    else:
+        rows = "".join(
+            f'<tr><td>{s["length"]}</td><td>{s["bound"]}</td><td>{_f(s.get("mean_rank"), 1)}</td>'
+            f'<td>{s.get("min_rank")}</td><td>{s.get("max_rank")}</td>'
+            f'<td>{_pct(s.get("share_at_bound"))}</td></tr>'
+            for s in sorted(rk["summary"], key=lambda s: s["length"]))
+        table = ('<table class="data"><tr><th>n</th><th>bound</th><th>mean rank</th><th>min</th><th>max</th>'
+                 f'<th>at bound</th></tr>{rows}</table><p class="lede" style="margin-top:8px">Numerical rank of '
+                 f'each head\'s pre-softmax scores QK^T on real text, tolerance {e(str(rk.get("tolerance")))}.</p>')
+        body = f'<div class="grid2"><div>{table}</div><div>{_fig(charts.rank_chart(rk), "fig-rank")}</div></div>'
+    return ('<section class="card" id="rank"><h2>How much can one head express?</h2>'
+            '<p class="lede">A head\'s score matrix QK^T is n \u00d7 n but has rank at most head_dim '
+            '(Bhojanapalli et al. 2020): past n = head_dim it cannot grow.</p>' + body + "</section>")
+
+
+def _footer(r: dict) -> str:
+    p = r.get("params") or {}
+    un = r.get("unavailable") or {}
+    missing = "; ".join(f"{k}: {v}" for k, v in sorted(un.items()))
+    dot = " \u00b7 "
+    quick = f"{dot}quick" if p.get("quick") else ""
+    gone = f"<br>not available: {e(missing)}" if missing else ""
+    return (f'<footer>headcount report{dot}model {e(str(r.get("model")))}{dot}text: {e(str(p.get("text")))}'
+            f'{dot}seed {e(str(p.get("seed")))}{quick}{gone}<br>report.json beside this page holds every '
+            "number shown here.</footer>")
+
+
+NAV = [("claims", "Claims"), ("accounts", "Accounts"), ("heads", "Head map"), ("attention", "Attention"),
+       ("surgery", "Pruning & K/V merge"), ("faithfulness", "Faithfulness"), ("rank", "Rank")]
+
+
+def render_html(report: dict) -> str:
+    from plotly.offline import get_plotlyjs
+
+    nav = "".join(f'<a href="#{a}">{e(b)}</a>' for a, b in NAV)
+    body = "".join([_claims(report), _accounts(report), _head_map(report), _attention(report), _surgery(report),
+                    _faithfulness(report), _rank(report)])
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+            f"<title>headcount report: {e(str(report.get('model')))}</title><style>{CSS}</style>"
+            f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>"
+            f"{_header(report)}<main><nav>{nav}</nav>{body}{_footer(report)}</main></body></html>\n")

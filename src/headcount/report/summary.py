@@ -1,0 +1,68 @@
+"""The five-line terminal summary of a report (what `headcount demo` / `make demo` print).
+
+    summary_lines(report) -> [5 strings]
+      1. heads per role
+      2. the top heads (the highest-scoring labelled head of each role)
+      3. the chapter's claims: held / partly / did not hold / not measured
+      4. the model's three accounts (KV cache per token as MHA / its GQA / MQA)
+      5. what is missing (or "every section present")
+"""
+
+from __future__ import annotations
+
+from headcount.report.claims import ROLE_NAMES, head_name, role_score
+
+_MARK = {"held": "held", "partly": "partly", "did not hold": "NOT held", "not measured": "n/a"}
+
+
+def _roles_line(roles: dict | None) -> str:
+    if not roles:
+        return "heads per role: not available"
+    counts = [f"{r.replace('_', '-')} {len(roles[r].get('heads') or [])}" for r in ROLE_NAMES if r in roles]
+    return "heads per role: " + ", ".join(counts)
+
+
+def _top_line(roles: dict | None, k: int = 4) -> str:
+    if not roles:
+        return "top heads: not available"
+    tops = []
+    for r in ROLE_NAMES:
+        heads = (roles.get(r) or {}).get("heads") or []
+        if heads:
+            score = role_score(roles[r], heads[0])
+            tops.append((score if score is not None else 0.0, r, heads[0]))
+    if not tops:
+        return "top heads: no head passed a role's threshold"
+    tops.sort(key=lambda t: -t[0])
+    return "top heads: " + ", ".join(f"{r.replace('_', '-')} {head_name(h)} {s:.2f}" for s, r, h in tops[:k])
+
+
+def _claims_line(claims: list[dict]) -> str:
+    held = sum(c["status"] == "held" for c in claims)
+    measured = sum(c["status"] != "not measured" for c in claims)
+    parts = ", ".join(f"{c['id']} {_MARK.get(c['status'], c['status'])}" for c in claims)
+    return f"chapter claims held: {held} of {measured} measured ({parts})"
+
+
+def _accounts_line(accounts: dict | None) -> str:
+    rows = (accounts or {}).get("rows") or []
+    if not rows:
+        return "accounts: not available"
+    parts = [f"{r['label']}{' (this model)' if r.get('is_model') else ''} {r['kv_bytes_per_token']:,}" for r in rows]
+    return f"KV cache bytes/token ({accounts.get('dtype')}): " + ", ".join(parts)
+
+
+def _missing_line(unavailable: dict) -> str:
+    if not unavailable:
+        return "every section present"
+    return "not available: " + ", ".join(sorted(unavailable))
+
+
+def summary_lines(report: dict) -> list[str]:
+    return [
+        _roles_line(report.get("roles")),
+        _top_line(report.get("roles")),
+        _claims_line(report.get("claims") or []),
+        _accounts_line(report.get("accounts")),
+        _missing_line(report.get("unavailable") or {}),
+    ]
