@@ -1,12 +1,224 @@
-"""Commands of headcount.analysis: roles, faithfulness, rank (here) and importance (importance_cli.py).
+"""Commands of headcount.analysis: roles, faithfulness, rank, `bench capture` (here) and importance
+(importance_cli.py).
 
-Registered by headcount.cli; no torch import at module level.
+    headcount roles --model M [--text FILE] [--json] [--png FILE]
+    headcount faithfulness --model M [--text FILE] [--layers 0,5] [--json]
+    headcount rank --model M [--text FILE] [--lengths 32,128] [--json] [--png FILE]
+    headcount bench capture [--model smollm2] [--length 1024]
+
+Registered by headcount.cli; no torch import at module level. Bad input exits 2 with one line.
 """
 
 from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def _errors(command: str):
+    from headcount.models.cli import _one_line_errors
+    return _one_line_errors(command)
+
+
+def _console():
+    from rich.console import Console
+    return Console(width=None if sys.stdout.isatty() else 160, soft_wrap=False, highlight=False)
+
+
+def _texts(text: Optional[Path]):
+    if text is None:
+        return None
+    from headcount.data import read_text
+    return read_text(text)
+
+
+def _layers(spec: Optional[str]):
+    if spec is None:
+        return None
+    try:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--layers: expected comma-separated layer numbers such as 0,5, got {spec!r}") from None
+
+
+def _ints(flag: str, spec: Optional[str]):
+    if spec is None:
+        return None
+    try:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: expected comma-separated integers, got {spec!r}") from None
+
+
+def _load(name: str):
+    from headcount.models import load
+    return load(name)
 
 
 def register(app, bench_app) -> None:
     """Add this room's commands to the `headcount` app and its `bench` sub-app."""
     from headcount.analysis import importance_cli
     importance_cli.register(app, bench_app)
+
+    @app.command("roles")
+    def roles_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or checkpoint directory"),
+        text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file (default: calibration corpus)"),
+        max_tokens: int = typer.Option(2048, "--max-tokens", help="tokens of windows for the pattern roles"),
+        max_sentences: int = typer.Option(96, "--max-sentences", help="sentences parsed for syntactic/rare-word"),
+        seed: int = typer.Option(0, "--seed", help="seed of the induction sequences"),
+        json_out: bool = typer.Option(False, "--json", help="print the roles JSON"),
+        png: Optional[Path] = typer.Option(None, "--png", help="save a heatmap per role"),
+    ) -> None:
+        """What each head does: seven role scores per (layer, head), labelled past thresholds.
+
+        previous-token, duplicate-token, induction, positional, syntactic, rare-word and sink."""
+        with _errors("roles"):
+            from headcount.analysis.plots import check_png, roles_png
+            from headcount.analysis.roles import roles
+
+            if png is not None:
+                check_png(png)
+            texts = _texts(text)
+            lm = _load(model)
+            result = roles(lm, texts, max_tokens=max_tokens, max_sentences=max_sentences, seed=seed,
+                           progress=sys.stderr.isatty())
+            if png is not None:
+                roles_png(result.to_json(), png, title=f"{model}: head roles")
+        if json_out:
+            typer.echo(json.dumps(result.to_json()))
+            return
+        from rich.table import Table
+        table = Table(title=f"{model}: head roles", title_justify="left")
+        for col in ("role", "threshold", "heads", "top heads (layer/head score)"):
+            table.add_column(col)
+        for role in result.roles:
+            top = []
+            for entry in result.heads[role][:6]:
+                score = result.scores[role][entry[0]][entry[1]]
+                extra = f" {entry[2]:+d}" if role == "positional" else (f" {entry[2]}" if len(entry) > 2 else "")
+                top.append(f"{entry[0]}/{entry[1]}{extra} {score:.2f}")
+            rule = ">" if result.meta.get("thresholds_rule", {}).get(role) == ">" else ">="
+            table.add_row(role, f"{rule} {result.thresholds[role]:g}", str(len(result.heads[role])), ", ".join(top))
+        console = _console()
+        console.print(table)
+        meta = result.meta
+        if meta.get("sink_mean") is not None:
+            console.print(f"mean weight on the first token (positions >= {meta['sink_from_position']}): "
+                          f"{meta['sink_mean']:.3f}")
+        if "syntactic" in meta:
+            console.print(f"syntactic: {meta['syntactic']['causal_rule']}; words -> first subword")
+        if png is not None:
+            console.print(f"wrote {png}")
+
+    @app.command("faithfulness")
+    def faithfulness_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or checkpoint directory (a decoder)"),
+        text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file (default: held-out corpus)"),
+        layers: Optional[str] = typer.Option(None, "--layers", help="comma-separated layers (default: 3 spread)"),
+        examples: int = typer.Option(3, "--examples", help="examples (windows) to average over"),
+        length: int = typer.Option(32, "--length", help="tokens of context per example"),
+        epsilon: float = typer.Option(0.01, "--epsilon", help="largest total variation of the output allowed"),
+        steps: int = typer.Option(40, "--steps", help="optimiser steps of the adversarial search"),
+        seed: int = typer.Option(0, "--seed"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Is attention an explanation? Kendall tau vs importance, and adversarial attention.
+
+        Kendall tau against gradient x input and leave-one-out, a chance baseline, and the
+        Jensen-Shannon divergence adversarial attention reaches within epsilon (Jain and Wallace)."""
+        with _errors("faithfulness"):
+            from headcount.analysis.faithfulness import faithfulness
+
+            layer_list = _layers(layers)
+            texts = _texts(text)
+            lm = _load(model)
+            result = faithfulness(lm, texts, layer_list, epsilon=epsilon, n_examples=examples, length=length,
+                                  steps=steps, seed=seed, progress=sys.stderr.isatty())
+        if json_out:
+            typer.echo(json.dumps(result.to_json()))
+            return
+        from rich.table import Table
+        table = Table(title=f"{model}: attention vs importance (epsilon = {result.epsilon:g})", title_justify="left")
+        for col in ("layer", "head", "tau grad", "tau loo", "tau chance", "JSD", "TV"):
+            table.add_column(col, justify="right")
+        fmt = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+        for h in result.heads:
+            table.add_row(str(h["layer"]), str(h["head"]), fmt(h["tau_gradient"]), fmt(h["tau_loo"]),
+                          fmt(h["tau_uniform"]), fmt(h["jsd"]), f"{h['tv']:.4f}")
+        console = _console()
+        console.print(table)
+        s = result.summary
+        console.print(f"mean |tau|: gradient {fmt(s['abs_tau_gradient_mean'])}, leave-one-out "
+                      f"{fmt(s['abs_tau_loo_mean'])}, chance {fmt(s['abs_tau_uniform_mean'])}; gradient vs "
+                      f"leave-one-out {fmt(s['tau_gradient_vs_loo'])}")
+        console.print(f"adversarial attention: JSD mean {fmt(s['jsd_mean'])}, max {fmt(s['jsd_max'])} (bits, of 1), "
+                      f"{100 * s['share_jsd_at_least_half']:.0f}% of heads >= 0.5, output TV <= {s['tv_max']:.4f}")
+
+    @app.command("rank")
+    def rank_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or checkpoint directory"),
+        text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file (default: calibration corpus)"),
+        lengths: Optional[str] = typer.Option(None, "--lengths", help="comma-separated lengths "
+                                              "(default: head_dim / 2 and 2 x head_dim)"),
+        windows: int = typer.Option(2, "--windows", help="windows per length (the smallest rank is kept)"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        png: Optional[Path] = typer.Option(None, "--png", help="save the rank plot"),
+    ) -> None:
+        """Numerical rank of each head's Q K^T against min(head_dim, n), below and above head_dim."""
+        with _errors("rank"):
+            from headcount.analysis.plots import check_png, rank_png
+            from headcount.analysis.rank import rank
+
+            if png is not None:
+                check_png(png)
+            length_list = _ints("--lengths", lengths)
+            texts = _texts(text)
+            lm = _load(model)
+            result = rank(lm, texts, lengths=length_list, max_windows=windows, progress=sys.stderr.isatty())
+            if png is not None:
+                rank_png(result.to_json(), png, title=f"{model}: rank of Q K^T per head")
+        if json_out:
+            typer.echo(json.dumps(result.to_json()))
+            return
+        from rich.table import Table
+        table = Table(title=f"{model}: numerical rank of Q K^T per head", title_justify="left")
+        for col in ("length n", "bound min(head_dim, n)", "mean rank", "min", "max", "share at bound"):
+            table.add_column(col, justify="right")
+        for s in result.summary:
+            table.add_row(str(s["length"]), str(s["bound"]), f"{s['mean_rank']:.2f}", str(s["min_rank"]),
+                          str(s["max_rank"]), f"{100 * s['share_at_bound']:.0f}%")
+        console = _console()
+        console.print(table)
+        console.print(f"tolerance: {result.tolerance}")
+        if png is not None:
+            console.print(f"wrote {png}")
+
+    @bench_app.command("capture")
+    def bench_capture_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m"),
+        length: int = typer.Option(1024, "--length", help="tokens in the window"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Peak memory of capture() (one layer's weights at a time) vs need_weights on every layer."""
+        with _errors("bench capture"):
+            from headcount.analysis.bench import run
+            rows = run(model, length)
+        if json_out:
+            typer.echo(json.dumps(rows))
+            return
+        from rich.table import Table
+        r0 = rows[0]
+        table = Table(title=f"{model}: peak memory of attention weights, T = {length} "
+                            f"({r0['n_layers']} layers x {r0['n_heads']} heads)", title_justify="left")
+        for col in ("mode", "peak added (MiB)", "all weights formula (MiB)", "one layer (MiB)", "how"):
+            table.add_column(col)
+        mib = lambda b: f"{b / 2**20:,.1f}"  # noqa: E731
+        for r in rows:
+            table.add_row(r["mode"], mib(r["peak_bytes"]), mib(r["all_weights_bytes"]), mib(r["one_layer_bytes"]),
+                          r["method"])
+        _console().print(table)

@@ -96,13 +96,13 @@ def offset_counts(weights: Tensor, query_mask: Tensor | None = None) -> Tensor:
     """[H, 2S - 1] counts of (argmax key - query position) over the real queries; index o + S - 1."""
     w = _as4(weights)
     b, h, t, s = w.shape
+    width = 2 * s - 1
     top = w.argmax(-1)  # [B, H, T]
     offsets = top - torch.arange(t, device=w.device)[None, None, :] + (s - 1)
+    offsets = offsets + torch.arange(h, device=w.device)[None, :, None] * width  # one bincount for all heads
     q = _query_mask(w, query_mask)[:, None, :].expand(b, h, t)
-    counts = torch.zeros(h, 2 * s - 1, dtype=torch.float64)
-    for head in range(h):
-        counts[head] = torch.bincount(offsets[:, head][q[:, head]].cpu(), minlength=2 * s - 1).double()
-    return counts
+    counts = torch.bincount(offsets[q].cpu(), minlength=h * width)
+    return counts.view(h, width).double()
 
 
 def positional_from_counts(counts: Tensor) -> tuple[Tensor, Tensor]:
@@ -118,14 +118,21 @@ def positional_score(weights: Tensor, query_mask: Tensor | None = None) -> tuple
     return positional_from_counts(offset_counts(weights, query_mask))
 
 
-def pointer_hits(weights: Tensor, queries: Tensor) -> Tensor:
-    """[H] how many of the (batch, query, target) rows of `queries` [N, 3] have argmax == target."""
+def pointer_hits(weights: Tensor, queries: Tensor, groups: Tensor | None = None,
+                 n_groups: int = 1) -> Tensor:
+    """How many of the (batch, query, target) rows of `queries` [N, 3] have argmax == target, per head:
+    [H], or [n_groups, H] when `groups` [N] assigns each row to a group (one pass for many relations)."""
     w = _as4(weights)
+    h = w.shape[1]
     if queries.numel() == 0:
-        return torch.zeros(w.shape[1], dtype=torch.float64)
+        out = torch.zeros(n_groups, h, dtype=torch.float64)
+        return out if groups is not None else out[0]
     q = queries.to(w.device)
-    top = w[q[:, 0], :, q[:, 1]].argmax(-1)  # [N, H]
-    return (top == q[:, 2:3]).sum(0).double().cpu()
+    top = w.argmax(-1)  # [B, H, T]
+    hit = (top[q[:, 0], :, q[:, 1]] == q[:, 2:3]).double().cpu()  # [N, H]
+    if groups is None:
+        return hit.sum(0)
+    return torch.zeros(n_groups, h, dtype=torch.float64).index_add_(0, groups.cpu(), hit)
 
 
 def first_token_sums(weights: Tensor, query_mask: Tensor | None = None, *, min_position: int = 0) -> tuple[Tensor, Tensor]:

@@ -222,35 +222,41 @@ def _sentence_pass(model, parsed, batch_size, acc, progress):
         for b, s in enumerate(sents):
             ids[b, :len(s.ids)] = torch.tensor(s.ids)
             mask[b, :len(s.ids)] = True
-        queries = {}
-        for name in names:
-            rows = [(b, q, tgt) for b, s in enumerate(sents) for q, tgt in s.relations[name]]
-            queries[name] = torch.tensor(rows, dtype=torch.long).reshape(-1, 3)
-        rare_rows = []
         causal = acc["causal"]
+        rows, groups = [], []
+        for g, name in enumerate(names):
+            for b, s in enumerate(sents):
+                for q, tgt in s.relations[name]:
+                    rows.append((b, q, tgt))
+                    groups.append(g)
+        n_per = torch.bincount(torch.tensor(groups, dtype=torch.long), minlength=len(names) + 1) if groups else \
+            torch.zeros(len(names) + 1, dtype=torch.long)
         for b, s in enumerate(sents):
             if s.rare is None:
                 continue
             for q in range(len(s.ids)):
                 if q == s.rare or (causal and q < s.rare):
                     continue
-                rare_rows.append((b, q, s.rare))
-        rare_q = torch.tensor(rare_rows, dtype=torch.long).reshape(-1, 3)
+                rows.append((b, q, s.rare))
+                groups.append(len(names))  # the last group: rare word
+        n_rare = len(groups) - int(n_per[:len(names)].sum())
+        query_rows = torch.tensor(rows, dtype=torch.long).reshape(-1, 3)
+        group_ids = torch.tensor(groups, dtype=torch.long)
 
         def reduce(layer, w):
-            return {name: patterns.pointer_hits(w, q) for name, q in queries.items()}, patterns.pointer_hits(w, rare_q)
+            return patterns.pointer_hits(w, query_rows, group_ids, len(names) + 1)
 
         dev = _device(model)
         out = capture(model, (ids.to(dev), mask.to(dev)), summaries=reduce)
         for layer in range(len(mods)):
-            hits, rare_hits = out[layer]
+            hits = out[layer]  # [relations + 1, H]
             a = acc[layer]
-            for name in names:
-                a["rel"][name] = a["rel"][name] + hits[name]
-            a["rare"] = a["rare"] + rare_hits
-        for name in names:
-            acc["n_rel"][name] += len(queries[name])
-        acc["n_rare"] += len(rare_q)
+            for g, name in enumerate(names):
+                a["rel"][name] = a["rel"][name] + hits[g]
+            a["rare"] = a["rare"] + hits[len(names)]
+        for g, name in enumerate(names):
+            acc["n_rel"][name] += int(n_per[g])
+        acc["n_rare"] += n_rare
         bar.update(1)
     bar.close()
 
