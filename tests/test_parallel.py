@@ -67,6 +67,7 @@ def _decoder_check(model, ids, *, group=None, gates_too=True) -> dict:
         "kept_heads": kept, "n_kv_heads": attn.n_kv_heads,
         "cache_nbytes": sum(c.nbytes for c in cache), "cache_kv_heads": cache[0].n_kv_heads,
         "full_cache_nbytes": sum(c.nbytes for c in full_cache),
+        "params": sum(p.numel() for p in model.parameters()),
         "has_o_bias": attn.o_proj.bias is not None, "has_down_bias": model.layers[0].mlp.down_proj.bias is not None,
     }
     if gates_too:
@@ -88,6 +89,10 @@ def _encoder_check(model, ids, mask) -> dict:
     return {"hidden": float((out.last_hidden_state - ref.last_hidden_state).abs().max()),
             "pooled": float((out.pooler_output - ref.pooler_output).abs().max()),
             "n_heads": model.layers[0].attn.n_heads}
+
+
+def _windows():
+    return torch.randint(101, (5, 16), generator=torch.Generator().manual_seed(2))
 
 
 def _error_of(fn) -> tuple[str, str] | None:
@@ -117,6 +122,10 @@ def _battery(real) -> dict:
     mask = torch.ones(2, 9, dtype=torch.long)
     mask[1, 6:] = 0
     out["bert"] = _encoder_check(_tiny("encoder", BERT), ids[:, :9] % 60, mask)
+    from headcount.analysis.importance import importance
+
+    out["importance"] = importance(_tiny("decoder", LLAMA), windows=_windows(), method="gradient",
+                                   group=dist.group.WORLD, progress=False).scores.tolist()
     singles = [dist.new_group([r]) for r in range(world)]  # every rank takes part in creating each group
     out["group_of_one"] = _decoder_check(_tiny("decoder", LLAMA), ids, group=singles[rank], gates_too=False)
     if real is not None:
@@ -210,6 +219,16 @@ def test_decoder_logits_tokens_gradients_and_cache(battery):
         assert r["cache_kv_heads"] == len(plans[rank].kv_heads)
         assert r["cache_nbytes"] == 2 * 2 * len(plans[rank].kv_heads) * 16 * 8 * 4
         assert r["has_o_bias"] == r["has_down_bias"] == (rank == 0)
+    # the cost room's per-rank accounts count exactly the parameters each shard holds
+    from headcount.cost.parallel import per_rank
+    from headcount.cost.shape import ModelShape
+
+    shape = ModelShape(d_model=72, n_heads=9, n_kv_heads=3, head_dim=8, n_layers=2, d_ff=40, mlp="gated",
+                       vocab_size=101, tied_embeddings=True, position="rotary", attn_bias=True, o_bias=True,
+                       mlp_bias=True, norm="rmsnorm", final_norm=True)
+    accounts = per_rank(shape, world, seq=16, dtype="fp32")["per_rank"]
+    assert [r["llama"]["params"] for r in results] == [a["params"]["total"] for a in accounts]
+    assert [r["llama"]["cache_nbytes"] for r in results] == [a["kv_cache"]["bytes_for_context"] for a in accounts]
     llama = [r["llama"] for r in results]
     assert sum(r["cache_nbytes"] for r in llama) == llama[0]["full_cache_nbytes"] * stored_kv_heads(plans) // 3
 
@@ -246,6 +265,18 @@ def test_group_of_one_is_the_model_itself(battery):
     for r in battery[1]:
         g = r["group_of_one"]
         assert g["max_abs_diff"] == 0 and g["tokens"] == g["ref_tokens"] and g["kept_heads"] == list(range(9))
+
+
+def test_data_parallel_importance_equals_one_process(battery):
+    """helper-1's importance(group=): rank r scores windows r::world, sums all-reduced."""
+    from headcount.analysis.importance import importance
+
+    world, results = battery
+    one = importance(_tiny("decoder", LLAMA), windows=_windows(), method="gradient", progress=False).scores
+    for r in results:
+        scores = torch.tensor(r["importance"], dtype=one.dtype)
+        rel = float((scores - one).abs().max() / one.abs().max())
+        assert rel < 1e-6, rel
 
 
 # -------------------------------------------------------------------------------------- bad input

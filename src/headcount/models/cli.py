@@ -95,12 +95,21 @@ def register(app, bench_app) -> None:
         top_k: Optional[int] = typer.Option(None, "--top-k", help="sample among the k most likely tokens"),
         seed: Optional[int] = typer.Option(None, "--seed", help="random seed for sampling"),
         no_stop: bool = typer.Option(False, "--no-stop", help="keep going past the end-of-sequence token"),
+        tp: bool = typer.Option(False, "--tp", help="shard the heads over the ranks of torchrun "
+                                "(torchrun --nproc-per-node N -m headcount generate --tp ...); only rank 0 prints"),
     ) -> None:
         """Stream a continuation of PROMPT, token by token, using the KV cache."""
+        main = True
         with _one_line_errors("generate"):
             from headcount.models.generation import TextStreamer, stream_tokens
 
             lm = _decoder(model)
+            if tp:  # issue 10: tensor parallel by heads; every rank generates the same tokens
+                from headcount.parallel.model import shared_seed, tensor_parallel_from_env
+
+                main = tensor_parallel_from_env(lm, log=_log)
+                if temperature > 0:
+                    seed = shared_seed(seed)
             timings: dict = {}
             tokens = stream_tokens(lm, prompt, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
                                    stop_at_eos=not no_stop, timings=timings)
@@ -111,9 +120,11 @@ def register(app, bench_app) -> None:
                 if token == lm.config.eos_token_id and not no_stop:
                     break
                 piece = streamer.push(token)
-                if piece:
+                if piece and main:
                     sys.stdout.write(piece)
                     sys.stdout.flush()
+            if not main:
+                return
             sys.stdout.write("\n")
             rate = (n - 1) / timings["decode_s"] if n > 1 and timings.get("decode_s") else float("nan")
             _log(f"{n} tokens; prompt {len(lm.tokenizer.encode(prompt))} tokens in {timings.get('prefill_s', 0):.2f} s, "

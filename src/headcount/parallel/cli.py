@@ -1,7 +1,70 @@
-"""Commands of headcount.parallel (registered by headcount.cli; no torch import at module level)."""
+"""Commands of headcount.parallel (registered by headcount.cli; no torch import at module level).
+
+    headcount bench parallel       one process with 2 threads vs 2 ranks with 1 thread each (bench.py)
+
+`rank_errors(command)` is what every multi-rank command wraps itself in: bad input exits 2 with one
+line (models/cli.py's `_one_line_errors`), prefixed by the rank under torchrun, and a collective that
+failed or timed out because another rank is gone is reported the same way instead of as a traceback.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+from typing import Iterator
+
+import typer
+
+
+def _rank_label(command: str) -> str:
+    world = os.environ.get("WORLD_SIZE", "1")
+    return f"{command} (rank {os.environ.get('RANK', '?')})" if world not in ("", "1") else command
+
+
+@contextlib.contextmanager
+def rank_errors(command: str) -> Iterator[None]:
+    from headcount.models.cli import _one_line_errors
+
+    with _one_line_errors(_rank_label(command)):
+        try:
+            yield
+        except RuntimeError as err:
+            import torch.distributed as dist
+
+            text = " ".join(str(err).split())
+            if isinstance(err, ValueError):  # NotInitializedError, WeightMismatchError: already clear
+                raise
+            if isinstance(err, getattr(dist, "DistError", ())) or any(
+                    w in text.lower() for w in ("gloo", "nccl", "timed out", "timeout", "connection", "peer")):
+                raise ValueError(f"a collective failed: another rank most likely failed or did not answer within "
+                                 f"the timeout ({text[:300]})") from None
+            raise
+
 
 def register(app, bench_app) -> None:
-    """Add this room's commands to the `headcount` app and its `bench` sub-app."""
+    """Add `headcount bench parallel`."""
+
+    @bench_app.command("parallel")
+    def bench_parallel(
+        prompt_tokens: int = typer.Option(256, "--prompt-tokens", help="prompt length (prefill)"),
+        new_tokens: int = typer.Option(32, "--new-tokens", help="decode steps timed"),
+        repeats: int = typer.Option(3, "--repeats", help="runs of each side (medians)"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+    ) -> None:
+        """SmolLM2 fp32: one process with 2 threads vs 2 ranks (gloo) with 1 thread each, side by side:
+        prefill and decode time, bytes all-reduced per token against the formula, and what the formula
+        predicts for Llama 3 70B on 8 GPUs over NVLink."""
+        with rank_errors("bench parallel"):
+            from headcount.parallel import bench
+
+            for name, value, low in (("--prompt-tokens", prompt_tokens, 2), ("--new-tokens", new_tokens, 2),
+                                     ("--repeats", repeats, 1)):
+                if value < low:
+                    raise ValueError(f"{name}: expected at least {low}, got {value}")
+            result = bench.run(prompt_tokens, new_tokens, repeats,
+                               log=lambda m: typer.echo(f"headcount: {m}", err=True))
+        if json_out:
+            typer.echo(json.dumps(result, indent=2))
+        else:
+            bench.render(result)

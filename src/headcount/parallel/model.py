@@ -103,3 +103,24 @@ def tensor_parallel(model: nn.Module, group=None, *, check_weights: bool = True)
         layer.attn = shard_heads(layer.attn, group)
         shard_mlp(layer.mlp, group)
     return model
+
+
+def tensor_parallel_from_env(model: nn.Module, *, log=None, timeout_s: float = runtime.DEFAULT_TIMEOUT_S) -> bool:
+    """What `headcount generate --tp` does: join torchrun's group (or a world of one, said through `log`),
+    shard the model in place, and return True on the rank that prints (rank 0)."""
+    group = runtime.init_or_single(timeout_s=timeout_s, log=log)
+    tensor_parallel(model, group)
+    return runtime.is_main(group)
+
+
+def shared_seed(seed: int | None, group=None) -> int:
+    """One sampling seed for every rank (rank 0's), so sampled tokens, and the number of steps, agree."""
+    import torch.distributed as dist
+
+    group, rank, world = runtime.resolve(group)
+    value = torch.tensor([seed if seed is not None else int(torch.seed() % (2**62))], dtype=torch.long)
+    if world > 1:
+        if dist.get_backend(group) == "nccl":
+            value = value.cuda()
+        dist.broadcast(value, src=dist.get_global_rank(group, 0), group=group)
+    return int(value.item())

@@ -27,11 +27,11 @@ TORCHRUN_HINT = ("start every rank with torchrun, e.g. `torchrun --nproc-per-nod
                  "torch.distributed.init_process_group) before sharding")
 
 
-class NotInitializedError(RuntimeError):
+class NotInitializedError(RuntimeError, ValueError):
     """torch.distributed has no process group."""
 
 
-class WeightMismatchError(RuntimeError):
+class WeightMismatchError(RuntimeError, ValueError):
     """The ranks hold different models."""
 
 
@@ -79,6 +79,19 @@ def init(backend: str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S):
         torch.cuda.set_device(local_rank)
         kwargs["device_id"] = torch.device("cuda", local_rank)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return dist.group.WORLD
+
+
+def init_or_single(backend: str | None = None, *, timeout_s: float = DEFAULT_TIMEOUT_S, log=None):
+    """init() under torchrun; without it, a group of one process on 127.0.0.1 (fine: every head stays
+    here), after saying so through `log` (a callable taking one line)."""
+    if dist.is_initialized() or "WORLD_SIZE" in os.environ:
+        return init(backend, timeout_s=timeout_s)
+    if log is not None:
+        log("a world size of 1 (no torchrun environment): one process holds every head, nothing is sharded; "
+            "start N ranks with `torchrun --nproc-per-node N -m headcount ...`")
+    dist.init_process_group(backend or default_backend(), init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=timeout_s))
     return dist.group.WORLD
 
 

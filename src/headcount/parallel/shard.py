@@ -26,6 +26,7 @@ its heads' gates), and identical, exact gradients for everything replicated.
 from __future__ import annotations
 
 import copy
+import time
 
 import torch
 import torch.distributed._functional_collectives as fc
@@ -37,10 +38,20 @@ from headcount.parallel.plan import RankHeads, head_plan
 Tensor = torch.Tensor
 
 
+# What the all-reduces of this process cost so far (benchmarks read and reset it): calls, bytes of
+# payload (each call's tensor), and seconds spent waiting for them.
+STATS = {"calls": 0, "bytes": 0, "seconds": 0.0}
+
+
 def all_reduce_sum(x: Tensor, group) -> Tensor:
     """Sum over the group (out of place), waited for."""
+    t0 = time.perf_counter()
     y = fc.all_reduce(x.contiguous(), "sum", group)
-    return y.wait() if isinstance(y, fc.AsyncCollectiveTensor) else y
+    y = y.wait() if isinstance(y, fc.AsyncCollectiveTensor) else y
+    STATS["calls"] += 1
+    STATS["bytes"] += x.numel() * x.element_size()
+    STATS["seconds"] += time.perf_counter() - t0
+    return y
 
 
 class _CopyToShards(torch.autograd.Function):

@@ -1,0 +1,138 @@
+"""`torchrun --nproc-per-node N -m headcount.parallel.check --model smollm2 [--json]`: the sharded model
+against the same model in one process.
+
+Every rank loads the model, computes the one-process reference itself (logits of the prompt, and greedy
+tokens with the KV cache), shards the model with tensor_parallel (which first checks that every rank
+loaded the same weights), and computes both again. The worst |diff| over the ranks and whether every
+rank's tokens equal its reference are reduced over the group; rank 0 prints. For an encoder (minilm)
+the hidden states are compared and there are no tokens (tokens_equal is null).
+
+Without torchrun it runs as a world of one (and says so). Exit status: 0 when the logits agree to
+1e-5 of their scale and the tokens are equal, 1 when they do not, 2 on bad input (every rank).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import typer
+
+DEFAULT_PROMPT = "Heads are the natural unit to split a model across devices: each rank owns whole query heads"
+
+
+@dataclass
+class CheckResult:
+    world_size: int
+    max_abs_diff: float
+    tokens_equal: bool | None  # None for an encoder
+    model: str = ""
+    backend: str = ""
+    scale: float = 0.0  # max |reference|
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    ranks: list[dict] = field(default_factory=list)  # per rank: query_heads, kv_heads, kv_cache_bytes
+
+    @property
+    def ok(self) -> bool:
+        return self.max_abs_diff <= 1e-5 * max(1.0, self.scale) and self.tokens_equal is not False
+
+    def to_json(self) -> dict:
+        return {"world_size": self.world_size, "max_abs_diff": self.max_abs_diff, "tokens_equal": self.tokens_equal}
+
+
+def run(name: str = "smollm2", *, prompt: str = DEFAULT_PROMPT, new_tokens: int = 16, group=None) -> CheckResult:
+    """Run the check on every rank of `group` (initialised); every rank returns the same CheckResult."""
+    import torch
+    import torch.distributed as dist
+
+    from headcount.models import generate, load
+    from headcount.models.decoder import Decoder
+    from headcount.parallel import runtime
+    from headcount.parallel.model import tensor_parallel
+
+    if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+        raise ValueError(f"new_tokens: expected a positive int, got {new_tokens!r}")
+    group, rank, world = runtime.resolve(group)
+    backend = dist.get_backend(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    model = load(name).to(device)
+    if model.tokenizer is None:
+        raise ValueError(f"model {name!r} has no tokenizer; the check needs one to encode its prompt")
+    is_decoder = isinstance(model, Decoder)
+    ids = torch.tensor([model.tokenizer.encode(prompt)], device=device)[:, : model.max_position - new_tokens]
+
+    def forward():
+        with torch.inference_mode():
+            return model(ids).logits if is_decoder else model(ids).last_hidden_state
+
+    ref = forward()
+    ref_tokens = generate(model, ids[0], new_tokens, stop_at_eos=False).new_ids if is_decoder else None
+    tensor_parallel(model, group)
+    out = forward()
+    tokens = generate(model, ids[0], new_tokens, stop_at_eos=False).new_ids if is_decoder else None
+
+    stats = torch.tensor([float((out - ref).abs().max()), float(ref.abs().max()),
+                          0.0 if tokens == ref_tokens else 1.0], dtype=torch.float64, device=device)
+    dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=group)
+    attn = model.layers[0].attn
+    cache_bytes = sum(c.nbytes for c in model.new_cache(1, ids.shape[1] + new_tokens)) if is_decoder else 0
+    mine = {"rank": rank, "query_heads": list(attn.kept_heads), "kv_heads": list(attn.shard_plan.kv_heads),
+            "kv_cache_bytes": cache_bytes}
+    ranks: list = [None] * world
+    dist.all_gather_object(ranks, mine, group=group)
+    return CheckResult(world, float(stats[0]), bool(stats[2] == 0) if is_decoder else None, name, backend,
+                       float(stats[1]), ids.shape[1], new_tokens if is_decoder else 0, ranks)
+
+
+def render(result: CheckResult) -> str:
+    from headcount.cost.format import human_bytes
+
+    lines = [f"{result.model} on {result.world_size} rank{'s' * (result.world_size > 1)} ({result.backend}): "
+             f"prompt of {result.prompt_tokens} tokens"
+             + (f", {result.new_tokens} greedy tokens with the KV cache" if result.new_tokens else "")]
+    for r in result.ranks:
+        q, kv = r["query_heads"], r["kv_heads"]
+        lines.append(f"  rank {r['rank']}: query heads {q[0]}-{q[-1]} ({len(q)}), KV heads {kv}"
+                     + (f", KV cache {human_bytes(r['kv_cache_bytes'])}" if r["kv_cache_bytes"] else ""))
+    rel = result.max_abs_diff / result.scale if result.scale else 0.0
+    lines.append(f"  max |diff| vs one process: {result.max_abs_diff:.3g} (outputs up to {result.scale:.3g}: "
+                 f"{rel:.2g} relative)")
+    if result.tokens_equal is not None:
+        lines.append(f"  tokens equal: {'yes' if result.tokens_equal else 'NO'}")
+    lines.append(f"  {'ok' if result.ok else 'MISMATCH'}")
+    return "\n".join(lines)
+
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.command()
+def main(
+    model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2, minilm) or a checkpoint directory"),
+    prompt: str = typer.Option(DEFAULT_PROMPT, "--prompt", help="the text whose logits are compared"),
+    new_tokens: int = typer.Option(16, "--new-tokens", "-n", help="greedy tokens generated with the KV cache"),
+    timeout: float = typer.Option(120.0, "--timeout", help="seconds any rank waits for the others"),
+    json_out: bool = typer.Option(False, "--json", help='print {"world_size", "max_abs_diff", "tokens_equal"}'),
+) -> None:
+    """The sharded model against one process: max |diff| of the logits, and whether greedy tokens agree."""
+    from headcount.parallel.cli import rank_errors
+
+    with rank_errors("parallel.check"):
+        import torch.distributed as dist
+
+        from headcount.parallel import runtime
+
+        group = runtime.init_or_single(timeout_s=timeout, log=lambda m: typer.echo(f"headcount: {m}", err=True))
+        rank = dist.get_rank(group)
+        try:
+            result = run(model, prompt=prompt, new_tokens=new_tokens, group=group)
+        finally:
+            runtime.shutdown()
+    if rank == 0:
+        typer.echo(json.dumps(result.to_json()) if json_out else render(result))
+    raise typer.Exit(0 if result.ok else 1)
+
+
+if __name__ == "__main__":
+    app(prog_name="python -m headcount.parallel.check")
