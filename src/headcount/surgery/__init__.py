@@ -5,7 +5,7 @@
     pruning_curve(model, *, fractions, orders, ...)         curve.py
     merge_kv(model, n_kv_heads, *, layers, method)          merge.py
     merge_plan(model, budget)                               merge.py
-    uptrain(model, steps, *, lr, trainable)                 uptrain.py
+    uptrain(model, steps, *, lr, trainable)                 uptraining.py
     save(model, dir) / export_transformers(model, dir)      saving.py
 
 Not to be confused with headcount.head_surgery (below attention): structural surgery on ONE
@@ -21,7 +21,7 @@ _EXPORTS = {
     "prune": "pruning", "prune_to": "pruning", "PruneResult": "pruning",
     "pruning_curve": "curve", "PruningCurve": "curve",
     "merge_kv": "merge", "merge_plan": "merge", "MergeResult": "merge",
-    "uptrain": "uptrain",
+    "uptrain": "uptraining", "UptrainResult": "uptraining",
     "save": "saving", "export_transformers": "saving",
 }
 

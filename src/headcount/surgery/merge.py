@@ -157,7 +157,7 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
         if flat != list(range(n_old)) or len(groups) != n_new or any(not grp for grp in groups):
             raise ValueError(f"grouping: expected {n_new} non-empty groups covering KV heads 0..{n_old - 1} "
                              f"once each, got {grouping!r}")
-    elif grouping == "contiguous":
+    elif grouping == "contiguous" or n_new == 1:
         groups = _contiguous(n_old, n_new)
     elif grouping == "auto":
         groups = merge_fit.choose_groups(stats, attn.o_proj.weight.detach(), attn.kv_head_of, n_old, n_new, d)

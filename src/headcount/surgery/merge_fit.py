@@ -141,7 +141,7 @@ def layer_stats(attn, captures: list[dict], *, key_weighting: str = "uniform") -
             mask = _causal_or_padding(kw, t, kr.shape[2], x.device)
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
-            probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0)
+            probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(v.dtype)
             v_all = v.transpose(1, 2).reshape(b, t, nkv * d)  # (B, S, nkv*d)
             ctx = torch.einsum("bhts,bse->bhte", probs, v_all)  # (B, nh, T, nkv*d)
             ctx = ctx.transpose(1, 2).reshape(b * t, nh, nkv * d)

@@ -150,7 +150,7 @@ def _solve(model, table: dict[int, dict[int, float]], limit: int) -> tuple[dict[
     feasible = [(cost, total, picks) for total, (cost, picks) in states.items() if total <= limit]
     if not feasible:
         raise ValueError(f"budget: no plan reaches {limit} KV bytes per token with the candidate head counts")
-    cost, total, picks = min(feasible, key=lambda t: (t[0], t[1]))
+    cost, total, picks = min(feasible, key=lambda t: (t[0], -t[1]))  # ties: keep more heads
     return {i: n for i, n in picks.items() if n != model.layers[i].attn.n_kv_heads}, cost, total
 
 

@@ -169,7 +169,7 @@ class Stream:
         with torch.no_grad():
             for layer in self.model.layers[self.layer:]:
                 hidden = [_first(layer(h, **kw)) for h, kw in zip(hidden, self.kwargs)]
-        return _loss_from_hidden(self.model, self.batches, hidden, reference)
+            return _loss_from_hidden(self.model, self.batches, hidden, reference)
 
 
 def _loss_from_hidden(model, batches: list[Batch], hidden: list[Tensor], reference) -> float:
