@@ -41,14 +41,14 @@ def _texts(text: Optional[Path]):
 
 def _measure(model, held_out, eval_windows: int, window: int, reference=None):
     """Held-out perplexity (decoder) or (fidelity cosine, reference embeddings) for an encoder."""
-    from headcount.surgery.curve import held_out_sets, evaluate
+    from headcount.surgery.curve import embed, evaluate, held_out_sets
 
-    sets = held_out_sets(model, held_out, eval_windows, window)
+    sets = held_out_sets(model, held_out, eval_windows, window, sentences=16 * eval_windows)
     if hasattr(model, "lm_head"):
         return next(iter(evaluate(model, sets).values())), None
     name = next(iter(sets))
     if reference is None:
-        reference = model.embed_sentences(sets[name])
+        reference = embed(model, sets[name])
     return evaluate(model, sets, {name: reference})[name], reference
 
 
@@ -93,7 +93,8 @@ def register(app, bench_app) -> None:
         png: Optional[Path] = typer.Option(None, "--png", help="with --curve: write a plot"),
         seed: int = typer.Option(0, "--seed", help="seed of --order random"),
         calibration_windows: int = typer.Option(16, "--calibration-windows", help="calibration windows of 512 tokens"),
-        eval_windows: int = typer.Option(8, "--eval-windows", help="held-out windows of 512 tokens measured"),
+        eval_windows: int = typer.Option(8, "--eval-windows", help="held-out windows of 512 tokens measured "
+                                         "(encoders: 16 sentences per window)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
         """Remove attention heads (retraining-free, with compensation); print before/after and save."""

@@ -56,8 +56,8 @@ def _is_decoder(model) -> bool:
     return hasattr(model, "lm_head")
 
 
-def held_out_sets(model, held_out, eval_windows: int, window: int) -> dict:
-    """{name: LongTensor windows (decoder) | list of sentences (encoder)}."""
+def held_out_sets(model, held_out, eval_windows: int, window: int, sentences: int = HELD_OUT_SENTENCES) -> dict:
+    """{name: LongTensor windows (decoder) | list of `sentences` sentences (encoder)}."""
     from headcount.analysis.batches import split_sentences, token_windows
 
     if held_out is None:
@@ -69,10 +69,10 @@ def held_out_sets(model, held_out, eval_windows: int, window: int) -> dict:
         if _is_decoder(model):
             out[name] = token_windows(model, texts, window=window, max_windows=eval_windows, part="held_out")
         else:
-            sentences = split_sentences(texts, part="held_out", max_sentences=HELD_OUT_SENTENCES)
-            if len(sentences) < 3:
-                raise ValueError(f"held_out: {name!r} has {len(sentences)} sentences; at least 3 are needed")
-            out[name] = sentences
+            found = split_sentences(texts, part="held_out", max_sentences=sentences)
+            if len(found) < 3:
+                raise ValueError(f"held_out: {name!r} has {len(found)} sentences; at least 3 are needed")
+            out[name] = found
     return out
 
 
@@ -81,9 +81,25 @@ def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(spearmanr(a.numpy(), b.numpy()).statistic)
 
 
+def embed(model, sentences: list[str]) -> torch.Tensor:
+    """L2-normalised mean-pooled sentence embeddings [N, d], in batches of 32 truncated at 128 tokens
+    (Encoder.embed_sentences pads everything to the longest sentence at once)."""
+    import torch.nn.functional as F
+
+    from headcount.analysis.batches import sentence_batches
+
+    out = []
+    with torch.no_grad():
+        for ids, mask in sentence_batches(model, sentences, batch_size=32, max_len=128):
+            hidden = model(ids, mask).last_hidden_state
+            m = mask.unsqueeze(-1).to(hidden.dtype)
+            out.append(F.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1))
+    return torch.cat(out)
+
+
 def fidelity(model, reference: torch.Tensor, sentences: list[str]) -> tuple[float, float]:
     """(mean cosine to the reference embeddings, Spearman of pairwise similarities)."""
-    emb = model.embed_sentences(sentences)
+    emb = embed(model, sentences)
     cos = float((emb * reference).sum(-1).mean())
     iu = torch.triu_indices(len(sentences), len(sentences), 1)
     sims, ref = (emb @ emb.T)[iu[0], iu[1]], (reference @ reference.T)[iu[0], iu[1]]
@@ -122,7 +138,7 @@ def pruning_curve(model, *, fractions=FRACTIONS, orders=("gradient", "random"), 
     sets = held_out_sets(model, held_out, eval_windows, window)
     references = None
     if not _is_decoder(model):
-        references = {name: model.embed_sentences(s) for name, s in sets.items()}
+        references = {name: embed(model, s) for name, s in sets.items()}
     base = evaluate(model, sets, references)
     first = next(iter(sets))
     points: list[dict] = []

@@ -1,0 +1,95 @@
+"""`headcount prune` / `headcount export`: the JSON contract and every bad input (exit 2, one line,
+no traceback, nothing written)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from headcount.cli import app
+from headcount.surgery import prune, save
+from test_surgery_prune import tiny
+
+runner = CliRunner()
+
+PRUNE_KEYS = {"heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
+              "kv_bytes_per_token_after", "ppl_before", "ppl_after"}
+
+
+def bad(args, match):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    lines = [l for l in result.output.splitlines() if l.strip()]
+    assert len(lines) == 1 and match in lines[0], result.output
+    return result
+
+
+def test_existing_out_without_force_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep")
+    bad(["prune", "--model", "smollm2", "--fraction", "0.2", "--out", str(out)], "already exists")
+    assert [p.name for p in out.iterdir()] == ["mine.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+@pytest.mark.parametrize("content,match", [(b"", "empty"), (b"  \n\n ", "empty"), (b"\xff\xfe bad", "not UTF-8")])
+def test_bad_text_files(tmp_path, content, match):
+    text = tmp_path / "t.txt"
+    text.write_bytes(content)
+    bad(["prune", "--fraction", "0.2", "--text", str(text), "--out", str(tmp_path / "o")], match)
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--fraction", "1.5"], "--fraction"),
+    (["--fraction", "0"], "--fraction"),
+    (["--fraction", "0.2", "--mode", "kv"], "--mode"),
+    (["--fraction", "0.2", "--compensate", "median"], "--compensate"),
+    (["--fraction", "0.2"], "--out"),
+])
+def test_bad_options(tmp_path, args, match):
+    bad(["prune", *args] + ([] if match == "--out" else ["--out", str(tmp_path / "o")]), match)
+    assert not (tmp_path / "o").exists()
+
+
+def test_export_of_a_saved_directory_whose_config_and_tensors_disagree(tmp_path):
+    model = tiny()
+    prune(model, {1: [4]}, compensate="none")
+    save(model, tmp_path / "m")
+    meta = json.loads((tmp_path / "m" / "headcount.json").read_text())
+    meta["layers"][1]["n_heads"] = 6
+    meta["layers"][1]["kv_head_of"] = [0, 0, 0, 1, 1, 1]
+    meta["layers"][1]["kept_heads"] = list(range(6))
+    (tmp_path / "m" / "headcount.json").write_text(json.dumps(meta))
+    bad(["export", "--model", str(tmp_path / "m"), "--to", "transformers", "--out", str(tmp_path / "hf")],
+        "layer 1 has n_heads=6")
+    assert not (tmp_path / "hf").exists()
+    bad(["export", "--model", str(tmp_path / "m"), "--to", "gguf", "--out", str(tmp_path / "hf")], "--to")
+
+
+def test_export_refuses_per_layer_counts(tmp_path):
+    model = tiny(d_model=48)
+    prune(model, {1: [4]}, compensate="none")
+    save(model, tmp_path / "m")
+    bad(["export", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "hf")], "different head counts")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+
+
+def test_prune_minilm_json_contract_then_reload(tmp_path):
+    out = tmp_path / "pruned"
+    result = runner.invoke(app, ["prune", "--model", "minilm", "--fraction", "0.25", "--compensate", "none",
+                                 "--order", "random", "--out", str(out), "--json", "--eval-windows", "2"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{"):])
+    assert PRUNE_KEYS <= set(data)
+    assert data["heads_before"] == 72 and data["heads_after"] == 54
+    assert data["params_after"] < data["params_before"]
+    assert data["kv_bytes_per_token_after"] == data["kv_bytes_per_token_before"] * 54 // 72
+    assert data["ppl_before"] is None and 0.5 < data["fidelity_after"]["cosine"] <= 1.0
+    from headcount.models import load
+    back = load(out)
+    assert sum(layer.attn.n_heads for layer in back.layers) == 54
+    again = runner.invoke(app, ["prune", "--model", "minilm", "--fraction", "0.25", "--out", str(out)])
+    assert again.exit_code == 2 and "already exists" in again.output
