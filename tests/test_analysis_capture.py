@@ -4,7 +4,7 @@ a time, hooks removed afterwards, and clear errors."""
 import pytest
 import torch
 
-from headcount.analysis.capture import capture
+from headcount.analysis.capturing import capture
 from headcount.models.decoder import Decoder, DecoderConfig
 from headcount.models.encoder import Encoder, EncoderConfig
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headcount.analysis.faithfulness import (adversarial_search, default_layers, gradient_x_input,
+from headcount.analysis.faithful import (adversarial_search, default_layers, gradient_x_input,
                                              js_divergence, kendall_tau, leave_one_out, total_variation)
 from headcount.models.decoder import Decoder, DecoderConfig
 

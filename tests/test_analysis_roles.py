@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from headcount.analysis import patterns
-from headcount.analysis.roles import THRESHOLDS, labelled_heads, layer_scores
+from headcount.analysis.role_scores import THRESHOLDS, labelled_heads, layer_scores
 
 
 def causal_uniform(t):

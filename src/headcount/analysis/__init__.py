@@ -1,10 +1,11 @@
 """READ-ONLY questions about a model (issues 7, 8): which heads matter, what each does.
 
     importance(model, texts=None, method=...) -> HeadScores     importance.py, scores.py
-    capture(model, batch)                                        capture.py
-    roles(model, texts=None) -> RoleScores                       roles.py
-    faithfulness(model, texts=None, layers=None)                 faithfulness.py
-    rank(model, texts=None)                                      rank.py
+    capture(model, batch)                                        capturing.py
+    roles(model, texts=None) -> RoleScores                       role_scores.py (patterns.py, syntax.py)
+    faithfulness(model, texts=None, layers=None)                 faithful.py
+    rank(model, texts=None)                                      score_rank.py
+    (modules are named so they never shadow the functions they export)
     token_windows / sentence_batches / resolve_texts             batches.py (texts -> inputs)
 
 analysis never changes a weight: it touches models only through public hooks
@@ -17,10 +18,10 @@ import importlib
 
 _EXPORTS = {
     "importance": "importance", "HeadScores": "scores", "METHODS": "importance",
-    "capture": "capture",
-    "roles": "roles", "RoleScores": "roles",
-    "faithfulness": "faithfulness", "Faithfulness": "faithfulness",
-    "rank": "rank", "RankResult": "rank",
+    "capture": "capturing",
+    "roles": "role_scores", "RoleScores": "role_scores",
+    "faithfulness": "faithful", "Faithfulness": "faithful",
+    "rank": "score_rank", "RankResult": "score_rank",
     "token_windows": "batches", "sentence_batches": "batches", "resolve_texts": "batches",
     "split_sentences": "batches",
 }

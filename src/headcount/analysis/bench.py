@@ -40,7 +40,7 @@ def _child(args: dict) -> dict:
     import torch
 
     from headcount.analysis.batches import token_windows
-    from headcount.analysis.capture import capture
+    from headcount.analysis.capturing import capture
     from headcount.models import load
 
     torch.set_num_threads(int(args.get("threads", 2)))

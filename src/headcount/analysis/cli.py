@@ -79,7 +79,7 @@ def register(app, bench_app) -> None:
         previous-token, duplicate-token, induction, positional, syntactic, rare-word and sink."""
         with _errors("roles"):
             from headcount.analysis.plots import check_png, roles_png
-            from headcount.analysis.roles import roles
+            from headcount.analysis.role_scores import roles
 
             if png is not None:
                 check_png(png)
@@ -132,7 +132,7 @@ def register(app, bench_app) -> None:
         Kendall tau against gradient x input and leave-one-out, a chance baseline, and the
         Jensen-Shannon divergence adversarial attention reaches within epsilon (Jain and Wallace)."""
         with _errors("faithfulness"):
-            from headcount.analysis.faithfulness import faithfulness
+            from headcount.analysis.faithful import faithfulness
 
             layer_list = _layers(layers)
             texts = _texts(text)
@@ -172,7 +172,7 @@ def register(app, bench_app) -> None:
         """Numerical rank of each head's Q K^T against min(head_dim, n), below and above head_dim."""
         with _errors("rank"):
             from headcount.analysis.plots import check_png, rank_png
-            from headcount.analysis.rank import rank
+            from headcount.analysis.score_rank import rank
 
             if png is not None:
                 check_png(png)

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from headcount.analysis.batches import is_decoder, token_windows
-from headcount.analysis.capture import attention_modules, capture, check_layers
+from headcount.analysis.capturing import attention_modules, capture, check_layers
 
 Tensor = torch.Tensor
 DIGITS = 6

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from headcount.analysis.batches import resolve_texts
-from headcount.analysis.capture import attention_modules, run_model
+from headcount.analysis.capturing import attention_modules, run_model
 
 Tensor = torch.Tensor
 EPS32 = float(torch.finfo(torch.float32).eps)
@@ -78,7 +78,7 @@ def score_matrices(attn, x: Tensor, qk_transform=None) -> Tensor:
 
 
 def _windows(model, texts, length: int, max_windows: int) -> Tensor:
-    from headcount.analysis.roles import window_batches
+    from headcount.analysis.role_scores import window_batches
     from headcount.models.evaluation import token_stream
     stream = token_stream(model, resolve_texts(texts))
     if len(stream) < length:

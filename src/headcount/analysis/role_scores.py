@@ -37,7 +37,7 @@ import torch
 
 from headcount.analysis import patterns
 from headcount.analysis.batches import is_decoder, resolve_texts, split_sentences
-from headcount.analysis.capture import attention_modules, capture
+from headcount.analysis.capturing import attention_modules, capture
 
 Tensor = torch.Tensor
 
