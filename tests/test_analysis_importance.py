@@ -12,6 +12,18 @@ from headcount.analysis.scores import HeadScores
 from headcount.models import Decoder, DecoderConfig, Encoder, EncoderConfig
 
 
+@pytest.fixture(autouse=True)
+def _one_thread(request):
+    """Tiny models: one intra-op thread (threads only spin on a shared CPU); real models keep the default."""
+    if "smollm2" in request.fixturenames or "minilm" in request.fixturenames:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def tiny_decoder(seed=0, dtype=torch.float64, **kw):
     torch.manual_seed(seed)
     cfg = dict(vocab_size=40, d_model=24, n_layers=3, n_heads=4, n_kv_heads=2, d_ff=32, max_position=32)
@@ -19,9 +31,9 @@ def tiny_decoder(seed=0, dtype=torch.float64, **kw):
     return Decoder(DecoderConfig(**cfg), dtype=dtype).eval()
 
 
-def tiny_encoder(seed=0, dtype=torch.float64):
+def tiny_encoder(seed=0, dtype=torch.float64, d_model=24):
     torch.manual_seed(seed)
-    cfg = EncoderConfig(vocab_size=40, d_model=24, n_layers=2, n_heads=3, d_ff=32, max_position=32)
+    cfg = EncoderConfig(vocab_size=40, d_model=d_model, n_layers=2, n_heads=3, d_ff=32, max_position=32)
     return Encoder(cfg, dtype=dtype).eval()
 
 
@@ -141,12 +153,13 @@ def test_encoder_confidence_and_ablation_skip_padding():
 
 
 def test_encoder_gradient_is_the_gauss_newton_term_of_fidelity():
-    """With many probes, the encoder 'gradient' score converges to 1/2 E ||d e / d xi_h||^2, computed here
-    exactly with a Jacobian per sentence; and for a small gate change it predicts the fidelity loss."""
-    model = tiny_encoder(1)
+    """The encoder 'gradient' score is 1/2 E ||d e / d xi_h||^2 (exact with probes=None, estimated with random
+    probes), checked against a Jacobian per sentence; for a small gate change it predicts the fidelity loss."""
+    model = tiny_encoder(1, d_model=12)
     ids = torch.randint(1, 40, (2, 6))
     mask = torch.ones_like(ids)
-    est = importance(model, method="gradient", windows=[(ids, mask)], probes=200, progress=False)
+    exact_scores = importance(model, method="gradient", windows=[(ids, mask)], probes=None, progress=False)
+    est = importance(model, method="gradient", windows=[(ids, mask)], probes=64, progress=False)
     exact = torch.zeros(2, 3, dtype=torch.float64)
     for b in range(2):
         def emb(g):
@@ -154,7 +167,9 @@ def test_encoder_gradient_is_the_gauss_newton_term_of_fidelity():
             return objectives.pooled(model, ids[b:b + 1], mask[b:b + 1], gates)[0]
         jac = torch.autograd.functional.jacobian(emb, torch.zeros(6, dtype=torch.float64))  # [d, 6]
         exact += 0.5 * (jac ** 2).sum(0).view(2, 3) / 2
-    torch.testing.assert_close(est.scores, exact, rtol=0.35, atol=1e-6)  # 200 probes: ~10% spread
+    torch.testing.assert_close(exact_scores.scores, exact, rtol=1e-6, atol=1e-12)
+    torch.testing.assert_close(est.scores, exact, rtol=0.7, atol=1e-6)  # 64 random probes: ~18% spread
+    assert spearmanr(est.values(), exact_scores.values()).statistic > 0.9
     # second-order: 1 - cos for a small gate change delta ~ 1/2 delta^2 ||J||^2
     delta = 1e-3
     gates = torch.ones(2, 3, dtype=torch.float64)

@@ -10,7 +10,8 @@ Methods (higher score = more important; every score is a mean over calibration t
                   On an encoder the fidelity loss has zero gradient at the unmodified model, so the
                   score is the second-order (Gauss-Newton) term instead: I_h = E_sentences 1/2 ||d e / d
                   xi_h||^2 (e = the normalised sentence embedding, xi_h a per-sentence gate), estimated
-                  with `probes` random Gaussian probes v (E (v . J)^2 = ||J||^2), one backward each. It
+                  with `probes` random Gaussian probes v (E (v . J)^2 = ||J||^2), one backward each
+                  (probes=None: exact, one backward per embedding dim). It
                   predicts ablation's 1 - cos (tests check it tracks ablation on minilm).
   ablation        The exact loss increase with head h gated to 0 (mean NLL per token on a decoder,
                   mean 1 - cos on an encoder). `heads_per_forward` replicas of the batch per forward,
@@ -46,7 +47,7 @@ import torch
 
 from headcount.analysis import objectives
 from headcount.analysis.batches import sentence_batches, split_sentences, token_windows
-from headcount.analysis.refit import DEFAULT_RIDGE, GramStats, removal_errors
+from headcount.analysis.refit import DEFAULT_RIDGE, GramStats, objective, removal_errors
 from headcount.analysis.scores import HeadScores
 
 Tensor = torch.Tensor
@@ -206,13 +207,19 @@ def _gradient(model, batches, hpl, group: _Group, probes: int, progress: bool):
                     count += float(scored.sum())
                 else:
                     emb = objectives.pooled(model, batch.ids, batch.mask)
-                    for p in range(probes):
-                        v = _probe(batch, p, emb.shape[-1], emb.device, emb.dtype)
+                    n_probes = emb.shape[-1] if probes is None else probes
+                    for p in range(n_probes):
+                        if probes is None:  # exact: the basis vectors, sum_i (e_i . J)^2 = ||J||^2
+                            v = torch.zeros_like(emb)
+                            v[:, p] = 1.0
+                        else:
+                            v = _probe(batch, p, emb.shape[-1], emb.device, emb.dtype)
                         grads = torch.autograd.grad((v * emb).sum(), [ctx[i] for i in range(len(hpl))],
-                                                    retain_graph=p + 1 < probes)
+                                                    retain_graph=p + 1 < n_probes)
                         for i, n in enumerate(hpl):
                             per_sentence = (_gate_grads(ctx[i], grads[i], n) * scored[..., None]).sum(1)
-                            sums[i, :n] += (0.5 * per_sentence ** 2).sum(0).cpu() / probes
+                            sums[i, :n] += (0.5 * per_sentence ** 2).sum(0).cpu() / (
+                                1 if probes is None else probes)
                     count += batch.size
             bar.update(1)
     sums, count = group.sum(sums.to(model.embed.weight.device)).cpu(), float(group.sum(count.to(sums.device)))
@@ -337,8 +344,18 @@ def _first_order(stats: GramStats, heads: list[list[int]], xtg: Tensor, gy: floa
     return out
 
 
+def _first_order_kept(stats: GramStats, cols: list[int], xtg: Tensor, gy: float, lam: float) -> float:
+    """First-order loss change of replacing o_proj by its ridge refit on all `cols` (nothing removed)."""
+    d = stats.n_inputs
+    idx = torch.tensor(sorted(cols) + [d], dtype=torch.long)
+    a = stats.xtx[idx][:, idx].clone()
+    a.diagonal().add_((idx != d).double() * lam)
+    beta = torch.linalg.solve(a, stats.xty[idx])
+    return float((beta * xtg[idx]).sum()) - gy
+
+
 def _reconstruction(model, batches, hpl, group: _Group, probes: int, ridge: float, estimator: str,
-                    progress: bool):
+                    progress: bool, greedy: bool = True):
     decoder = objectives.is_decoder(model)
     per_layer = _reconstruction_stats(model, batches, hpl, group, probes, progress)
     scores = torch.full((len(hpl), max(hpl)), float("nan"), dtype=torch.float64)
@@ -352,7 +369,14 @@ def _reconstruction(model, batches, hpl, group: _Group, probes: int, ridge: floa
         lam = DEFAULT_RIDGE * float(stats.xtx.diagonal()[:-1].mean()) if ridge is None else \
             ridge * float(stats.xtx.diagonal()[:-1].mean())
         remaining = list(range(n))
-        previous, running = 0.0, -float("inf")
+        r = DEFAULT_RIDGE if ridge is None else ridge
+        all_cols = list(range(n * dh))
+        previous = 0.0  # the estimate with every head kept (the ridge refit is not exactly o_proj)
+        if estimator in ("second", "both"):
+            previous += objective(stats, all_cols, ridge=r, weights=weights) / norm
+        if estimator in ("first", "both") and decoder:
+            previous += _first_order_kept(stats, all_cols, xtg, gy, lam) / norm
+        running = -float("inf")
         marginal: dict[int, float] = {}
         while remaining:
             cols = [list(range(h * dh, (h + 1) * dh)) for h in remaining]
@@ -365,6 +389,10 @@ def _reconstruction(model, batches, hpl, group: _Group, probes: int, ridge: floa
             if estimator == "first" and not decoder:
                 raise ValueError("estimator: 'first' is zero on an encoder (the fidelity gradient vanishes); "
                                  "use 'second'")
+            if not greedy:  # one step: each head's cost when it alone is removed
+                for h, v in zip(remaining, value.tolist()):
+                    marginal[h] = v
+                break
             j = int(torch.argmin(value))  # ties: the lowest head index
             h = remaining.pop(j)
             cost = float(value[j])
@@ -380,8 +408,9 @@ def _reconstruction(model, batches, hpl, group: _Group, probes: int, ridge: floa
 def importance(model, texts: str | Sequence[str] | None = None, method: str = "gradient", *,
                window: int = 512, max_windows: int | None = 16, batch_size: int | None = None,
                normalize: bool = False, group=None, progress: bool = True, windows=None,
-               max_sentences: int = 256, heads_per_forward: int | None = None, probes: int = 4,
-               ridge: float | None = None, estimator: str = "second", source: str | None = None,
+               max_sentences: int = 256, heads_per_forward: int | None = None, probes: int | None = 4,
+               ridge: float | None = None, estimator: str = "second", greedy: bool = True,
+               source: str | None = None,
                part: str = "calibration") -> HeadScores:
     """Score every head of `model` (see the module docstring for the methods).
 
@@ -392,6 +421,8 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
         a list of (input_ids, attention_mask) batches for an encoder).
     batch_size: windows (decoder) or sentences (encoder) per forward; None = a per-method default.
     group: None, "auto" or a torch.distributed process group (data-parallel scoring).
+    reconstruction only: ridge (relative, default refit.DEFAULT_RIDGE), estimator ("second" | "first" |
+        "both"), greedy (False: each head's cost when removed alone, no sequence).
     """
     if method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
@@ -401,7 +432,8 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
     _check_int("window", window, 2)
     if max_windows is not None:
         _check_int("max_windows", max_windows)
-    _check_int("probes", probes)
+    if probes is not None:
+        _check_int("probes", probes)
     if batch_size is None:
         batch_size = (2 if method in ("gradient", "reconstruction") else 1) if decoder else 32
     _check_int("batch_size", batch_size)
@@ -423,15 +455,15 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
             info["loss"] = "next-token cross-entropy" if decoder else \
                 "embedding fidelity, second-order (Gauss-Newton) term with random probes"
             if not decoder:
-                info["probes"] = probes
+                info["probes"] = "exact" if probes is None else probes
         elif method == "ablation":
             scores, count = _ablation(model, batches, hpl, shard, heads_per_forward, progress)
             info["loss"] = "mean next-token NLL increase (nats)" if decoder else "mean 1 - cos increase"
         elif method == "confidence":
             scores, count = _confidence(model, batches, hpl, shard, progress)
         else:
-            scores, count = _reconstruction(model, batches, hpl, shard, probes, ridge, estimator, progress)
-            info.update(estimator=estimator, ridge=DEFAULT_RIDGE if ridge is None else ridge)
+            scores, count = _reconstruction(model, batches, hpl, shard, probes, ridge, estimator, progress, greedy)
+            info.update(estimator=estimator, ridge=DEFAULT_RIDGE if ridge is None else ridge, greedy=greedy)
     finally:
         model.train(was_training)
     scores = scores.clone()
