@@ -93,3 +93,26 @@ def test_prune_minilm_json_contract_then_reload(tmp_path):
     assert sum(layer.attn.n_heads for layer in back.layers) == 54
     again = runner.invoke(app, ["prune", "--model", "minilm", "--fraction", "0.25", "--out", str(out)])
     assert again.exit_code == 2 and "already exists" in again.output
+
+
+def test_saved_directory_works_as_model_everywhere(tmp_path, minilm):
+    """`headcount perplexity / generate --model DIR` on a pruned, saved decoder (a tiny one carrying
+    minilm's tokenizer so the commands can tokenize)."""
+    import torch
+    from headcount.models.decoder import Decoder, DecoderConfig
+
+    torch.manual_seed(0)
+    model = Decoder(DecoderConfig(vocab_size=minilm.tokenizer.vocab_size, d_model=16, n_layers=2, n_heads=4,
+                                  n_kv_heads=2, head_dim=4, d_ff=24, max_position=64, eos_token_id=102)).eval()
+    model.tokenizer = minilm.tokenizer
+    prune(model, {0: [1], 1: [2, 3]}, compensate="none")
+    save(model, tmp_path / "m")
+    text = tmp_path / "t.txt"
+    text.write_text("Heads can be removed from a trained model. " * 8)
+    result = runner.invoke(app, ["perplexity", "--model", str(tmp_path / "m"), "--text", str(text), "--window", "32",
+                                 "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["perplexity"] > 1 and data["n_windows"] >= 2
+    gen = runner.invoke(app, ["generate", "heads", "--model", str(tmp_path / "m"), "-n", "3", "--no-stop"])
+    assert gen.exit_code == 0, gen.output
