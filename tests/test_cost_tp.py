@@ -113,3 +113,27 @@ def test_bad_tp_one_line_exit_2(args, fragment):
 def test_per_rank_bad_input():
     with pytest.raises(CostError, match="--tp"):
         per_rank(get_preset("smollm2").shape, True)
+
+
+def test_tp_accounts_never_import_torch():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import headcount.cost
+
+    package = Path(headcount.cost.__file__).resolve().parents[1]
+    code = (
+        "import sys, types\n"
+        f"pkg = types.ModuleType('headcount'); pkg.__path__ = [{str(package)!r}]; sys.modules['headcount'] = pkg\n"
+        "import typer, headcount.cost.cli\n"
+        "from typer.testing import CliRunner\n"
+        "app = typer.Typer(); headcount.cost.cli.register(app)\n"
+        "r = CliRunner().invoke(app, ['smollm2', '--tp', '2', '--json'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "print('torch' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(package.parent), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "False"

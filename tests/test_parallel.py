@@ -309,3 +309,26 @@ def test_no_process_group_says_how_to_start():
         shard_heads(MultiHeadAttention(16, 2))
     with pytest.raises(TypeError, match="MultiHeadAttention"):
         shard_heads(torch.nn.Linear(2, 2))
+
+
+def test_tp_with_a_world_of_one_is_fine_and_says_so(monkeypatch):
+    """What `headcount generate --tp` does without torchrun: a group of one process, nothing sharded."""
+    import torch.distributed as dist
+
+    from headcount.parallel.model import tensor_parallel_from_env
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    model = _tiny("decoder", LLAMA)
+    ids = torch.randint(101, (1, 6), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref = model(ids).logits
+    said = []
+    try:
+        assert tensor_parallel_from_env(model, log=said.append, timeout_s=30) is True
+        assert dist.get_world_size() == 1
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, ref)
+    finally:
+        runtime.shutdown()
+    assert len(said) == 1 and "world size of 1" in said[0] and "torchrun --nproc-per-node N" in said[0]
+    assert not dist.is_initialized()
