@@ -332,3 +332,24 @@ def test_tp_with_a_world_of_one_is_fine_and_says_so(monkeypatch):
         runtime.shutdown()
     assert len(said) == 1 and "world size of 1" in said[0] and "torchrun --nproc-per-node N" in said[0]
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("args, fragment", [(["--new-tokens", "0"], "--new-tokens"), (["--timeout", "-1"], "--timeout")])
+def test_check_bad_input_one_line_exit_2(args, fragment):
+    from typer.testing import CliRunner
+
+    from headcount.parallel.check import app
+
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in result.output
+
+
+def test_bench_parallel_bad_input_one_line_exit_2():
+    from typer.testing import CliRunner
+
+    from headcount.cli import app
+
+    result = CliRunner().invoke(app, ["bench", "parallel", "--repeats", "0"])
+    assert result.exit_code == 2 and "--repeats" in result.stderr and "Traceback" not in result.output

@@ -123,6 +123,10 @@ def main(
 
         from headcount.parallel import runtime
 
+        if new_tokens < 1:
+            raise ValueError(f"--new-tokens: expected a positive number, got {new_tokens}")
+        if not timeout > 0:
+            raise ValueError(f"--timeout: expected a positive number of seconds, got {timeout}")
         group = runtime.init_or_single(timeout_s=timeout, log=lambda m: typer.echo(f"headcount: {m}", err=True))
         rank = dist.get_rank(group)
         try:
