@@ -244,3 +244,14 @@ def test_real_models_small(smollm2, minilm):
                                                                         heads_per_forward=12, **kw)
     assert grad.scores.shape == (6, 12)
     assert grad.spearman(abl) > 0.6  # the Gauss-Newton proxy tracks ablation on the real encoder
+
+
+def test_package_name_is_both_the_function_and_the_module():
+    import headcount.analysis as analysis
+    model = tiny_decoder()
+    ids = torch.randint(0, 40, (1, 6))
+    a = analysis.importance(model, method="confidence", windows=ids, progress=False)
+    b = importance(model, method="confidence", windows=ids, progress=False)
+    assert torch.equal(a.scores, b.scores)
+    assert callable(analysis.importance.cost_ratio) and callable(analysis.importance.agreement)
+    assert analysis.METHODS == METHODS and analysis.HeadScores is HeadScores

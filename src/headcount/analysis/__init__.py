@@ -32,6 +32,8 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        if name == "importance":  # the module is callable (= importance()), and it keeps cost_ratio, agreement
+            return module
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -39,7 +39,9 @@ Benchmarks: `cost_ratio(model)` (time of gradient / ablation per batch over a pl
 
 from __future__ import annotations
 
+import sys
 import time
+import types
 from contextlib import contextmanager
 from typing import Sequence
 
@@ -466,6 +468,11 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
             info.update(estimator=estimator, ridge=DEFAULT_RIDGE if ridge is None else ridge, greedy=greedy)
     finally:
         model.train(was_training)
+    if not decoder and method in ("gradient", "ablation"):  # means over sentences; report tokens too
+        info["n_sentences"] = int(count)
+        tokens = torch.tensor(float(sum(int(b.mask.sum()) for b in batches)), dtype=torch.float64,
+                              device=model.embed.weight.device)
+        count = float(shard.sum(tokens))
     scores = scores.clone()
     for i, n in enumerate(hpl):
         scores[i, n:] = float("nan")
@@ -535,3 +542,14 @@ def agreement(model, texts=None, *, window: int = 512, max_windows: int = 4, max
         if method == "gradient":
             out["spearman"]["gradient_normalized"] = s.normalize().spearman(truth)
     return out
+
+
+class _CallableModule(types.ModuleType):
+    """`headcount.analysis.importance` names both this module (cost_ratio, agreement, METHODS) and the
+    function: calling the module calls importance(), whichever of the two an import gave."""
+
+    def __call__(self, *args, **kwargs) -> HeadScores:
+        return importance(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
