@@ -3,7 +3,8 @@
 Setting (Jain and Wallace 2019, for a causal LM): an example is `length` tokens and the token after
 them; the output is the model's next-token distribution at the last position, the loss its
 cross-entropy on the true next token. A head's attention is its weights from the LAST query position
-to every input token (the last one included) — the row that produces that prediction.
+(the row that produces that prediction) to the length - 1 context tokens before it; the taus are
+over those tokens (the query token itself cannot be left out, so it is left out of every tau).
 
 Per head, over the examples:
 - tau_gradient: Kendall tau (scipy.stats.kendalltau, tau-b) between the attention and
@@ -267,13 +268,14 @@ def faithfulness(model, texts: str | Sequence[str] | None = None, layers: Sequen
             att = last_row_attention(model, ids, chosen)
             grad = gradient_x_input(model, ids, target)
             loo = leave_one_out(model, ids, target)
-            tau_gl.append(kendall_tau(grad, loo))
+            ctx = length - 1  # the context tokens; the query token itself cannot be dropped
+            tau_gl.append(kendall_tau(grad[:ctx], loo[:ctx]))
             for r, (l, h) in enumerate(rows):
-                a = att[l][h]
-                perm = torch.randperm(length, generator=gen)
-                per["tau_gradient"][e, r] = kendall_tau(a, grad)
-                per["tau_loo"][e, r] = kendall_tau(a, loo)
-                per["tau_uniform"][e, r] = kendall_tau(a[perm], grad)
+                a = att[l][h][:ctx]
+                perm = torch.randperm(ctx, generator=gen)
+                per["tau_gradient"][e, r] = kendall_tau(a, grad[:ctx])
+                per["tau_loo"][e, r] = kendall_tau(a, loo[:ctx])
+                per["tau_uniform"][e, r] = kendall_tau(a[perm], grad[:ctx])
             found, _ = adversarial_search(model, ids, chosen, epsilon=float(epsilon), steps=steps, lr=lr,
                                           penalty=penalty, seed=seed + e)
             per["jsd"][e] = found["jsd"]
@@ -316,7 +318,8 @@ def faithfulness(model, texts: str | Sequence[str] | None = None, layers: Sequen
     }
     meta = {"model": getattr(model, "name", None), "length": length, "steps": steps, "lr": lr, "penalty": penalty,
             "seed": seed,
-            "attention": "weights from the last query position to every input token (the last one included)",
+            "attention": "weights from the last query position to the context tokens before it (taus); the "
+                         "adversarial search perturbs the whole row, the query token included",
             "importance": {"gradient": "|dL/de . e| on the input embeddings, L = next-token cross-entropy",
                            "loo": "|L(without token i) - L|, token i dropped"},
             "uniform": "Kendall tau of |gradient x input| against the head's weights randomly permuted (seeded)",

@@ -130,12 +130,13 @@ def _stream_ids(model, texts: list[str]) -> list[int]:
     return token_stream(model, texts)
 
 
-def window_batches(model, stream: list[int], *, window: int, max_tokens: int, batch_size: int) -> list[Tensor]:
+def window_batches(model, stream: list[int], *, window: int, max_tokens: int, batch_size: int,
+                   min_tokens: int = MIN_TOKENS) -> list[Tensor]:
     """[B, T] windows of the token stream (with the model's special tokens around each for encoders)."""
     pre, post = _special_wrap(model)
     limit = model.config.max_position - len(pre) - len(post)
-    body = min(window - len(pre) - len(post), limit, len(stream))
-    if len(stream) < MIN_TOKENS:
+    body = max(1, min(window - len(pre) - len(post), limit, len(stream)))
+    if len(stream) < min_tokens:
         raise ValueError(f"texts: {len(stream)} tokens is too short for the previous_token, duplicate_token, "
                          f"positional and sink roles: they need at least {MIN_TOKENS} tokens")
     n = max(1, min(len(stream) // body, max(1, max_tokens // body)))

@@ -84,7 +84,8 @@ def _windows(model, texts, length: int, max_windows: int) -> Tensor:
     if len(stream) < length:
         raise ValueError(f"texts: {len(stream)} tokens is too short for rank at length {length}; "
                          f"it needs at least {length} tokens")
-    batches = window_batches(model, stream, window=length, max_tokens=length * max_windows, batch_size=max_windows)
+    batches = window_batches(model, stream, window=length, max_tokens=length * max_windows, batch_size=max_windows,
+                             min_tokens=length)
     return torch.cat(batches)[:max_windows]
 
 
