@@ -118,12 +118,14 @@ def accounts_chart(accounts: dict | None):
 
     labels = [f"{r['label']}<br>{r['n_kv_heads']} KV head{'s' if r['n_kv_heads'] > 1 else ''}" for r in rows]
     colors = ["#E45756" if r.get("is_model") else "#9FB3C8" for r in rows]
+    labels = [lab.replace("<br>", ", ") for lab in labels]
     fig = go.Figure(go.Bar(
-        x=labels, y=[r["kv_bytes_per_token"] / 1024 for r in rows], marker_color=colors,
+        y=labels, x=[r["kv_bytes_per_token"] / 1024 for r in rows], marker_color=colors, orientation="h",
         text=[f"{r['kv_bytes_per_token'] / 1024:,.1f} KiB" for r in rows], textposition="outside",
-        hovertemplate="%{x}<br>%{y:,.1f} KiB per token<extra></extra>", cliponaxis=False))
-    _layout(fig, height=300, margin=dict(l=60, r=20, t=30, b=50))
-    fig.update_yaxes(title=f"KV cache per token, KiB ({accounts.get('dtype')})", rangemode="tozero")
+        hovertemplate="%{y}<br>%{x:,.1f} KiB per token<extra></extra>", cliponaxis=False))
+    _layout(fig, height=260, margin=dict(l=120, r=70, t=20, b=50))
+    fig.update_xaxes(title=f"KV cache per token, KiB ({accounts.get('dtype')})", rangemode="tozero")
+    fig.update_yaxes(autorange="reversed")
     return fig
 
 
@@ -153,6 +155,10 @@ def attention_grid(sample: dict | None, layer: int, head_titles: list[str] | Non
             showscale=h == 0, colorbar=dict(thickness=10, len=0.5, title=dict(text="weight", side="right")),
             customdata=hover, hovertemplate=f"head {h}<br>%{{customdata}}<br>weight %{{z:.3f}}<extra></extra>"),
             row=r + 1, col=c + 1)
+    for i in range(1, n + 1):  # square cells: each subplot's y axis keeps its x axis's scale
+        fig.update_layout({f"yaxis{'' if i == 1 else i}": dict(scaleanchor=f"x{'' if i == 1 else i}",
+                                                               constrain="domain"),
+                           f"xaxis{'' if i == 1 else i}": dict(constrain="domain")})
     small = 7 if len(tokens) > 24 else 9
     fig.update_xaxes(tickvals=idx, ticktext=tokens, tickangle=-90, tickfont=dict(size=small), showgrid=False)
     fig.update_yaxes(tickvals=idx, ticktext=tokens, autorange="reversed", tickfont=dict(size=small), showgrid=False)
@@ -172,30 +178,36 @@ def pruning_chart(pruning: dict | None):
         return None
     import plotly.graph_objects as go
 
+    base = pruning.get("base_ppl")
+    metric, label = ("ppl", "held-out perplexity") if base else ("cosine", "held-out embedding cosine to unpruned")
+    if not base:
+        base = 1.0
     groups: dict[tuple, list] = {}
     for p in points:
+        if p.get(metric) is None:
+            continue
         key = (str(p.get("order")), str(p.get("compensate")), str(p.get("mode")))
         groups.setdefault(key, []).append(p)
     fig = go.Figure()
-    base = pruning.get("base_ppl")
     for i, (key, ps) in enumerate(sorted(groups.items())):
         ps = sorted(ps, key=lambda p: p["fraction"])
-        xs, ys = [0.0, *(p["fraction"] for p in ps)], [base, *(p["ppl"] for p in ps)]
-        name = f"order {key[0]}, compensate {key[1]}" + (f", {key[2]}" if key[2] not in ("None", "") else "")
+        xs, ys = [0.0, *(p["fraction"] for p in ps)], [base, *(p[metric] for p in ps)]
+        name = f"{key[0]} order, compensation {key[1]}"
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="lines+markers", name=name,
-            line=dict(color=_LINE_COLORS[i % len(_LINE_COLORS)], dash=_DASHES[(i // len(_LINE_COLORS)) % 5]),
+            line=dict(color=_LINE_COLORS[i % len(_LINE_COLORS)], dash=_DASHES[(i // len(_LINE_COLORS)) % 5],
+                      width=2.5),
             customdata=[0, *(p.get("heads_removed") for p in ps)],
-            hovertemplate="%{x:.0%} of heads (%{customdata} removed)<br>perplexity %{y:.2f}<extra>" + name
+            hovertemplate="%{x:.0%} of heads (%{customdata} removed)<br>" + label + " %{y:.3f}<extra>" + name
                           + "</extra>"))
-    if base:
+    if metric == "ppl":
         fig.add_hline(y=base, line=dict(color="#888", dash="dot"), annotation_text=f"unpruned {base:.2f}",
                       annotation_position="top left")
         fig.add_hline(y=base * 1.1, line=dict(color="#bbb", dash="dot"), annotation_text="+10%",
                       annotation_position="bottom right")
-    _layout(fig, height=360, legend=dict(orientation="h", y=-0.25))
+    _layout(fig, height=380, legend=dict(orientation="h", y=-0.3))
     fig.update_xaxes(title="share of heads removed", tickformat=".0%", rangemode="tozero")
-    fig.update_yaxes(title="held-out perplexity", type="log")
+    fig.update_yaxes(title=label, type="log" if metric == "ppl" else "linear")
     return fig
 
 

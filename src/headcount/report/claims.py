@@ -14,6 +14,7 @@ ROLE_NAMES = ("previous_token", "duplicate_token", "induction", "positional", "s
 ROLES_NEEDED = 3  # C7 holds when at least this many roles have a labelled head
 PRUNE_FRACTION = 0.2  # C11: at least this share of heads removed ...
 PRUNE_PPL_RISE = 0.10  # ... for at most this relative rise in held-out perplexity
+PRUNE_COSINE = 0.95  # (encoders) ... with held-out sentence embeddings at least this close to the original
 TAU_WEAK = 0.5  # C13: mean Kendall tau(attention, gradient x input) below this = weak agreement
 JSD_FAR = 0.1  # C13: median adversarial JSD at or above this = very different attention, same output
 
@@ -92,14 +93,13 @@ def c11_pruning(pruning: dict | None) -> dict:
     test = f">= {PRUNE_FRACTION:.0%} of heads removed with held-out perplexity up by <= {PRUNE_PPL_RISE:.0%}"
     points = (pruning or {}).get("points") or []
     base = (pruning or {}).get("base_ppl")
+    if points and not base and any(p.get("cosine") is not None for p in points):
+        return _c11_encoder(title, claim, points)
     if not points or not base:
         return _claim("C11", title, claim, test, NOT_MEASURED, "the pruning curve is not available in this report")
     ok = [p for p in points if p.get("ppl") is not None and p["ppl"] <= base * (1 + PRUNE_PPL_RISE)]
     best = max(ok, key=lambda p: (p["fraction"], -p["ppl"])) if ok else None
-    if best is not None and best["fraction"] >= PRUNE_FRACTION - 1e-9:
-        status = HELD
-    else:
-        status = NOT_HELD
+    status = HELD if best is not None and best["fraction"] >= PRUNE_FRACTION - 1e-9 else NOT_HELD
     if best is not None:
         rise = best["ppl"] / base - 1
         finding = (f"removing {best['fraction']:.0%} of heads ({best.get('heads_removed')} heads, order "
@@ -114,6 +114,20 @@ def c11_pruning(pruning: dict | None) -> dict:
                         f"{first['ppl']:.2f} ({first['ppl'] / base - 1:+.1%})")
         number = 0.0
     return _claim("C11", title, claim, test, status, finding, number)
+
+
+def _c11_encoder(title: str, claim: str, points: list[dict]) -> dict:
+    test = (f">= {PRUNE_FRACTION:.0%} of heads removed with held-out sentence embeddings at mean cosine "
+            f">= {PRUNE_COSINE} to the unpruned model's")
+    ok = [p for p in points if p.get("cosine") is not None and p["cosine"] >= PRUNE_COSINE]
+    best = max(ok, key=lambda p: (p["fraction"], p["cosine"])) if ok else None
+    status = HELD if best is not None and best["fraction"] >= PRUNE_FRACTION - 1e-9 else NOT_HELD
+    if best is None:
+        return _claim("C11", title, claim, test, status, "no tested fraction keeps the embeddings that close", 0.0)
+    finding = (f"removing {best['fraction']:.0%} of heads ({best.get('heads_removed')} heads, order "
+               f"{best.get('order')}, {_comp(best)}) keeps held-out sentence embeddings at mean cosine "
+               f"{best['cosine']:.3f}")
+    return _claim("C11", title, claim, test, status, finding, best["fraction"])
 
 
 def _comp(p: dict) -> str:
@@ -173,8 +187,9 @@ def c15_gqa(accounts: dict | None, merge: dict | None) -> dict:
     if merge and merge.get("ppl_before") and merge.get("ppl_after") is not None:
         rise = merge["ppl_after"] / merge["ppl_before"] - 1
         number = rise
+        how = f"method {merge['method']}, no training" if merge.get("method") else "no training"
         finding += (f". Merging this model's K/V heads {merge.get('heads_before')} -> {merge.get('heads_after')} "
-                    f"(mean-pooled, no training) moves perplexity {merge['ppl_before']:.2f} -> "
+                    f"({how}) moves held-out perplexity {merge['ppl_before']:.2f} -> "
                     f"{merge['ppl_after']:.2f} ({rise:+.1%}): the memory is saved at a cost in quality")
         status = HELD if exact else NOT_HELD
     else:

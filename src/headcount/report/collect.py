@@ -18,7 +18,7 @@ import inspect
 import json
 import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from headcount.report.cache import ResultCache, cache_key, text_hash, weights_hash
@@ -113,23 +113,26 @@ class Collected:
     unavailable: dict = field(default_factory=dict)
 
 
-def _fn(module: str, name: str):
-    """headcount.<module>.<name>, read from its own file: a package's lazy export of a function named like
-    its module (analysis.roles, analysis.rank) is shadowed by the submodule once that is imported."""
+def _fn(package: str, name: str):
+    """headcount.<package>.<name> through the package's public (lazy) exports; raises ImportError or
+    AttributeError while the function is not there yet."""
     import importlib
-    fn = getattr(importlib.import_module(f"headcount.{module}"), name)
-    if not callable(fn):
-        raise AttributeError(f"headcount.{module}.{name} is not a function")
-    return fn
+    import types
+    obj = getattr(importlib.import_module(f"headcount.{package}"), name)
+    if isinstance(obj, types.ModuleType):  # a submodule named like its function shadowed the export
+        obj = getattr(obj, name)
+    if not callable(obj):
+        raise AttributeError(f"headcount.{package}.{name} is not a function")
+    return obj
 
 
-def split_texts(texts: list[str] | None) -> tuple[list[str] | None, list[str]]:
-    """(calibration, held_out): None + the default corpus's held-out part, or a user's text split by
-    paragraph like the default corpus (headcount.data.corpus_from_text). A text too short to split
-    is used for both, and the page says so through params.held_out."""
-    from headcount.data import corpus_from_text, default_corpus
+def split_texts(texts: list[str] | None) -> tuple[list[str] | None, list[str] | None]:
+    """(calibration, held_out): (None, None) for the default corpus (each analysis takes its own part),
+    or a user's text split by paragraph like the default corpus (headcount.data.corpus_from_text). A
+    text too short to split is used for both."""
+    from headcount.data import corpus_from_text
     if texts is None:
-        return None, default_corpus().texts("held_out")
+        return None, None
     corpus = corpus_from_text("\n\n".join(texts))
     cal, held = corpus.texts("calibration"), corpus.texts("held_out")
     if not cal or not held:
@@ -141,14 +144,17 @@ def _n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _ppl(model, held: list[str], sizes: Sizes) -> float | None:
+def _ppl(model, held: list[str] | None, sizes: Sizes) -> float | None:
     if not hasattr(model, "lm_head"):
         return None  # an encoder has no perplexity
+    from headcount.analysis.batches import resolve_texts
     from headcount.models.evaluation import perplexity
+    held = resolve_texts(held, part="held_out")
     return perplexity(model, held, sizes.window, max_tokens=sizes.eval_windows * sizes.window)
 
 
-def kv_merge_section(model, target: int, *, calibration, held: list[str], sizes: Sizes, progress: bool) -> dict:
+def kv_merge_section(model, target: int, *, calibration, held: list[str] | None, sizes: Sizes,
+                     progress: bool) -> dict:
     """Merge a copy of `model`'s K/V heads down to `target` per layer and measure what it costs on held-out
     text: {heads_before, heads_after, params_before, params_after, kv_bytes_per_token_before/after,
     ppl_before, ppl_after, method, merge}."""
@@ -168,7 +174,9 @@ def kv_merge_section(model, target: int, *, calibration, held: list[str], sizes:
     return out
 
 
-def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progress: bool) -> list[Step]:
+def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progress: bool,
+           done: dict) -> list[Step]:
+    """The report's steps in order; `done` holds the results so far (pruning reuses importance)."""
     from headcount.report.accounts import _variants, accounts, shape_json, shape_of
     from headcount.report.sample import DEFAULT_SAMPLE, sample_attention
 
@@ -183,29 +191,33 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
         return {"shape": shape_json(s), "accounts": accounts(s)}
 
     def roles_step():
-        return call_with(_fn("analysis.roles", "roles"), model, cal, max_tokens=sizes.roles_tokens, window=w,
+        return call_with(_fn("analysis", "roles"), model, cal, max_tokens=sizes.roles_tokens, window=w,
                          max_sentences=sizes.roles_sentences, seed=seed, progress=progress)
 
     def faithfulness_step():
         if not hasattr(model, "lm_head"):
             raise NotApplicable("faithfulness needs a causal language model (a next-token loss); "
                                 f"{getattr(model, 'name', 'this model')} is an encoder")
-        return call_with(_fn("analysis.faithfulness", "faithfulness"), model, cal, layers=faith_layers,
-                         max_examples=sizes.faithfulness_examples, seed=seed, progress=progress)
+        return call_with(_fn("analysis", "faithfulness"), model, held,
+                         layers=faith_layers, n_examples=sizes.faithfulness_examples, seed=seed, progress=progress)
 
     def rank_step():
-        return call_with(_fn("analysis.rank", "rank"), model, cal, max_examples=sizes.rank_examples, seed=seed,
+        return call_with(_fn("analysis", "rank"), model, cal, max_windows=sizes.rank_examples, seed=seed,
                          progress=progress)
 
     def importance_step():
-        return call_with(_fn("analysis.importance", "importance"), model, cal, method="gradient", window=w,
+        return call_with(_fn("analysis", "importance"), model, cal, method="gradient", window=w,
                          max_windows=sizes.importance_windows, progress=progress)
 
     def pruning_step():
         fn = _fn("surgery", "pruning_curve")
-        return call_with(fn, copy.deepcopy(model), fractions=list(sizes.pruning_fractions), calibration=cal,
-                         held_out=held, texts=cal, window=w, max_windows=sizes.eval_windows, seed=seed,
-                         progress=progress)
+        scores = None
+        if done.get("importance"):
+            scores = {"gradient": _fn("analysis", "HeadScores").from_json(done["importance"])}
+        return fn(model, fractions=list(sizes.pruning_fractions), orders=("gradient", "random"),
+                  compensations=("none", "lstsq"), seeds=(seed,), calibration=cal, held_out=held,
+                  eval_windows=sizes.eval_windows, window=w, calibration_windows=sizes.merge_windows, scores=scores,
+                  progress=progress)
 
     attn = model.layers[0].attn
     targets = [kv for _, kv in _variants(attn.n_heads, attn.n_kv_heads) if kv < attn.n_kv_heads]
@@ -239,11 +251,11 @@ def _progress(total: int, enabled: bool):
 
 def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, quick: bool = False,
             sample: str | None = None, cache: ResultCache | None = None, progress: bool = True,
-            only: Sequence[str] | None = None) -> dict:
+            only: Sequence[str] | None = None, sizes: Sizes | None = None) -> dict:
     """Every section of report.json for `model` (see the module docstring).
 
     texts: None = the calibration part of the default corpus; a string or list of strings otherwise.
-    only: run just these steps (the others are marked unavailable: "not run"); for tests.
+    only: run just these steps (the others are marked unavailable: "not run"); sizes: override FULL / QUICK.
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed: expected an int, got {seed!r}")
@@ -253,12 +265,12 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
     for attr in ("layers", "config"):
         if not hasattr(model, attr):
             raise TypeError(f"model: expected a headcount model (Decoder or Encoder), got {type(model).__name__}")
-    sizes = QUICK if quick else FULL
+    sizes = sizes if sizes is not None else (QUICK if quick else FULL)
     cache = cache if cache is not None else ResultCache()
     w_hash = weights_hash(model) if cache.enabled else "uncached"
     t_hash = text_hash(texts)
-    steps = _steps(model, texts, seed=seed, sizes=sizes, sample=sample, progress=progress)
     got = Collected()
+    steps = _steps(model, texts, seed=seed, sizes=sizes, sample=sample, progress=progress, done=got.results)
     bar = _progress(len(steps), progress)
     try:
         for step in steps:
@@ -268,10 +280,10 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
                 bar.update(1)
                 continue
             key = cache_key(step.name, weights=w_hash, text=t_hash,
-                            params=step.params | {"quick": quick, "model": getattr(model, "name", None)})
+                            params=step.params | {"sizes": asdict(sizes), "model": getattr(model, "name", None)})
             try:
                 value = cache.get_or_compute(step.name, key,
-                                             lambda s=step: json.loads(json.dumps(normalise(s.run()))))
+                                             lambda s=step: json.loads(json.dumps(normalise(_untimed(s.run())))))
             except NotApplicable as err:
                 got.unavailable[step.name] = str(err)
             except MISSING as err:
@@ -290,6 +302,19 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
                     results=got.results, unavailable=got.unavailable,
                     params={"seed": seed, "quick": quick, "text": "default corpus (calibration part)"
                             if texts is None else f"user text, sha256 {t_hash[:16]}"})
+
+
+TIMING_KEYS = ("seconds", "elapsed", "elapsed_s", "wall_s", "time_s")
+
+
+def _untimed(value):
+    """A result without its wall-clock timings (they would make report.json differ run to run)."""
+    data = value.to_json() if hasattr(value, "to_json") else value
+    if isinstance(data, dict):
+        data = {k: _untimed(v) for k, v in data.items() if k not in TIMING_KEYS}
+    elif isinstance(data, (list, tuple)):
+        data = [_untimed(v) for v in data]
+    return data
 
 
 def _reason(name: str, err: BaseException) -> str:

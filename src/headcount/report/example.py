@@ -44,7 +44,7 @@ def example_report(n_layers: int = 4, n_heads: int = 4, *, missing: tuple[str, .
                        position="rotary", name="example")
     n = len(TOKENS)
     sample = {"sentence": " ".join(TOKENS), "tokens": TOKENS, "scale": 1000,
-              "layers": [[_pattern(h % 4, n) for h in range(n_heads)] for _ in range(n_layers)]}
+              "layers": [[_pattern((h + l) % 4, n) for h in range(n_heads)] for l in range(n_layers)]}
     kinds = {"previous_token": 0, "sink": 1, "induction": 3, "duplicate_token": None, "positional": 0,
              "syntactic": None, "rare_word": None}
     thresholds = {"previous_token": 0.5, "duplicate_token": 0.5, "induction": 0.4, "positional": 0.9,

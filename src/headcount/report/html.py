@@ -110,7 +110,7 @@ def _accounts(r: dict) -> str:
             f'<td>{_fmt_bytes(x["kv_bytes_context"])}</td><td>{_fmt_num(x["flops"])}</td>'
             f'<td>{_fmt_bytes(x["score_bytes_per_layer"])}</td></tr>' for x in acc["rows"])
         fig = charts.accounts_chart(acc)
-        body = (f'<div class="grid2"><div><table class="data">{head}{rows}</table>'
+        body = (f'<div class="wide"><div style="overflow-x:auto"><table class="data">{head}{rows}</table>'
                 f'<p class="lede" style="margin-top:10px">Only n_kv_heads changes between the rows. Parameters and '
                 f'FLOPs barely move; the KV cache falls in proportion to the KV heads. Batch 1, {e(acc["dtype"])}, '
                 f'from <code>headcount cost</code>.</p></div><div>{_fig(fig, "fig-accounts")}</div></div>')
@@ -220,7 +220,8 @@ def _surgery(r: dict) -> str:
             if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a:
                 change = f"<small> ({b / a - 1:+.1%})</small>"
             return f'<div class="kpi"><span>{e(label)}</span><b>{e(fmt(a))} \u2192 {e(fmt(b))}</b>{change}</div>'
-        right = ('<h3 class="sub" style="margin-top:0">Merging K/V heads (mean-pooled, no training)</h3>'
+        how = f"method {m['method']}, no training" if m.get("method") else "no training"
+        right = (f'<h3 class="sub" style="margin-top:0">Merging K/V heads ({e(how)})</h3>'
                  '<div class="kpis">'
                  + kpi("KV heads per layer", m.get("heads_before"), m.get("heads_after"))
                  + kpi("KV cache / token", m.get("kv_bytes_per_token_before"), m.get("kv_bytes_per_token_after"),

@@ -24,7 +24,9 @@ section.card { background:var(--card); border:1px solid var(--line); border-radi
 section.card h2 { margin:0 0 4px; font-size:20px; }
 p.lede { margin:0 0 14px; color:var(--muted); max-width:900px; }
 .grid2 { display:grid; grid-template-columns:1fr 1fr; gap:22px; }
-@media (max-width: 900px) { .grid2 { grid-template-columns:1fr; } }
+.grid2 > div { min-width:0; }
+.wide { display:grid; grid-template-columns:minmax(0,3fr) minmax(260px,2fr); gap:22px; align-items:start; }
+@media (max-width: 900px) { .grid2, .wide { grid-template-columns:1fr; } }
 .claims { display:grid; grid-template-columns:repeat(auto-fill,minmax(360px,1fr)); gap:14px; }
 .claim { border:1px solid var(--line); border-left:6px solid var(--na); border-radius:10px; padding:12px 16px; }
 .claim.held { border-left-color:var(--held); } .claim.partly { border-left-color:var(--partly); }

@@ -1,0 +1,192 @@
+"""build / write / cache / collect: the output-folder rules, atomic writes, the cache keys, and a
+byte-identical report.json for the same seed on a tiny random decoder (real analyses, small sizes)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from headcount.report.build import OutputExistsError, check_out, dumps, write_report
+from headcount.report.cache import ResultCache, cache_key, text_hash, weights_hash
+from headcount.report.collect import QUICK, Sizes, _untimed, call_with, collect, normalise
+from headcount.report.example import example_report
+
+
+def _tree(path):
+    return sorted((p.relative_to(path).as_posix(), p.read_bytes()) for p in path.rglob("*") if p.is_file())
+
+
+# ------------------------------------------------------------------------------------ --out rules
+def test_existing_out_is_refused_without_force_and_left_alone(tmp_path):
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "mine.txt").write_text("keep me")
+    before = _tree(tmp_path)
+    with pytest.raises(OutputExistsError, match="exists; pass --force"):
+        write_report(example_report(), out)
+    assert _tree(tmp_path) == before  # nothing written, not even a temporary folder
+
+
+def test_force_replaces_the_folder_whole(tmp_path):
+    out = tmp_path / "rep"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    write_report(example_report(), out, force=True)
+    assert sorted(p.name for p in out.iterdir()) == ["index.html", "report.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rep"]  # no temporary siblings left
+
+
+def test_a_failed_render_writes_nothing(tmp_path):
+    bad = example_report()
+    bad["sample"]["layers"] = [[["x"]]]  # a weight that is not a number
+    with pytest.raises(TypeError):
+        write_report(bad, tmp_path / "rep")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere: the permission check cannot fail")
+def test_unwritable_parent_is_refused(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        with pytest.raises(ValueError, match="cannot write"):
+            check_out(ro / "rep", force=False)
+    finally:
+        ro.chmod(0o700)
+
+
+def test_out_that_is_a_file_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(ValueError, match="is a file"):
+        check_out(f, force=True)
+
+
+def test_report_json_is_sorted_rounded_and_round_trips(tmp_path):
+    r = example_report()
+    out = write_report(r, tmp_path / "rep")
+    text = (out / "report.json").read_text()
+    assert text == dumps(json.loads(text))
+    assert json.loads(text) == r
+    for key in ("model", "shape", "roles", "faithfulness", "rank", "importance", "pruning", "kv_merge", "claims"):
+        assert key in r
+
+
+# ----------------------------------------------------------------------------------- normalising
+def test_normalise_rounds_to_six_significant_digits_and_drops_nan():
+    assert normalise({"a": 1 / 3, "b": (float("nan"), float("inf")), 2: torch.tensor([1e-9 / 3])}) == \
+        {"a": 0.333333, "b": [None, None], "2": [3.33333e-10]}
+    assert normalise(True) is True and normalise(7) == 7
+
+
+def test_timings_are_left_out():
+    assert _untimed({"a": 1, "seconds": 3.2, "merge": {"seconds": 1.0, "b": [{"seconds": 2}]}}) == \
+        {"a": 1, "merge": {"b": [{}]}}
+
+
+def test_call_with_drops_arguments_the_function_does_not_take():
+    def f(model, texts=None, *, seed=0):
+        return (model, texts, seed)
+    assert call_with(f, "m", None, seed=3, window=9) == ("m", None, 3)
+    assert call_with(lambda m, **kw: kw, "m", a=1) == {"a": 1}
+
+
+# ------------------------------------------------------------------------------------------ cache
+def test_cache_key_changes_with_weights_text_and_parameters():
+    base = dict(weights="w", text=text_hash(["abc"]), params={"seed": 0})
+    k = cache_key("roles", **base)
+    assert k == cache_key("roles", **base)
+    assert k != cache_key("rank", **base)
+    assert k != cache_key("roles", **{**base, "weights": "w2"})
+    assert k != cache_key("roles", **{**base, "text": text_hash(["abd"])})
+    assert k != cache_key("roles", **{**base, "params": {"seed": 1}})
+    assert text_hash(None) != text_hash(["abc"])
+
+
+def test_weights_hash_sees_one_changed_weight():
+    m = torch.nn.Linear(3, 2)
+    h = weights_hash(m)
+    with torch.no_grad():
+        m.weight[0, 0] += 1e-6
+    assert weights_hash(m) != h
+
+
+def test_cache_reads_back_without_recomputing(tmp_path):
+    cache = ResultCache(tmp_path)
+    calls = []
+    compute = lambda: calls.append(1) or {"x": [1, 2.5]}  # noqa: E731
+    assert cache.get_or_compute("roles", "k", compute) == {"x": [1, 2.5]}
+    assert cache.get_or_compute("roles", "k", compute) == {"x": [1, 2.5]}
+    assert calls == [1] and cache.hits == ["roles"]
+    (tmp_path / "roles-k.json").write_text("{damaged")
+    assert cache.get_or_compute("roles", "k", compute) == {"x": [1, 2.5]} and calls == [1, 1]
+
+
+# ------------------------------------------------------------------------- collect, real analyses
+TINY = Sizes(roles_tokens=256, roles_sentences=8, faithfulness_layers=2, faithfulness_examples=1, rank_examples=1,
+             importance_windows=1, pruning_fractions=(0.25,), eval_windows=1, merge_windows=1, window=64)
+STEPS = ("shape", "sample", "roles", "rank")
+
+
+@pytest.fixture(scope="module")
+def tiny(smollm2):
+    """A 2-layer random GQA decoder with SmolLM2's tokenizer: the real analyses in a second."""
+    from headcount.models.decoder import Decoder, DecoderConfig
+
+    torch.manual_seed(0)
+    cfg = DecoderConfig(vocab_size=smollm2.config.vocab_size, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                        d_ff=64, max_position=256)
+    model = Decoder(cfg).eval()
+    model.tokenizer = smollm2.tokenizer
+    model.name = "tiny"
+    return model
+
+
+def test_same_seed_gives_a_byte_identical_report_json(tiny, tmp_path):
+    a = collect(tiny, seed=1, sizes=TINY, only=STEPS, progress=False, cache=ResultCache(tmp_path, enabled=False))
+    b = collect(tiny, seed=1, sizes=TINY, only=STEPS, progress=False, cache=ResultCache(tmp_path, enabled=False))
+    assert dumps(a) == dumps(b)
+    assert list(tmp_path.iterdir()) == []  # a disabled cache stores nothing
+    # the contract: roles as RoleScores.to_json(), one entry per role
+    assert set(a["roles"]) == {"previous_token", "duplicate_token", "induction", "positional", "syntactic",
+                               "rare_word", "sink"}
+    for role in a["roles"].values():
+        assert set(role) == {"scores", "threshold", "heads"} and len(role["scores"]) == 2
+    assert a["shape"]["n_heads"] == 4 and a["shape"]["n_kv_heads"] == 2
+    assert [r["label"] for r in a["accounts"]["rows"]] == ["MHA", "GQA", "MQA"]
+    assert len(a["sample"]["layers"]) == 2 and len(a["sample"]["layers"][0]) == 4
+    # each attention row of the sample sums to 1 (in thousandths, up to rounding)
+    for row in a["sample"]["layers"][1][3]:
+        assert abs(sum(row) - 1000) <= len(row)
+    assert a["unavailable"] == {k: "not run" for k in ("faithfulness", "importance", "pruning", "kv_merge")}
+
+
+def test_a_rerun_reads_every_step_from_the_cache(tiny, tmp_path):
+    cache = ResultCache(tmp_path)
+    first = collect(tiny, sizes=TINY, only=STEPS, progress=False, cache=cache)
+    cache2 = ResultCache(tmp_path)
+    second = collect(tiny, sizes=TINY, only=STEPS, progress=False, cache=cache2)
+    assert sorted(cache2.hits) == sorted(STEPS)
+    assert dumps(first) == dumps(second)
+    third = ResultCache(tmp_path)
+    collect(tiny, seed=5, sizes=TINY, only=("shape", "rank"), progress=False, cache=third)
+    assert third.hits == ["shape"]  # the seed is part of rank's key, not of the shape's
+
+
+def test_missing_analysis_becomes_unavailable(tiny, tmp_path, monkeypatch):
+    import headcount.surgery as surgery
+    # surgery without pruning_curve (as before it was written): its lazy export raises AttributeError
+    monkeypatch.setattr(surgery, "__getattr__", lambda name: (_ for _ in ()).throw(AttributeError(name)),
+                        raising=False)
+    r = collect(tiny, sizes=TINY, only=("shape", "pruning"), progress=False, cache=ResultCache(tmp_path, enabled=False))
+    assert "pruning" not in r and "AttributeError" in r["unavailable"]["pruning"]
+    assert r["claims"][2]["status"] == "not measured"
+
+
+def test_bad_seed_and_model_are_type_errors(tiny):
+    with pytest.raises(TypeError, match="seed"):
+        collect(tiny, seed="1", progress=False)
+    with pytest.raises(TypeError, match="model"):
+        collect(object(), progress=False)
