@@ -23,8 +23,8 @@ CLAIM = ("2.3.5: at fixed d_model more heads means narrower heads; the optimum i
 # Vaswani et al. 2017, Table 3, rows (A): EN-DE newstest2013 dev perplexity (per word piece) and BLEU,
 # d_model 512, d_k = d_v = 512 / h. The base model (h = 8) is the table's first row.
 VASWANI_A = {1: (5.29, 24.9), 4: (5.00, 25.5), 8: (4.92, 25.8), 16: (4.91, 25.8), 32: (5.01, 25.4)}
-# Sized for a shared 2-core CPU: 18 models x 600 steps (~7 min idle, ~30 min at load average 20).
-FULL = dict(heads=(1, 2, 4, 8, 16, 32), d_model=64, n_layers=2, seq_len=64, batch_size=16, steps=600, seeds=3,
+# Sized for a shared 2-core CPU: 18 models x 400 steps (a few minutes idle; ~35 min at load average 25).
+FULL = dict(heads=(1, 2, 4, 8, 16, 32), d_model=64, n_layers=2, seq_len=64, batch_size=16, steps=400, seeds=3,
             lr=3e-3, eval_windows=None)
 QUICK = dict(heads=(1, 4, 32), d_model=64, n_layers=1, seq_len=32, batch_size=16, steps=150, seeds=1, lr=3e-3,
              eval_windows=128)

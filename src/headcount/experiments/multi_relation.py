@@ -32,7 +32,7 @@ Tensor = torch.Tensor
 CLAIM = ("2.3.1: one head gives one weighted average per position; n heads give n. A query that needs "
          "values from k positions chosen by k relations needs k heads.")
 # 64 values in d_model = 32: the value vectors cannot all be orthogonal, so a mixture of two is hard to undo.
-FULL = dict(heads=(1, 2, 4, 8), d_model=32, n_values=64, n_relations=2, seq_len=16, steps=1500, batch_size=128,
+FULL = dict(heads=(1, 2, 4, 8), d_model=32, n_values=64, n_relations=2, seq_len=16, steps=1000, batch_size=128,
             seeds=3, lr=5e-3, test_size=4096)
 QUICK = dict(heads=(1, 2), d_model=32, n_values=64, n_relations=2, seq_len=12, steps=400, batch_size=128,
              seeds=1, lr=5e-3, test_size=2048)

@@ -30,7 +30,7 @@ Tensor = torch.Tensor
 CLAIM = ("2.3.2: W_O's i-th block is head i's write address: heads write to overlapping, rotated directions of "
          "the residual stream, not to their own slice; without W_O head i could only write to slice i.")
 FULL = dict(models=("minilm", "smollm2"), d_model=64, n_heads=4, n_layers=2, seq_len=64, batch_size=16,
-            steps=600, seeds=3, lr=3e-3, eval_windows=None)
+            steps=400, seeds=3, lr=3e-3, eval_windows=None)
 QUICK = dict(models=("minilm",), d_model=64, n_heads=4, n_layers=1, seq_len=32, batch_size=16, steps=150,
              seeds=1, lr=3e-3, eval_windows=128)
 VARIANTS = ("o_proj (trained)", "no o_proj (identity, frozen)")
