@@ -96,7 +96,20 @@ def _timing(model, repeats: int, prompt_tokens: int = 256, new_tokens: int = 32)
                     "head goes only when its whole group does); group rows: 25% / 50% of the KV groups (rounded)"}
 
 
-def run_prune(quick: bool = False, log=_log) -> dict:
+def _section(out: dict, key: str, fn, log, checkpoint) -> None:
+    """out[key] = fn(); a failure is recorded (and logged) instead of losing the sections before it."""
+    import json
+    try:
+        out[key] = fn()
+    except Exception as e:  # noqa: BLE001  a benchmark keeps what it measured
+        out[key] = {"error": f"{type(e).__name__}: {e}"}
+        log(f"{key} failed: {type(e).__name__}: {e}")
+    if checkpoint is not None:
+        with open(checkpoint, "w") as f:
+            json.dump({"prune": out}, f, indent=1, default=str)
+
+
+def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
     import torch
 
     from headcount.data import code_corpus
@@ -109,46 +122,59 @@ def run_prune(quick: bool = False, log=_log) -> dict:
     t0 = time.perf_counter()
     log("loading smollm2; scoring heads on calibration text (agreement with ablation)")
     smol = load("smollm2")
-    scores, agree = _scores(smol, cfg["orders"], cfg["score_windows"])
-    out["smollm2_agreement"] = agree
-    try:
-        from headcount.analysis.importance import cost_ratio
-        out["smollm2_cost"] = cost_ratio(smol)
-    except (ImportError, AttributeError):
-        out["smollm2_cost"] = None
+    box: dict = {}
+
+    def agree_smol():
+        box["scores"], agree = _scores(smol, cfg["orders"], cfg["score_windows"])
+        return agree
+
+    _section(out, "smollm2_agreement", agree_smol, log, checkpoint)
+    _section(out, "smollm2_cost", lambda: _cost(smol), log, checkpoint)
     held = {"prose": None, "code": code_corpus().texts("held_out")}
     log(f"smollm2 pruning curve ({len(cfg['fractions'])} fractions x orders {cfg['orders']} x {cfg['compensations']})")
-    curve = pruning_curve(smol, fractions=cfg["fractions"], orders=cfg["orders"], compensations=cfg["compensations"],
-                          held_out=held, seeds=cfg["seeds"], eval_windows=cfg["eval_windows"],
-                          calibration_windows=cfg["calibration_windows"], scores=scores, progress=False,
-                          log=lambda p: log(f"  {p['order']}{p.get('seed', '')} {p['compensate']} {p['fraction']}: "
-                                            f"ppl {p['ppl']:.3f} code {p['ppl_by_text'].get('code', 0):.3f}"))
-    out["smollm2_curve"] = curve.to_json()
+    _section(out, "smollm2_curve", lambda: pruning_curve(
+        smol, fractions=cfg["fractions"], orders=cfg["orders"], compensations=cfg["compensations"], held_out=held,
+        seeds=cfg["seeds"], eval_windows=cfg["eval_windows"], calibration_windows=cfg["calibration_windows"],
+        scores=box.get("scores"), progress=False,
+        log=lambda p: log(f"  {p['order']}{p.get('seed', '')} {p['compensate']} {p['fraction']}: "
+                          f"ppl {p['ppl']:.3f} code {p['ppl_by_text'].get('code', 0):.3f}")).to_json(),
+        log, checkpoint)
     log("timing pruned smollm2 copies side by side")
-    out["smollm2_costs"] = _timing(smol, cfg["timing_repeats"])
+    _section(out, "smollm2_costs", lambda: _timing(smol, cfg["timing_repeats"]), log, checkpoint)
     del smol
     log("minilm: scores and embedding-fidelity curve")
     mini = load("minilm")
-    mscores, magree = _scores(mini, cfg["minilm_orders"], cfg["score_windows"])
-    out["minilm_agreement"] = magree
-    try:
-        from headcount.analysis.importance import cost_ratio
-        out["minilm_cost"] = cost_ratio(mini)
-    except (ImportError, AttributeError):
-        out["minilm_cost"] = None
-    mcurve = pruning_curve(mini, fractions=cfg["fractions"], orders=cfg["minilm_orders"],
-                           compensations=cfg["compensations"], seeds=cfg["seeds"], scores=mscores, progress=False)
-    out["minilm_curve"] = mcurve.to_json()
+
+    def agree_mini():
+        box["mscores"], agree = _scores(mini, cfg["minilm_orders"], cfg["score_windows"])
+        return agree
+
+    _section(out, "minilm_agreement", agree_mini, log, checkpoint)
+    _section(out, "minilm_cost", lambda: _cost(mini), log, checkpoint)
+    _section(out, "minilm_curve", lambda: pruning_curve(
+        mini, fractions=cfg["fractions"], orders=cfg["minilm_orders"], compensations=cfg["compensations"],
+        seeds=cfg["seeds"], scores=box.get("mscores"), progress=False,
+        log=lambda p: log(f"  minilm {p['order']}{p.get('seed', '')} {p['compensate']} {p['fraction']}: "
+                          f"cos {p['cosine']:.4f} spearman {p['spearman']:.4f}")).to_json(), log, checkpoint)
     out["seconds"] = time.perf_counter() - t0
     return out
 
 
-def run(part: str = "all", quick: bool = False, log=_log) -> dict:
+def _cost(model) -> dict | None:
+    try:
+        from headcount.analysis.importance import cost_ratio
+    except ImportError:
+        return None
+    return cost_ratio(model)
+
+
+def run(part: str = "all", quick: bool = False, log=_log, checkpoint=None) -> dict:
+    """checkpoint: a JSON file rewritten after every finished section (a long run keeps what it measured)."""
     if part not in ("prune", "merge", "all"):
         raise ValueError(f"part: expected prune, merge or all, got {part!r}")
     out: dict = {}
     if part in ("prune", "all"):
-        out["prune"] = run_prune(quick, log)
+        out["prune"] = run_prune(quick, log, checkpoint)
     if part in ("merge", "all"):
         try:
             from headcount.surgery import merge_bench
@@ -260,6 +286,10 @@ def render(result: dict, console=None) -> None:
     console = console or Console()
     prune = result.get("prune")
     if prune:
+        for key, value in list(prune.items()):
+            if isinstance(value, dict) and "error" in value:
+                console.print(f"{key}: not measured ({value['error']})")
+                prune = {**prune, key: None}
         for name in ("smollm2", "minilm"):
             agree = prune.get(f"{name}_agreement")
             if agree:

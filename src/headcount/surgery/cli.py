@@ -196,7 +196,8 @@ def register(app, bench_app) -> None:
         part: str = typer.Option("all", "--part", help="prune, merge or all"),
         quick: bool = typer.Option(False, "--quick", help="fewer points (minutes, not an hour)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
-        save_json: Optional[Path] = typer.Option(None, "--save", help="also write the JSON here"),
+        save_json: Optional[Path] = typer.Option(None, "--save", help="also write the JSON here (rewritten after "
+                                                 "every finished section)"),
     ) -> None:
         """Every measured number of issue 7: pruning curves (smollm2 prose and code, minilm), costs, merging."""
         with _one_line_errors("bench surgery"):
@@ -204,7 +205,7 @@ def register(app, bench_app) -> None:
                 raise ValueError(f"--part: expected prune, merge or all, got {part!r}")
             from headcount.surgery import bench
 
-            result = bench.run(part=part, quick=quick)
+            result = bench.run(part=part, quick=quick, checkpoint=save_json)
         if save_json is not None:
             save_json.write_text(json.dumps(result, indent=1))
         if json_out:
