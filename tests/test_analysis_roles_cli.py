@@ -73,3 +73,21 @@ def test_roles_json_contract_and_round_trip(minilm):
     assert back.to_json() == j
     assert roles(minilm, text, max_tokens=128, window=64, max_sentences=6, induction_len=16,
                  induction_batch_size=1, progress=False).to_json() == j  # deterministic
+
+
+def test_pngs_are_written_and_not_blank(tmp_path):
+    import matplotlib.image as mpimg
+
+    from headcount.analysis.plots import rank_png, roles_png
+    scores = [[0.1 * ((l + h) % 7) for h in range(4)] for l in range(3)]
+    roles_json = {r: {"scores": scores, "threshold": 0.5, "heads": [[2, 3]]} for r in ("previous_token", "sink")}
+    rank_json = {"tolerance": "t", "lengths": [4, 16],
+                 "heads": [{"layer": 0, "head": h, "length": n, "rank": min(n, 8), "bound": min(n, 8)}
+                           for h in range(2) for n in (4, 16)],
+                 "summary": [{"length": n, "bound": min(n, 8), "mean_rank": min(n, 8), "min_rank": min(n, 8),
+                              "max_rank": min(n, 8), "share_at_bound": 1.0} for n in (4, 16)]}
+    for fn, data in ((roles_png, roles_json), (rank_png, rank_json)):
+        path = tmp_path / f"{fn.__name__}.png"
+        fn(data, path)
+        img = mpimg.imread(path)
+        assert img.shape[0] > 100 and img.std() > 0.01
