@@ -6,6 +6,10 @@
     head_plan(n_heads, world_size)     which heads each rank gets (plan.py, pure Python)
     init(), spawn(fn, world_size)      process groups from torchrun's environment; a launcher (runtime.py)
     python -m headcount.parallel.check  max |diff| vs one process (check.py)
+    headcount bench parallel           1 process x 2 threads vs 2 ranks x 1 thread (bench.py, cli.py)
+    share(model) / rebuild(payload)    a loaded model to spawned ranks through shared memory (transfer.py)
+
+The per-rank accounts (`headcount cost --tp N`) live in headcount/cost/parallel.py and use plan.py.
 """
 
 from __future__ import annotations

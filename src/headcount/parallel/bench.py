@@ -1,5 +1,5 @@
 """`headcount bench parallel`: SmolLM2 fp32, one process with 2 threads vs 2 ranks (gloo) with 1 thread
-each, side by side in one run: prefill and decode time, the bytes all-reduced per token against the
+each, side by side in one run (interleaved repeat by repeat): prefill and decode time, the bytes all-reduced per token against the
 formula, and what the formula predicts for Llama 3 70B on 8 GPUs over NVLink.
 
 On two CPU cores no speed-up is expected: both sides use the same two cores, and the ranks add two
@@ -8,11 +8,13 @@ that the measured bytes are the formula's: 2 x d_model x 4 bytes per token per l
 
 The model is loaded once and handed to the ranks through shared memory (transfer.py). Each side runs
 `headcount.models.generate` (KV cache, packed oneDNN weights) on the same prompt: a warm-up, then
-`repeats` timed runs; medians are reported.
+`repeats` timed runs, alternating sides so both meet the same load; medians are reported, with the
+machine's load average (this machine is shared).
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 
 # Stated assumptions for the 8-GPU prediction (H100 SXM, one node, NVLink 4 through NVSwitch).
@@ -26,21 +28,46 @@ NVLINK = {
 }
 
 
-def _rank(payload, ids: list[int], new_tokens: int, repeats: int) -> dict:
-    """One rank: shard, warm up, then time `repeats` generations; count the all-reduces."""
+def _paired(payload, ids: list[int], new_tokens: int, repeats: int) -> dict:
+    """Both sides inside one group, interleaved so they meet the same load: per repeat, rank 0 runs the
+    whole model with 2 threads while rank 1 waits at a barrier, then both ranks run their shards with
+    1 thread each. The all-reduces of the sharded runs are counted."""
+    import torch
+    import torch.distributed as dist
+
     from headcount.models import generate
     from headcount.parallel import shard
     from headcount.parallel.model import tensor_parallel
     from headcount.parallel.transfer import rebuild
 
+    rank = dist.get_rank()
+    full = rebuild(payload) if rank == 0 else None  # the parent's weights, mapped, not copied
     model = tensor_parallel(rebuild(payload))
+
+    def one_process():
+        torch.set_num_threads(2)
+        try:
+            return generate(full, ids, new_tokens, stop_at_eos=False)
+        finally:
+            torch.set_num_threads(1)
+
+    if rank == 0:
+        torch.set_num_threads(2)
+        generate(full, ids[:16], 4, stop_at_eos=False)
+        torch.set_num_threads(1)
     generate(model, ids[:16], 4, stop_at_eos=False)
-    runs = []
+    single, sharded = [], []
     for _ in range(repeats):
+        dist.barrier()
+        if rank == 0:
+            r = one_process()
+            single.append({"prefill_s": r.prefill_s, "decode_s": r.decode_s, "tokens": r.new_ids})
+        dist.barrier()
         shard.STATS.update(calls=0, bytes=0, seconds=0.0)
         r = generate(model, ids, new_tokens, stop_at_eos=False)
-        runs.append({"prefill_s": r.prefill_s, "decode_s": r.decode_s, "tokens": r.new_ids, **shard.STATS})
-    return {"runs": runs, "kv_heads": len(model.layers[0].attn.shard_plan.kv_heads),
+        sharded.append({"prefill_s": r.prefill_s, "decode_s": r.decode_s, "tokens": r.new_ids, **shard.STATS})
+    return {"single": single, "sharded": sharded,
+            "kv_heads": len(model.layers[0].attn.shard_plan.kv_heads),
             "query_heads": len(model.layers[0].attn.shard_plan.query_heads)}
 
 
@@ -78,12 +105,10 @@ def nvlink_prediction() -> dict:
 
 
 def run(prompt_tokens: int = 256, new_tokens: int = 32, repeats: int = 3, *, log=None) -> dict:
-    import torch
-
     from headcount.cost import get_preset
     from headcount.cost.parallel import per_rank
     from headcount.data import default_corpus
-    from headcount.models import generate, load
+    from headcount.models import load
     from headcount.parallel import runtime
     from headcount.parallel.transfer import share
 
@@ -97,20 +122,12 @@ def run(prompt_tokens: int = 256, new_tokens: int = 32, repeats: int = 3, *, log
         raise ValueError(f"--prompt-tokens + --new-tokens: {prompt_tokens + new_tokens} is past the model's "
                          f"context of {model.max_position}")
 
-    log(f"one process, 2 threads: {repeats} x (prefill {prompt_tokens} tokens, decode {new_tokens})")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        generate(model, ids[:16], 4, stop_at_eos=False)
-        single = []
-        for _ in range(repeats):
-            r = generate(model, ids, new_tokens, stop_at_eos=False)
-            single.append({"prefill_s": r.prefill_s, "decode_s": r.decode_s, "tokens": r.new_ids})
-    finally:
-        torch.set_num_threads(threads)
-
-    log("2 ranks (gloo, 127.0.0.1), 1 thread each: the same")
-    ranks = runtime.spawn(_rank, 2, share(model), ids, new_tokens, repeats, threads=1, timeout_s=600)
+    log(f"{repeats} x (prefill {prompt_tokens} tokens, decode {new_tokens}), alternating: one process with "
+        "2 threads, then 2 ranks (gloo, 127.0.0.1) with 1 thread each")
+    load_before = os.getloadavg()[0]
+    ranks = runtime.spawn(_paired, 2, share(model), ids, new_tokens, repeats, threads=1, timeout_s=600)
+    load_after = os.getloadavg()[0]
+    single = ranks[0]["single"]
 
     shape = get_preset("smollm2").shape
     formula = per_rank(shape, 2, dtype="fp32")["per_rank"][0]["allreduce_bytes_per_token_per_layer"]
@@ -119,7 +136,7 @@ def run(prompt_tokens: int = 256, new_tokens: int = 32, repeats: int = 3, *, log
     def med(runs, key):
         return statistics.median(r[key] for r in runs)
 
-    r0 = ranks[0]["runs"]
+    r0 = ranks[0]["sharded"]
     measured = med(r0, "bytes") / processed / shape.n_layers
     tp = {
         "prefill_s": med(r0, "prefill_s"),
@@ -133,6 +150,7 @@ def run(prompt_tokens: int = 256, new_tokens: int = 32, repeats: int = 3, *, log
     return {
         "model": "smollm2", "dtype": "fp32", "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
         "repeats": repeats, "gpu": "none: this machine has no GPU; the gloo ranks share its CPU cores",
+        "load_average": [load_before, load_after],  # other work on the machine while measuring
         "one_process_2_threads": one,
         "two_ranks_1_thread": tp,
         "tokens_equal": all(r["tokens"] == single[0]["tokens"] for r in r0),
@@ -161,7 +179,8 @@ def render(result: dict) -> None:
     console.print(table)
     console.print(f"2 ranks vs 1 process: prefill x{result['prefill_slowdown']:.2f} the time, decode "
                   f"x{result['decode_slowdown']:.2f} the time per token; tokens equal: "
-                  f"{'yes' if result['tokens_equal'] else 'NO'}. {result['gpu']}.")
+                  f"{'yes' if result['tokens_equal'] else 'NO'}. {result['gpu']}; load average "
+                  f"{result['load_average'][0]:.1f} -> {result['load_average'][1]:.1f} while measuring.")
     p = result["nvlink_8_gpus"]
     a = p["assumptions"]
     console.print(f"[bold]formula, {p['model']} bf16 on {a['gpus']} GPUs over NVLink[/bold] (assumed: all-reduce bus "

@@ -134,8 +134,7 @@ def weight_hash(model: torch.nn.Module) -> str:
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
         t = t.to("cpu").contiguous()
         if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.dtype == torch.bfloat16
-                     else t.numpy().tobytes())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # raw bytes, any dtype
     return h.hexdigest()
 
 
