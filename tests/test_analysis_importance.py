@@ -196,6 +196,10 @@ def test_reconstruction_finds_a_duplicated_head_free_to_remove():
     assert rec.scores[first].item() < 1e-6  # the refit absorbs it exactly ...
     assert sorted(rec.values().tolist())[1] > 1e-4  # ... and no other head is free
     assert abl.scores[first].abs().item() > 1e-4  # while gating it off changes the loss
+    other = (1, 1 - first[1])
+    assert rec.scores[other].item() > 1e-4  # greedy: once the copy is gone, the original is not free
+    one_step = importance(model, method="reconstruction", windows=ids, progress=False, ridge=1e-6, greedy=False)
+    assert one_step.scores[1, 0].item() < 1e-6 and one_step.scores[1, 1].item() < 1e-6  # alone, either is
     # scores are non-decreasing along each layer's greedy sequence, so order() keeps it
     for layer in range(2):
         seq = [h for l, h in rec.order() if l == layer]

@@ -388,12 +388,9 @@ def _reconstruction(model, batches, hpl, group: _Group, probes: int, ridge: floa
                                         weights=weights) / norm
             if estimator in ("first", "both") and decoder:
                 value += _first_order(stats, cols, xtg, gy, lam) / norm
-            if estimator == "first" and not decoder:
-                raise ValueError("estimator: 'first' is zero on an encoder (the fidelity gradient vanishes); "
-                                 "use 'second'")
             if not greedy:  # one step: each head's cost when it alone is removed
                 for h, v in zip(remaining, value.tolist()):
-                    marginal[h] = v
+                    marginal[h] = v - previous
                 break
             j = int(torch.argmin(value))  # ties: the lowest head index
             h = remaining.pop(j)
@@ -431,6 +428,8 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
     if estimator not in ESTIMATORS:
         raise ValueError(f"estimator: expected one of {ESTIMATORS}, got {estimator!r}")
     decoder = objectives.is_decoder(model)
+    if method == "reconstruction" and estimator == "first" and not decoder:
+        raise ValueError("estimator: 'first' is zero on an encoder (the fidelity gradient vanishes); use 'second'")
     _check_int("window", window, 2)
     if max_windows is not None:
         _check_int("max_windows", max_windows)
