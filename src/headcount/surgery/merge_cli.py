@@ -1,7 +1,153 @@
-"""`headcount merge-kv` (issue 7). Registered through headcount.surgery.cli."""
+"""`headcount merge-kv` (issue 7). Registered through headcount.surgery.cli; no torch import at module level.
+
+    headcount merge-kv --model smollm2 --kv-heads 1 [--method aware|mean] [--layers 0,5,7]
+                       [--uptrain-steps N] [--out DIR [--force]] [--json]
+
+Prints a before/after table (KV and query heads, parameters, KV-cache bytes per token from
+KVCache.nbytes, held-out perplexity, or embedding fidelity for an encoder) and, with --json, the keys
+heads_before, heads_after (KV heads summed over layers), params_before, params_after,
+kv_bytes_per_token_before, kv_bytes_per_token_after, ppl_before, ppl_after (null for an encoder).
+Bad input (a KV-head count of 0, above the current count or one the method cannot reach, a layer out
+of range, an existing --out without --force) is one line on stderr and exit status 2, before
+anything is loaded or written where possible, and always before any weight changes.
+"""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
+             "kv_bytes_per_token_after", "ppl_before", "ppl_after")
+
+
+def parse_layers(text: Optional[str]) -> Optional[list[int]]:
+    """'0,5,7' -> [0, 5, 7]; None -> None (every layer)."""
+    if text is None:
+        return None
+    try:
+        layers = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--layers: expected comma-separated layer indices such as 0,5,7, got {text!r}") from None
+    if not layers:
+        raise ValueError(f"--layers: expected at least one layer index, got {text!r}")
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"--layers: duplicate layer indices in {text!r}")
+    if any(i < 0 for i in layers):
+        raise ValueError(f"--layers: expected indices >= 0, got {text!r}")
+    return layers
+
+
+def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=None, uptrain_steps: int = 0,
+              uptrain_lr: float = 1e-4, out: Optional[Path] = None, force: bool = False, text: Optional[Path] = None,
+              calibration_windows: int = 8, eval_windows: int = 8) -> dict:
+    """Load, validate, measure, merge, (uptrain), measure, save: the command's work, as data."""
+    from headcount.models import load
+    from headcount.surgery.cli import _measure, _texts
+    from headcount.surgery.merge import _targets, merge_kv
+
+    calibration, held_out, source = _texts(text)
+    model = load(model_name)
+    _targets(model, kv_heads, layers, method)  # every check before any measurement or change
+    heads_before = sum(layer.attn.n_kv_heads for layer in model.layers)
+    q_heads = sum(layer.attn.n_heads for layer in model.layers)
+    params_before = sum(p.numel() for p in model.parameters())
+    teacher = None
+    if uptrain_steps:
+        import copy
+        teacher = copy.deepcopy(model)
+    quality_before, reference = _measure(model, held_out, eval_windows, 512)
+    result = merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
+                      n_windows=calibration_windows)
+    trained = None
+    if uptrain_steps:
+        from headcount.surgery.uptraining import uptrain
+        trained = uptrain(model, uptrain_steps, lr=uptrain_lr, calibration=calibration, teacher=teacher)
+    quality_after, _ = _measure(model, held_out, eval_windows, 512, reference)
+    if out is not None:
+        from headcount.surgery import save
+        save(model, out, force=force)
+    decoder = isinstance(quality_before, float)
+    data = {
+        "heads_before": heads_before,
+        "heads_after": sum(layer.attn.n_kv_heads for layer in model.layers),
+        "params_before": params_before,
+        "params_after": sum(p.numel() for p in model.parameters()),
+        "kv_bytes_per_token_before": result.kv_bytes_per_token_before,
+        "kv_bytes_per_token_after": result.kv_bytes_per_token_after,
+        "ppl_before": quality_before if decoder else None,
+        "ppl_after": quality_after if decoder else None,
+    }
+    extra = {"query_heads": q_heads, "source": source, "merge": result.to_json(),
+             "uptrain": trained.to_json() if trained is not None else None, "out": str(out) if out else None}
+    if not decoder:
+        extra["fidelity_after"] = {"cosine": quality_after[0], "spearman": quality_after[1]}
+    return {"json": data, "extra": extra}
 
 
 def register(app, bench_app) -> None:
     """Add `headcount merge-kv`."""
+    from headcount.models.cli import _one_line_errors
+
+    @app.command("merge-kv")
+    def merge_kv_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or a saved / checkpoint directory"),
+        kv_heads: int = typer.Option(..., "--kv-heads", help="KV heads per merged layer (1 = MQA)"),
+        method: str = typer.Option("aware", "--method", help="aware (activation-aware, rotary-respecting) or mean "
+                                   "(GQA paper mean-pooling; needs a divisor of the current count)"),
+        layers: Optional[str] = typer.Option(None, "--layers", help="comma-separated layers to merge (default all)"),
+        uptrain_steps: int = typer.Option(0, "--uptrain-steps", help="fine-tune steps on calibration text after "
+                                          "merging (distilled from the unmerged model)"),
+        uptrain_lr: float = typer.Option(1e-4, "--uptrain-lr", help="peak learning rate of --uptrain-steps"),
+        out: Optional[Path] = typer.Option(None, "--out", help="directory to save the merged model to"),
+        force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
+        text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text split into calibration and held-out "
+                                            "paragraphs (default: the default corpus)"),
+        calibration_windows: int = typer.Option(8, "--calibration-windows", help="calibration windows of 512 tokens"),
+        eval_windows: int = typer.Option(8, "--eval-windows", help="held-out windows of 512 tokens measured"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Merge K/V heads (MHA -> GQA -> MQA); print before/after and optionally save."""
+        with _one_line_errors("merge-kv"):
+            if kv_heads < 1:
+                raise ValueError(f"--kv-heads: expected a positive number of KV heads, got {kv_heads}")
+            if method not in ("aware", "mean"):
+                raise ValueError(f"--method: expected aware or mean, got {method!r}")
+            if uptrain_steps < 0:
+                raise ValueError(f"--uptrain-steps: expected a number >= 0, got {uptrain_steps}")
+            if not uptrain_lr > 0:
+                raise ValueError(f"--uptrain-lr: expected a positive number, got {uptrain_lr}")
+            if calibration_windows < 1 or eval_windows < 1:
+                raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
+            layer_list = parse_layers(layers)
+            if out is not None:
+                from headcount.surgery.cli import _check_out
+                out = _check_out(out, force)
+            result = run_merge(model, kv_heads, method=method, layers=layer_list, uptrain_steps=uptrain_steps,
+                               uptrain_lr=uptrain_lr, out=out, force=force, text=text,
+                               calibration_windows=calibration_windows, eval_windows=eval_windows)
+        data, extra = result["json"], result["extra"]
+        if json_out:
+            typer.echo(json.dumps(data, indent=2))
+            return
+        from headcount.surgery.cli import _table
+
+        rows = [("KV heads (all layers)", data["heads_before"], data["heads_after"]),
+                ("query heads (all layers)", extra["query_heads"], extra["query_heads"]),
+                ("parameters", data["params_before"], data["params_after"]),
+                ("KV cache bytes / token", data["kv_bytes_per_token_before"], data["kv_bytes_per_token_after"])]
+        if data["ppl_before"] is not None:
+            rows.append((f"held-out perplexity ({extra['source']})", data["ppl_before"], data["ppl_after"]))
+        else:
+            rows.append(("held-out embedding cosine", 1.0, extra["fidelity_after"]["cosine"]))
+        merged = extra["merge"]
+        _table(rows, f"{model}: K/V heads merged to {kv_heads} ({method}) in "
+                     f"{len(merged['layers'])} layer(s)")
+        if extra["uptrain"] is not None:
+            u = extra["uptrain"]
+            typer.echo(f"uptrain: {u['steps']} steps, {u['objective']} {u['loss_first']:.4f} -> {u['loss_last']:.4f}")
+        if out is not None:
+            typer.echo(f"saved to {out} (headcount.models.load / --model {out})")

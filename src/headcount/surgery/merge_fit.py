@@ -372,11 +372,16 @@ def set_kv_map(attn, kv_head_of, n_kv: int) -> None:
                                                       device=attn.qkv_proj.weight.device)
 
 
-def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: float = 1e-3) -> float:
-    """Ridge refit of o_proj so that attn(x) ~ target on the captured tokens; returns the relative error."""
+def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: float = 1e-2) -> float:
+    """Ridge refit of o_proj so that attn(x) ~ target on the captured tokens; returns the relative error.
+
+    The ridge pulls towards the CURRENT o_proj (the merged one, with the value back-maps folded in), not
+    towards zero: min ||C W^T + b - Y||^2 + lam ||W - W0||^2, lam = ridge * mean diag(C^T C). With fewer
+    calibration tokens than o_proj inputs the directions the data does not see keep their old weights.
+    """
     from torch import nn
 
-    from headcount.analysis.refit import GramStats, ridge_solve
+    from headcount.analysis.refit import GramStats
 
     ctx: dict = {}
 
@@ -399,18 +404,27 @@ def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: fl
     finally:
         handle.remove()
     fit_bias = attn.o_proj.bias is not None
-    weight, bias = ridge_solve(stats, range(stats.n_inputs), ridge=ridge, fit_bias=fit_bias)
-    # residual of the solution: yty - 2 w.c + w^T A w (relative to yty)
-    idx = list(range(stats.n_inputs)) + ([stats.n_inputs] if fit_bias else [])
-    sol = torch.cat([weight.T, bias[None]]) if fit_bias else weight.T
-    a, c = stats.xtx[idx][:, idx], stats.xty[idx]
+    n_in = stats.n_inputs
+    idx = list(range(n_in)) + ([n_in] if fit_bias else [])
+    a, c = stats.xtx[idx][:, idx].clone(), stats.xty[idx]
+    w0 = attn.o_proj.weight.detach().double().T  # [D, d_model]
+    if fit_bias:
+        w0 = torch.cat([w0, attn.o_proj.bias.detach().double()[None]])
+    lam = float(ridge) * float(stats.xtx.diagonal()[:n_in].mean())
+    pen = torch.full((len(idx),), lam, dtype=torch.float64)
+    if fit_bias:
+        pen[-1] = 0.0  # the bias is not pulled anywhere
+    a.diagonal().add_(pen)
+    sol = w0 + torch.linalg.solve(a, c - stats.xtx[idx][:, idx] @ w0)  # [D(+1), d_model]
+    a.diagonal().sub_(pen)
     resid = float((stats.yty - 2 * (sol * c).sum(0) + (sol * (a @ sol)).sum(0)).sum())
-    rel = (max(resid, 0.0) / float(stats.yty.sum())) ** 0.5
+    rel = (max(resid, 0.0) / max(float(stats.yty.sum()), 1e-30)) ** 0.5
     with torch.no_grad():
         o = attn.o_proj.weight
-        attn.o_proj.weight = nn.Parameter(weight.to(o), requires_grad=o.requires_grad)
+        attn.o_proj.weight = nn.Parameter(sol[:n_in].T.contiguous().to(o), requires_grad=o.requires_grad)
         if fit_bias:
-            attn.o_proj.bias = nn.Parameter(bias.to(attn.o_proj.bias), requires_grad=attn.o_proj.bias.requires_grad)
+            b = attn.o_proj.bias
+            attn.o_proj.bias = nn.Parameter(sol[n_in].to(b), requires_grad=b.requires_grad)
     return rel
 
 

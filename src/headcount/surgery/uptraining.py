@@ -104,8 +104,12 @@ def _encoder_loss(model, batch, teacher) -> torch.Tensor:
 
 def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calibration=None, batch_size: int = 1,
             window: int = 256, teacher=None, weight_decay: float = 0.0, warmup: float = 0.1, seed: int = 0,
-            max_windows: int | None = None, progress: bool = True, log=None) -> UptrainResult:
-    """Fine-tune `model` in place for `steps` optimizer steps on calibration text (see module docstring)."""
+            max_windows: int | None = None, max_seconds: float | None = None, progress: bool = True,
+            log=None) -> UptrainResult:
+    """Fine-tune `model` in place for `steps` optimizer steps on calibration text (see module docstring).
+
+    max_seconds: a wall-clock budget; after the first steps are timed, the run is shortened to what fits
+    (the schedule is re-sized to the new step count, so it still ends at a learning rate of 0)."""
     from tqdm.auto import tqdm
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -136,12 +140,15 @@ def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calib
         p.requires_grad_(True)
     n_trainable = sum(p.numel() for p in {id(p): p for p in params}.values())
     optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    n_warm = int(warmup * steps)
+    if max_seconds is not None and not max_seconds > 0:
+        raise ValueError(f"max_seconds: expected a positive number of seconds or None, got {max_seconds!r}")
+    plan = {"steps": steps, "warm": int(warmup * steps)}
 
     def factor(step: int) -> float:
+        n_warm, total = plan["warm"], plan["steps"]
         if step < n_warm:
             return (step + 1) / (n_warm + 1)
-        progress_frac = (step - n_warm) / max(1, steps - n_warm)
+        progress_frac = min(1.0, (step - n_warm) / max(1, total - n_warm))
         return 0.5 * (1.0 + math.cos(math.pi * progress_frac))
 
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
@@ -156,6 +163,15 @@ def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calib
         bar = tqdm(range(steps), desc="uptrain", disable=None if progress else True, leave=False)
         running = None
         for step in bar:
+            if step >= plan["steps"]:
+                break
+            if max_seconds is not None and step == 3:  # time three steps, then fit the run to the budget
+                per_step = (time.perf_counter() - start) / 3
+                fit = max(4, int(max_seconds / per_step))
+                if fit < plan["steps"]:
+                    plan["steps"] = fit
+                    plan["warm"] = min(plan["warm"], int(warmup * fit))
+                    bar.total = fit
             if not order:
                 n = pool.shape[0] if decoder else len(batches)
                 order = torch.randperm(n, generator=generator).tolist()
@@ -183,7 +199,8 @@ def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calib
         model.train(was_training)
         model.eval()
     result.seconds = time.perf_counter() - start
-    message = (f"uptrain: {steps} steps, {result.tokens:,} tokens, {result.objective} "
+    result.steps = len(result.losses)
+    message = (f"uptrain: {result.steps} steps, {result.tokens:,} tokens, {result.objective} "
                f"{result.loss_first:.4f} -> {result.loss_last:.4f} in {result.seconds:.0f} s")
     if log is not None:
         log(message)

@@ -1,0 +1,72 @@
+"""`headcount merge-kv`: bad input exits 2 with one line and writes nothing; a real run's JSON keys; the
+merged model saved, reloaded, and giving the same logits."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from headcount.cli import app
+
+runner = CliRunner()
+
+KEYS = {"heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
+        "kv_bytes_per_token_after", "ppl_before", "ppl_after"}
+
+
+def _bad(args, match):
+    result = runner.invoke(app, ["merge-kv", *args])
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and match in lines[0], result.output
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--kv-heads", "0"], "--kv-heads"),
+    (["--kv-heads", "1", "--method", "median"], "--method"),
+    (["--kv-heads", "1", "--layers", "0,0"], "duplicate"),
+    (["--kv-heads", "1", "--layers", "a"], "--layers"),
+])
+def test_bad_input_before_loading(args, match):
+    _bad(args, match)
+
+
+def test_existing_out_is_refused_and_left_alone(tmp_path):
+    out = tmp_path / "merged"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    _bad(["--kv-heads", "1", "--out", str(out)], "--force")
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--kv-heads", "2", "--method", "mean"], "divisor"),
+    (["--kv-heads", "1", "--layers", "30"], "layers"),
+])
+def test_bad_input_against_the_model(args, match, tmp_path):
+    _bad([*args, "--out", str(tmp_path / "never")], match)
+    assert not (tmp_path / "never").exists()
+
+
+def test_merge_one_layer_json_save_and_reload(tmp_path):
+    out = tmp_path / "merged"
+    result = runner.invoke(app, ["merge-kv", "--kv-heads", "2", "--layers", "1", "--calibration-windows", "2",
+                                 "--eval-windows", "1", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output[result.output.index("{"):])
+    assert set(data) == KEYS
+    assert data["heads_before"] == 90 and data["heads_after"] == 89
+    assert data["kv_bytes_per_token_after"] * 90 == data["kv_bytes_per_token_before"] * 89
+    assert data["params_before"] - data["params_after"] == 2 * 64 * 576  # one K and one V head fewer
+    assert data["ppl_after"] < data["ppl_before"] * 1.03  # one layer 3 -> 2: nearly free
+
+    from headcount.models import load
+    model = load(out)
+    attn = model.layers[1].attn
+    assert attn.n_kv_heads == 2 and not attn.is_uniform
+    ids = torch.arange(1, 33)[None]
+    with torch.no_grad():
+        logits = model(ids).logits
+    assert torch.isfinite(logits).all()
