@@ -34,9 +34,9 @@ def _log(msg: str) -> None:
 
 def settings(quick: bool) -> dict:
     if quick:
-        return {"fractions": (0.1, 0.2, 0.3), "orders": ("gradient", "reconstruction", "random"), "seeds": (0,),
-                "compensations": COMPENSATIONS, "calibration_windows": 8, "eval_windows": 4, "score_windows": 2,
-                "timing_repeats": 3, "minilm_orders": ("ablation", "reconstruction", "random")}
+        return {"fractions": (0.1, 0.2, 0.3), "orders": ("reconstruction", "random"), "seeds": (0,),
+                "compensations": ("none", "lstsq"), "calibration_windows": 8, "eval_windows": 4, "score_windows": 1,
+                "timing_repeats": 3, "minilm_orders": ("reconstruction", "random")}
     return {"fractions": (0.1, 0.2, 0.3, 0.4, 0.5), "orders": ORDERS, "seeds": (0, 1, 2),
             "compensations": COMPENSATIONS, "calibration_windows": 16, "eval_windows": 8, "score_windows": 4,
             "timing_repeats": 5, "minilm_orders": ("ablation", "confidence", "reconstruction", "random")}
@@ -52,6 +52,18 @@ def _scores(model, orders, max_windows: int) -> tuple[dict, dict]:
                       progress=False)
     scores = {m: HeadScores.from_json(s) for m, s in agree.pop("scores").items()}
     return scores, agree
+
+
+def _order_scores(model, orders, max_windows: int, box: dict, key: str) -> dict:
+    """Score each non-random order once (calibration text); kept in box[key]; returns a JSON summary."""
+    from headcount.analysis import importance
+
+    box[key] = {}
+    for name in orders:
+        if name != "random":
+            box[key][name] = importance(model, None, name, max_windows=max_windows, max_sentences=64 * max_windows,
+                                        progress=False)
+    return {name: {"n_tokens": s.n_tokens, "source": s.source} for name, s in box[key].items()}
 
 
 def _timing(model, repeats: int, prompt_tokens: int = 256, new_tokens: int = 32) -> dict:
@@ -120,16 +132,11 @@ def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
     cfg = settings(quick)
     out: dict = {"quick": quick, "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}}
     t0 = time.perf_counter()
-    log("loading smollm2; scoring heads on calibration text (agreement with ablation)")
+    log("loading smollm2; scoring the curve's orders on calibration text")
     smol = load("smollm2")
     box: dict = {}
-
-    def agree_smol():
-        box["scores"], agree = _scores(smol, cfg["orders"], cfg["score_windows"])
-        return agree
-
-    _section(out, "smollm2_agreement", agree_smol, log, checkpoint)
-    _section(out, "smollm2_cost", lambda: _cost(smol), log, checkpoint)
+    _section(out, "smollm2_scores", lambda: _order_scores(smol, cfg["orders"], cfg["score_windows"], box, "scores"),
+             log, checkpoint)
     held = {"prose": None, "code": code_corpus().texts("held_out")}
     log(f"smollm2 pruning curve ({len(cfg['fractions'])} fractions x orders {cfg['orders']} x {cfg['compensations']})")
     _section(out, "smollm2_curve", lambda: pruning_curve(
@@ -141,21 +148,20 @@ def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
         log, checkpoint)
     log("timing pruned smollm2 copies side by side")
     _section(out, "smollm2_costs", lambda: _timing(smol, cfg["timing_repeats"]), log, checkpoint)
-    del smol
     log("minilm: scores and embedding-fidelity curve")
     mini = load("minilm")
-
-    def agree_mini():
-        box["mscores"], agree = _scores(mini, cfg["minilm_orders"], cfg["score_windows"])
-        return agree
-
-    _section(out, "minilm_agreement", agree_mini, log, checkpoint)
-    _section(out, "minilm_cost", lambda: _cost(mini), log, checkpoint)
+    _section(out, "minilm_scores", lambda: _order_scores(mini, cfg["minilm_orders"], cfg["score_windows"], box,
+                                                         "mscores"), log, checkpoint)
     _section(out, "minilm_curve", lambda: pruning_curve(
         mini, fractions=cfg["fractions"], orders=cfg["minilm_orders"], compensations=cfg["compensations"],
         seeds=cfg["seeds"], scores=box.get("mscores"), progress=False,
         log=lambda p: log(f"  minilm {p['order']}{p.get('seed', '')} {p['compensate']} {p['fraction']}: "
                           f"cos {p['cosine']:.4f} spearman {p['spearman']:.4f}")).to_json(), log, checkpoint)
+    log("Spearman against ablation and scoring cost (minilm, then smollm2)")
+    _section(out, "minilm_agreement", lambda: _scores(mini, (), cfg["score_windows"])[1], log, checkpoint)
+    _section(out, "minilm_cost", lambda: _cost(mini), log, checkpoint)
+    _section(out, "smollm2_agreement", lambda: _scores(smol, (), cfg["score_windows"])[1], log, checkpoint)
+    _section(out, "smollm2_cost", lambda: _cost(smol), log, checkpoint)
     out["seconds"] = time.perf_counter() - t0
     return out
 
