@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
@@ -28,6 +28,8 @@ class OutputExistsError(ValueError):
 class Report:
     out: Path
     data: dict
+    timings: dict = field(default_factory=dict)  # seconds per step (not in report.json)
+    cached: tuple[str, ...] = ()  # steps read back from $HEADCOUNT_CACHE
 
     @property
     def index(self) -> Path:
@@ -112,7 +114,9 @@ def build_report(model, texts: str | Sequence[str] | None = None, out: str | Pat
     if isinstance(model, (str, Path)):
         from headcount.models import load
         model = load(model)
-    data = collect(model, texts, seed=seed, quick=quick, sample=sample, progress=progress,
-                   cache=ResultCache(enabled=use_cache))
+    cache = ResultCache(enabled=use_cache)
+    timings: dict = {}
+    data = collect(model, texts, seed=seed, quick=quick, sample=sample, progress=progress, cache=cache,
+                   timings=timings)
     write_report(data, out, force=force)
-    return Report(out, data)
+    return Report(out, data, timings, tuple(cache.hits))

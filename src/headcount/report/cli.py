@@ -40,7 +40,9 @@ def run_report(model: str, *, text: Optional[Path] = None, out: Optional[Path] =
     typer.echo(f"report: {report.index.resolve()}")
     for line in report.summary():
         typer.echo(f"  {line}")
-    typer.echo(f"  ({time.perf_counter() - start:.0f} s; report.json beside the page)", err=True)
+    steps = ", ".join(f"{k} {v:.0f} s" + (" (cached)" if k in report.cached else "")
+                      for k, v in report.timings.items())
+    typer.echo(f"  took {time.perf_counter() - start:.0f} s: {steps}", err=True)
 
 
 def register(app, bench_app) -> None:

@@ -18,6 +18,7 @@ import inspect
 import json
 import math
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -49,12 +50,13 @@ class Sizes:
     eval_windows: int = 4  # held-out windows for every perplexity (pruning curve, K/V merge)
     merge_windows: int = 4  # calibration windows for the K/V merge
     window: int = 256
+    encoder_sentences: int = 64  # calibration / held-out sentences for an encoder's pruning and merge
 
 
 FULL = Sizes()
 QUICK = Sizes(roles_tokens=512, roles_sentences=16, faithfulness_layers=2, faithfulness_examples=2,
               rank_examples=1, importance_windows=2, pruning_fractions=(0.2, 0.4), eval_windows=2, merge_windows=2,
-              window=128)
+              window=128, encoder_sentences=24)
 
 
 def normalise(obj: Any, digits: int = DIGITS) -> Any:
@@ -182,6 +184,12 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
 
     n_layers = len(model.layers)
     cal, held = split_texts(texts)
+    if not hasattr(model, "lm_head"):  # encoders: surgery calibrates / measures on sentences; keep them few
+        from headcount.analysis.batches import split_sentences
+        cal_s = split_sentences(cal, part="calibration", max_sentences=sizes.encoder_sentences)
+        held_s = split_sentences(held, part="held_out", max_sentences=sizes.encoder_sentences)
+    else:
+        cal_s, held_s = cal, held
     sentence = sample or DEFAULT_SAMPLE
     faith_layers = _spread(n_layers, sizes.faithfulness_layers)
     w = min(sizes.window, model.config.max_position)
@@ -215,7 +223,7 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
         if done.get("importance"):
             scores = {"gradient": _fn("analysis", "HeadScores").from_json(done["importance"])}
         return fn(model, fractions=list(sizes.pruning_fractions), orders=("gradient", "random"),
-                  compensations=("none", "lstsq"), seeds=(seed,), calibration=cal, held_out=held,
+                  compensations=("none", "lstsq"), seeds=(seed,), calibration=cal_s, held_out=held_s,
                   eval_windows=sizes.eval_windows, window=w, calibration_windows=sizes.merge_windows, scores=scores,
                   progress=progress)
 
@@ -225,7 +233,7 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
     def merge_step():
         if not targets:
             raise NotApplicable("the model already has one KV head (MQA): nothing to merge")
-        return kv_merge_section(model, targets[0], calibration=cal, held=held, sizes=sizes, progress=progress)
+        return kv_merge_section(model, targets[0], calibration=cal_s, held=held_s, sizes=sizes, progress=progress)
 
     sized = {"seed": seed, "window": w}
     return [
@@ -251,11 +259,12 @@ def _progress(total: int, enabled: bool):
 
 def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, quick: bool = False,
             sample: str | None = None, cache: ResultCache | None = None, progress: bool = True,
-            only: Sequence[str] | None = None, sizes: Sizes | None = None) -> dict:
+            only: Sequence[str] | None = None, sizes: Sizes | None = None, timings: dict | None = None) -> dict:
     """Every section of report.json for `model` (see the module docstring).
 
     texts: None = the calibration part of the default corpus; a string or list of strings otherwise.
     only: run just these steps (the others are marked unavailable: "not run"); sizes: override FULL / QUICK.
+    timings: a dict to receive each step's wall-clock seconds (kept out of report.json: it varies).
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed: expected an int, got {seed!r}")
@@ -281,6 +290,7 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
                 continue
             key = cache_key(step.name, weights=w_hash, text=t_hash,
                             params=step.params | {"sizes": asdict(sizes), "model": getattr(model, "name", None)})
+            t0 = time.perf_counter()
             try:
                 value = cache.get_or_compute(step.name, key,
                                              lambda s=step: json.loads(json.dumps(normalise(_untimed(s.run())))))
@@ -294,6 +304,8 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
                 got.unavailable[step.name] = f"failed on this model: {' '.join(str(err).split())}"
             else:
                 got.results[step.name] = value
+            if timings is not None:
+                timings[step.name] = time.perf_counter() - t0
             bar.update(1)
     finally:
         bar.close()
