@@ -41,9 +41,9 @@ def register(app, bench_app) -> None:
         seeds: Optional[int] = typer.Option(None, "--seeds", help="seeds per setting (seed, seed+1, ...)"),
         heads: Optional[str] = typer.Option(None, "--heads", help="head counts, comma-separated (each must "
                                             "divide d_model); one number for low-rank / write-address"),
-        d_model: Optional[int] = typer.Option(None, "--d-model", help="model width (not for low-rank's n)"),
+        d_model: Optional[int] = typer.Option(None, "--d-model", help="model width (default: the experiment's)"),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch threads (default: 1 for the tiny "
-                                              "experiments, 2 for the language models)"),
+                                              "experiments; for the language models 2, fewer when the CPUs are busy)"),
         no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars on stderr"),
     ) -> None:
         """Run one of the chapter's experiments: small models trained from scratch on this CPU."""

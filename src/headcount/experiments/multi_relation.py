@@ -156,7 +156,7 @@ def run(*, quick: bool = False, seed: int = 0, steps: int | None = None, seeds: 
     task = RelationTask(cfg["n_values"], cfg["n_relations"], cfg["seq_len"])
     test = task.sample(cfg["test_size"], torch.Generator().manual_seed(999_983))  # never seen in training
 
-    rows, details = [], {"one_head": None, "per_model": {}}
+    rows, details = [], {"one_head": None, "one_head_seeds": [], "per_model": {}}
     for n_heads in heads:
         accs, slots, secs, diag = [], [], 0.0, None
         for s in range(cfg["seeds"]):
@@ -173,8 +173,11 @@ def run(*, quick: bool = False, seed: int = 0, steps: int | None = None, seeds: 
             accs.append(acc)
             slots.append(slot)
             secs += log.seconds
+            seed_diag = diagnose(model, test)
             if s == 0:
-                diag = diagnose(model, test)
+                diag = seed_diag
+            if n_heads == 1:  # why one head fails, seed by seed
+                details["one_head_seeds"].append({"seed": seed + s, "accuracy": acc, **seed_diag["heads"][0]})
         mean, std = mean_std(accs)
         accounts = attention_accounts(cfg["d_model"], n_heads, cfg["seq_len"])
         rows.append(RelationRow(n_heads=n_heads, head_dim=cfg["d_model"] // n_heads, accuracy=mean,
@@ -211,9 +214,13 @@ def _notes(rows: list[RelationRow], details: dict) -> list[str]:
             best = max(others, key=lambda r: r.accuracy)
             notes.append(f"one head: accuracy {by[1].accuracy:.3f}; best of several heads: {best.accuracy:.3f} "
                          f"({best.n_heads} heads)")
+    seeds = details.get("one_head_seeds", [])
+    if len(seeds) > 1:
+        notes.append("one head, per seed: " + "; ".join(
+            f"seed {h['seed']} accuracy {h['accuracy']:.3f} with attention {h['mass_on_marked']}" for h in seeds))
     if k:
         oh = details["one_head"]
-        notes.append(f"the one head puts {' + '.join(f'{m:.2f}' for m in k)} of its attention on the marked "
+        notes.append(f"the one head (seed {seeds[0]['seed'] if seeds else 0}) puts {' + '.join(f'{m:.2f}' for m in k)} of its attention on the marked "
                      f"positions ({oh['mass_elsewhere']:.2f} elsewhere); its output's distance to the average of "
                      f"their value vectors is {oh['distance_to_average']:.2f} (0 = the average, 1 = one value; "
                      f"distance to the nearest single value: {oh['distance_to_nearest_value']:.2f})")
@@ -233,6 +240,10 @@ def format_text(result: ExperimentResult) -> str:
     d = result.details
     lines.append(f"chance {d['chance_accuracy']:.4f}; a readout that sees only the unordered pair can reach "
                  f"{d['symmetric_ceiling']:.3f}")
+    for h in d.get("one_head_seeds", []):
+        lines.append(f"  one head, seed {h['seed']}: accuracy {h['accuracy']:.3f}; attention on the marked positions "
+                     f"{h['mass_on_marked']}, elsewhere {h['mass_elsewhere']:.3f}; output to the average of their "
+                     f"values {h['distance_to_average']:.3f}, to the nearest value {h['distance_to_nearest_value']:.3f}")
     for n, diag in d.get("per_model", {}).items():
         for h in diag["heads"]:
             lines.append(f"  n_heads={n} head {h['head']}: mass on marked {h['mass_on_marked']}, elsewhere "

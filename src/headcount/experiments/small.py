@@ -38,8 +38,9 @@ def check_heads(heads, d_model: int, *, name: str = "heads") -> tuple[int, ...]:
         if isinstance(h, bool) or not isinstance(h, int) or h < 1:
             raise ValueError(f"{name}: expected positive whole numbers, got {h!r}")
         if d_model % h:
+            divisors = ", ".join(str(i) for i in range(1, d_model + 1) if d_model % i == 0)
             raise ValueError(f"{name}: {h} heads do not divide d_model={d_model} (head_dim = d_model / n_heads); "
-                             f"divisors that work: {', '.join(str(i) for i in range(1, d_model + 1) if d_model % i == 0)}")
+                             f"divisors that work: {divisors}")
     return heads
 
 
