@@ -259,3 +259,18 @@ def test_package_name_is_both_the_function_and_the_module():
     assert torch.equal(a.scores, b.scores)
     assert callable(analysis.importance.cost_ratio) and callable(analysis.importance.agreement)
     assert analysis.METHODS == METHODS and analysis.HeadScores is HeadScores
+
+
+def test_cost_ratio_and_agreement_report_their_numbers():
+    from headcount.analysis.importance import agreement, cost_ratio
+    model = tiny_decoder(6)
+    ids = torch.randint(0, 40, (2, 10))
+    cost = cost_ratio(model, windows=ids, methods=("gradient", "ablation"))
+    assert cost["tokens"] == 20 and cost["n_heads"] == 12
+    assert cost["forward_s"] > 0 and cost["ablation_ratio"] > 0 and cost["gradient_ratio"] > 0
+    agree = agreement(model, windows=ids, progress=False)
+    assert set(agree["spearman"]) == {"gradient", "gradient_normalized", "confidence", "reconstruction"}
+    truth = HeadScores.from_json(agree["scores"]["ablation"])
+    grad = HeadScores.from_json(agree["scores"]["gradient"])
+    assert agree["spearman"]["gradient"] == pytest.approx(grad.spearman(truth))
+    assert agree["n_heads"] == 12 and agree["n_tokens"] == 18

@@ -493,10 +493,13 @@ def _one_batch(model, window: int, texts=None):
 
 
 def cost_ratio(model, texts=None, *, window: int = 512, methods: Sequence[str] = ("gradient", "ablation"),
-               repeats: int = 1) -> dict:
-    """Time of each method on ONE batch (one window of `window` tokens, or 32 sentences) over a plain
-    forward (with the loss) on the same batch. Returns {"forward_s", "<method>_s", "<method>_ratio", ...}."""
-    batch = _one_batch(model, window, texts)
+               repeats: int = 1, windows=None) -> dict:
+    """Time of each method on ONE batch (one window of `window` tokens, or 32 sentences; or `windows` as
+    importance takes them) over a plain forward (with the loss) on the same batch.
+    Returns {"forward_s", "<method>_s", "<method>_ratio", "tokens", "n_heads", "model"}."""
+    batch = _one_batch(model, window, texts) if windows is None else windows
+    if not objectives.is_decoder(model) and isinstance(batch, Tensor):
+        batch = [(batch, torch.ones_like(batch))]
     decoder = objectives.is_decoder(model)
 
     def plain():
@@ -527,10 +530,12 @@ def cost_ratio(model, texts=None, *, window: int = 512, methods: Sequence[str] =
 
 
 def agreement(model, texts=None, *, window: int = 512, max_windows: int = 4, max_sentences: int = 64,
-              methods: Sequence[str] = ("gradient", "confidence", "reconstruction"), progress: bool = True) -> dict:
+              methods: Sequence[str] = ("gradient", "confidence", "reconstruction"), progress: bool = True,
+              windows=None) -> dict:
     """Spearman of each method (and normalised gradient) against ablation over all heads, on calibration
     text. Returns {"spearman": {method: rho}, "n_heads", "n_tokens", "scores": {method: HeadScores JSON}}."""
-    kw = dict(window=window, max_windows=max_windows, max_sentences=max_sentences, progress=progress)
+    kw = dict(window=window, max_windows=max_windows, max_sentences=max_sentences, progress=progress,
+              windows=windows)
     truth = importance(model, texts, "ablation", **kw)
     out = {"model": getattr(model, "name", None), "n_heads": len(truth.values()), "n_tokens": truth.n_tokens,
            "spearman": {}, "scores": {"ablation": truth.to_json()}}
