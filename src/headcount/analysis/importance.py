@@ -14,8 +14,9 @@ Methods (higher score = more important; every score is a mean over calibration t
                   (probes=None: exact, one backward per embedding dim). It
                   predicts ablation's 1 - cos (tests check it tracks ablation on minilm).
   ablation        The exact loss increase with head h gated to 0 (mean NLL per token on a decoder,
-                  mean 1 - cos on an encoder). `heads_per_forward` replicas of the batch per forward,
-                  each with a different head off (per-example gates [B, n_heads]). The ground truth.
+                  mean 1 - cos on an encoder). `heads_per_forward` heads of one layer per forward: the
+                  layers below run once, then the batch is repeated (a pre-hook on that layer) into one
+                  replica per head, each with its head off (per-example gates [B, n_heads]). The truth.
   confidence      Voita et al. 2019: mean over query tokens of the head's largest attention weight,
                   the first token left out (as a key: the attention sink / [CLS]; and as a query).
   reconstruction  The retraining-free order for pruning WITH a least-squares refit of o_proj
@@ -172,6 +173,29 @@ def _o_proj_io(model, want_output: bool = False):
             h.remove()
 
 
+@contextmanager
+def _replicate_from(model, layer: int, k: int):
+    """Repeat the batch k times at the input of model.layers[layer] (forward pre-hooks on the public
+    layers, which also repeat a padding mask): the layers below run once, the rest on k * B rows."""
+    def hook(first: bool):
+        def pre(module, args, kwargs):
+            if first:
+                args = (args[0].repeat(k, 1, 1),) + tuple(args[1:])
+            mask = kwargs.get("key_padding_mask")  # every layer gets the model's [B, S] padding mask
+            if mask is not None:
+                kwargs = dict(kwargs, key_padding_mask=mask.repeat(k, 1))
+            return args, kwargs
+        return pre
+
+    handles = [model.layers[i].register_forward_pre_hook(hook(i == layer), with_kwargs=True)
+               for i in range(layer, len(model.layers))] if k > 1 else []
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 def _heads_per_layer(model) -> tuple[int, ...]:
     return tuple(layer.attn.n_heads for layer in model.layers)
 
@@ -230,10 +254,11 @@ def _gradient(model, batches, hpl, group: _Group, probes: int, progress: bool):
 
 def _ablation(model, batches, hpl, group: _Group, heads_per_forward: int, progress: bool):
     decoder = objectives.is_decoder(model)
-    heads = [(l, h) for l, n in enumerate(hpl) for h in range(n)]
     sums = torch.zeros(len(hpl), max(hpl), dtype=torch.float64)
     count = torch.zeros((), dtype=torch.float64)
-    chunks = [heads[i:i + heads_per_forward] for i in range(0, len(heads), heads_per_forward)]
+    # chunks of heads of ONE layer: the layers below run once on the batch, then it is repeated
+    chunks = [[(l, h) for h in range(i, min(i + heads_per_forward, n))]
+              for l, n in enumerate(hpl) for i in range(0, n, heads_per_forward)]
     with torch.no_grad(), _progress(len(batches) * len(chunks), "ablation importance", progress) as bar:
         for batch in batches:
             b = batch.size
@@ -246,17 +271,16 @@ def _ablation(model, batches, hpl, group: _Group, heads_per_forward: int, progre
             for chunk in chunks:
                 k = len(chunk)
                 gates: list = [None] * len(hpl)
-                for j, (l, h) in enumerate(chunk):
-                    if gates[l] is None:
-                        gates[l] = torch.ones(k * b, hpl[l], device=batch.ids.device,
-                                              dtype=model.embed.weight.dtype)
-                    gates[l][j * b:(j + 1) * b, h] = 0.0
-                ids = batch.ids.repeat(k, 1)
-                if decoder:
-                    inc = (objectives.lm_nll(model, ids, gates).view(k, b) - base).sum(1)
-                else:
-                    emb = objectives.pooled(model, ids, batch.mask.repeat(k, 1), gates)
-                    inc = objectives.fidelity(emb, ref.repeat(k, 1)).view(k, b).sum(1)
+                layer = chunk[0][0]
+                gates[layer] = torch.ones(k * b, hpl[layer], device=batch.ids.device, dtype=model.embed.weight.dtype)
+                for j, (_, h) in enumerate(chunk):
+                    gates[layer][j * b:(j + 1) * b, h] = 0.0
+                with _replicate_from(model, layer, k):
+                    if decoder:
+                        inc = (objectives.lm_nll(model, batch.ids, gates, replicas=k).view(k, b) - base).sum(1)
+                    else:
+                        emb = objectives.pooled(model, batch.ids, batch.mask, gates, replicas=k)
+                        inc = objectives.fidelity(emb, ref.repeat(k, 1)).view(k, b).sum(1)
                 for j, (l, h) in enumerate(chunk):
                     sums[l, h] += float(inc[j])
                 bar.update(1)
@@ -438,8 +462,8 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
     if batch_size is None:
         batch_size = (2 if method in ("gradient", "reconstruction") else 1) if decoder else 32
     _check_int("batch_size", batch_size)
-    if heads_per_forward is None:
-        heads_per_forward = 8 if decoder else 4
+    if heads_per_forward is None:  # every head of a layer in one forward
+        heads_per_forward = max(layer.attn.n_heads for layer in model.layers)
     _check_int("heads_per_forward", heads_per_forward)
     if ridge is not None and (isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or ridge < 0):
         raise ValueError(f"ridge: expected a float >= 0, got {ridge!r}")

@@ -30,9 +30,13 @@ def _wide(logits: Tensor) -> Tensor:
     return logits if logits.dtype == torch.float64 else logits.float()
 
 
-def lm_nll(model, ids: Tensor, head_gates=None) -> Tensor:
-    """[B] float64 summed next-token NLL of tokens 1..T-1 of each row of ids [B, T]."""
-    hidden = model(ids, head_gates=head_gates, compute_logits=False).hidden_states  # (B, T, d)
+def lm_nll(model, ids: Tensor, head_gates=None, *, replicas: int = 1) -> Tensor:
+    """[B] float64 summed next-token NLL of tokens 1..T-1 of each row of ids [B, T].
+
+    replicas: the forward returns replicas x B rows (a hook repeated the batch inside the model, see
+    importance._replicate_from); row r * B + b is scored against ids[b]: result [replicas * B]."""
+    hidden = model(ids, head_gates=head_gates, compute_logits=False).hidden_states  # (B', T, d)
+    ids = ids.repeat(replicas, 1) if replicas > 1 else ids
     targets = ids[:, 1:]
     if torch.is_grad_enabled():  # one lm_head call: the graph needs the logits anyway
         logits = _wide(model.lm_head(hidden[:, :-1]))
@@ -49,10 +53,10 @@ def lm_nll(model, ids: Tensor, head_gates=None) -> Tensor:
     return total
 
 
-def pooled(model, ids: Tensor, mask: Tensor, head_gates=None) -> Tensor:
-    """[B, d] L2-normalised mean-pooled sentence embeddings over real tokens."""
+def pooled(model, ids: Tensor, mask: Tensor, head_gates=None, *, replicas: int = 1) -> Tensor:
+    """[B, d] L2-normalised mean-pooled sentence embeddings over real tokens ([replicas * B, d], see lm_nll)."""
     hidden = model(ids, mask, head_gates=head_gates).last_hidden_state
-    m = mask.unsqueeze(-1).to(hidden.dtype)
+    m = (mask.repeat(replicas, 1) if replicas > 1 else mask).unsqueeze(-1).to(hidden.dtype)
     emb = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
     return F.normalize(emb, dim=-1)
 
