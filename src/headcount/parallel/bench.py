@@ -44,8 +44,8 @@ def _paired(payload, ids: list[int], new_tokens: int, repeats: int) -> dict:
     full = rebuild(payload) if rank == 0 else None  # the parent's weights, mapped, not copied
     model = tensor_parallel(rebuild(payload))
 
-    def one_process():
-        torch.set_num_threads(2)
+    def one_process(threads: int):
+        torch.set_num_threads(threads)
         try:
             return generate(full, ids, new_tokens, stop_at_eos=False)
         finally:
@@ -56,17 +56,19 @@ def _paired(payload, ids: list[int], new_tokens: int, repeats: int) -> dict:
         generate(full, ids[:16], 4, stop_at_eos=False)
         torch.set_num_threads(1)
     generate(model, ids[:16], 4, stop_at_eos=False)
-    single, sharded = [], []
+    single, single1, sharded = [], [], []
     for _ in range(repeats):
         dist.barrier()
         if rank == 0:
-            r = one_process()
+            r = one_process(2)
             single.append({"prefill_s": r.prefill_s, "decode_s": r.decode_s, "tokens": r.new_ids})
+            r = one_process(1)
+            single1.append({"prefill_s": r.prefill_s, "decode_s": r.decode_s, "tokens": r.new_ids})
         dist.barrier()
         shard.STATS.update(calls=0, bytes=0, seconds=0.0)
         r = generate(model, ids, new_tokens, stop_at_eos=False)
         sharded.append({"prefill_s": r.prefill_s, "decode_s": r.decode_s, "tokens": r.new_ids, **shard.STATS})
-    return {"single": single, "sharded": sharded,
+    return {"single": single, "single_1_thread": single1, "sharded": sharded,
             "kv_heads": len(model.layers[0].attn.shard_plan.kv_heads),
             "query_heads": len(model.layers[0].attn.shard_plan.query_heads)}
 
@@ -147,12 +149,16 @@ def run(prompt_tokens: int = 256, new_tokens: int = 32, repeats: int = 3, *, log
         "query_heads": [r["query_heads"] for r in ranks], "kv_heads": [r["kv_heads"] for r in ranks],
     }
     one = {"prefill_s": med(single, "prefill_s"), "decode_tokens_per_s": (new_tokens - 1) / med(single, "decode_s")}
+    single1 = ranks[0]["single_1_thread"]
+    one1 = {"prefill_s": med(single1, "prefill_s"),
+            "decode_tokens_per_s": (new_tokens - 1) / med(single1, "decode_s")}
     return {
         "model": "smollm2", "dtype": "fp32", "prompt_tokens": prompt_tokens, "new_tokens": new_tokens,
         "repeats": repeats, "gpu": "none: this machine has no GPU; the gloo ranks share its CPU cores",
         "load_average": [load_before, load_after],  # other work on the machine while measuring
         "one_process_2_threads": one,
         "two_ranks_1_thread": tp,
+        "one_process_1_thread": one1,  # the baseline that oversubscription cannot spoil (no thread barriers)
         "tokens_equal": all(r["tokens"] == single[0]["tokens"] for r in r0),
         "prefill_slowdown": tp["prefill_s"] / one["prefill_s"],
         "decode_slowdown": one["decode_tokens_per_s"] / tp["decode_tokens_per_s"],
@@ -165,13 +171,17 @@ def render(result: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    import sys
+
+    console = Console(width=None if sys.stdout.isatty() else 160)
     one, tp = result["one_process_2_threads"], result["two_ranks_1_thread"]
     table = Table(title=f"SmolLM2 fp32 on CPU: prompt {result['prompt_tokens']} tokens, {result['new_tokens']} new "
                         f"(medians of {result['repeats']})", title_justify="left")
     for col in ("", "prefill s", "decode tokens/s", "all-reduce B / token / layer", "time in all-reduce"):
         table.add_column(col, justify="left" if not col else "right")
     table.add_row("1 process, 2 threads", f"{one['prefill_s']:.3f}", f"{one['decode_tokens_per_s']:.1f}", "-", "-")
+    one1 = result["one_process_1_thread"]
+    table.add_row("1 process, 1 thread", f"{one1['prefill_s']:.3f}", f"{one1['decode_tokens_per_s']:.1f}", "-", "-")
     table.add_row("2 ranks x 1 thread (gloo)", f"{tp['prefill_s']:.3f}", f"{tp['decode_tokens_per_s']:.1f}",
                   f"{tp['allreduce_bytes_per_token_per_layer']:,.0f} (formula "
                   f"{result['formula_allreduce_bytes_per_token_per_layer']:,})",
