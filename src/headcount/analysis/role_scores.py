@@ -349,6 +349,7 @@ def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 
     finally:
         model.train(was_training)
 
+    scores = {r: scores[r] for r in chosen if r in scores}
     thresholds = {r: THRESHOLDS[r] for r in ROLES if r in scores}
     for r in thresholds:
         heads[r] = _labelled(r, scores[r], thresholds[r], meta)
@@ -372,7 +373,7 @@ def _sentences(model, texts, causal, max_sentences, batch_size, progress, n_head
     for layer, h in enumerate(n_heads):
         acc[layer] = {"rel": {n: torch.zeros(h, dtype=torch.float64) for n in names},
                       "rare": torch.zeros(h, dtype=torch.float64)}
-    _sentence_pass(model, parsed, batch_size, acc, progress)
+    _sentence_pass(model, parsed, max(batch_size, 16), acc, progress)  # short rows: larger batches
     base = relation_baselines(parsed)
     scored = [n for n in names if base[n]["n"] >= MIN_INSTANCES]
     detail = {}
