@@ -56,7 +56,11 @@ class RankResult:
 
 def numerical_rank(matrix: Tensor, rtol: float) -> int:
     """#{s_i > rtol * s_1} of a 2-D matrix (0 for the zero matrix)."""
-    s = torch.linalg.svdvals(matrix.double())
+    return rank_from_singular_values(torch.linalg.svdvals(matrix.double()), rtol)
+
+
+def rank_from_singular_values(s: Tensor, rtol: float) -> int:
+    """#{s_i > rtol * s_1} for singular values s in decreasing order."""
     if s.numel() == 0 or s[0] == 0:
         return 0
     return int((s > rtol * s[0]).sum())
@@ -90,10 +94,13 @@ def _windows(model, texts, length: int, max_windows: int) -> Tensor:
 
 
 def rank(model, texts: str | Sequence[str] | None = None, *, lengths: Sequence[int] | None = None,
-         max_windows: int = 2, progress: bool = True, seed: int = 0) -> RankResult:
+         rtol: float | None = None, max_windows: int = 2, progress: bool = True, seed: int = 0) -> RankResult:
     """Numerical rank of every head's QK^T against min(head_dim, n) at each length (default: head_dim / 2
-    and 2 * head_dim). texts=None = the calibration part of the default corpus. `seed` is unused (the
-    result is deterministic) and accepted for a uniform interface."""
+    and 2 * head_dim). texts=None = the calibration part of the default corpus.
+    rtol: singular values > rtol * s_max count; None = n * eps(float32) at each length n.
+    `seed` is unused (the result is deterministic) and accepted for a uniform interface."""
+    if rtol is not None and (isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 < rtol < 1):
+        raise ValueError(f"rtol: expected a relative tolerance in (0, 1) or None, got {rtol!r}")
     mods = attention_modules(model)
     head_dim = mods[0].head_dim
     if lengths is None:
@@ -119,9 +126,11 @@ def rank(model, texts: str | Sequence[str] | None = None, *, lengths: Sequence[i
                     x = args[0] if args else kwargs["x"]
                     s = score_matrices(module, x, kwargs.get("qk_transform"))
                     t = s.shape[-1]
+                    sv = torch.linalg.svdvals(s)  # [B, H, T], one batched SVD per layer
+                    tol = t * EPS32 if rtol is None else float(rtol)
                     for h in range(s.shape[1]):
-                        r32 = min(numerical_rank(s[b, h], t * EPS32) for b in range(s.shape[0]))
-                        r64 = min(numerical_rank(s[b, h], t * EPS64) for b in range(s.shape[0]))
+                        r32 = min(rank_from_singular_values(sv[b, h], tol) for b in range(s.shape[0]))
+                        r64 = min(rank_from_singular_values(sv[b, h], t * EPS64) for b in range(s.shape[0]))
                         found[(_li, h, t)] = (r32, r64, min(module.head_dim, t))
                 handles.append(attn.register_forward_hook(hook, with_kwargs=True))
             try:
@@ -150,4 +159,5 @@ def rank(model, texts: str | Sequence[str] | None = None, *, lengths: Sequence[i
             "matrix": "Q K^T per query head after rotary, before scale, mask and softmax; float64",
             "per_head": "the smallest rank over the windows",
             "rank_float64": "rank with rtol = n * eps(float64): the exact-arithmetic bound check"}
-    return RankResult(TOLERANCE, actual, heads, summary, meta)
+    tolerance = TOLERANCE if rtol is None else f"singular values > {float(rtol):g} * s_max, QK^T in float64"
+    return RankResult(tolerance, actual, heads, summary, meta)
