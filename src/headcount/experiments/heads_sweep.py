@@ -79,7 +79,7 @@ def _notes(rows: list[SweepRow]) -> list[str]:
     if len(rows) < 2:
         return []
     best = min(rows, key=lambda r: r.ppl_mean)
-    notes = [f"best: {best.n_heads} heads (head_dim {best.head_dim}), held-out ppl {best.ppl_mean:.3f} "
+    notes = [f"best: {best.n_heads} head(s) (head_dim {best.head_dim}), held-out ppl {best.ppl_mean:.3f} "
              f"± {best.ppl_std:.3f}"]
     near = [r.n_heads for r in rows if r.ppl_mean - best.ppl_mean <= max(best.ppl_std, r.ppl_std, 1e-9) * 2]
     notes.append(f"within two standard deviations of the best: n_heads {near}")

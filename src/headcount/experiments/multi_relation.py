@@ -259,8 +259,11 @@ def format_text(result: ExperimentResult) -> str:
 def plot(result: ExperimentResult, ax) -> None:
     rows = result.rows()
     xs = [r["n_heads"] for r in rows]
-    ax.errorbar(xs, [r["accuracy"] for r in rows], yerr=[r["accuracy_std"] for r in rows], marker="o", capsize=3,
-                label="exact match (k values)")
+    acc, std = [r["accuracy"] for r in rows], [r["accuracy_std"] for r in rows]
+    yerr = [[min(s, a) for a, s in zip(acc, std)], [min(s, 1 - a) for a, s in zip(acc, std)]]  # kept in [0, 1]
+    ax.errorbar(xs, acc, yerr=yerr, marker="o", capsize=3, label="exact match (k values), ± std over seeds")
+    ax.plot([x for r, x in zip(rows, xs) for _ in r["accuracy_seeds"]],
+            [a for r in rows for a in r["accuracy_seeds"]], "k.", alpha=0.5, label="each seed")
     ax.plot(xs, [r["slot_accuracy"] for r in rows], marker="s", linestyle="--", label="per value")
     ax.axhline(result.details["symmetric_ceiling"], color="grey", linestyle=":", label="unordered-pair ceiling")
     ax.set_xscale("log", base=2)

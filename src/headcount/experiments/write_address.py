@@ -225,7 +225,7 @@ def plot(result: ExperimentResult, ax) -> None:
         ax.axhline(g["slice_share"], color=line.get_color(), linestyle=":", label=f"{name}: even spread")
         ax.plot(layers, [x["reach"] for x in g["layers"]], marker="s", linestyle="--", color=line.get_color(),
                 label=f"{name}: reach (share of d_model)")
-    ax.axhline(1.0, color="grey", linestyle="-", linewidth=0.5)
+    ax.axhline(1.0, color="grey", linestyle="-", linewidth=0.5, label="a head confined to its own slice: own-slice 1")
     rows = result.rows()
     text = "; ".join(f"{r['variant']}: {r['loss']:.3f}±{r['loss_std']:.3f}" for r in rows)
     ax.set_title(f"write-address. held-out NLL/byte: {text}", fontsize=8)
