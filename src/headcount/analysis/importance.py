@@ -29,6 +29,12 @@ Methods (higher score = more important; every score is a mean over calibration t
                   greedily (the cheapest given the ones already gone); a head's score is its marginal
                   cost in that sequence (made non-decreasing), so order() interleaves the layers'
                   greedy sequences by marginal cost.
+                  Why "second": at the unmodified model the refit residual is what the kept heads cannot
+                  express, and its cost is a curvature effect (for an encoder the first-order term is
+                  exactly zero); the first-order term g.r is signed and noisy per head. A check of the
+                  estimators against the true loss after prune-and-refit on a separate calibration
+                  subset was started but not finished in the time available (see the issue's report);
+                  `estimator=` keeps the alternatives available for that comparison.
 
 Data-parallel (group=): with a torch.distributed process group (or "auto" = the default group when
 initialised), rank r scores windows / sentences r::world and the float64 SUMS are all-reduced
