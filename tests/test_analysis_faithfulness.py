@@ -90,7 +90,7 @@ def test_importance_measures_by_direct_recomputation():
 def test_adversarial_search_stays_within_epsilon(epsilon):
     model = tiny_decoder()
     ids = torch.randint(0, 40, (10,))
-    found, rows = adversarial_search(model, ids, [0, 2], epsilon=epsilon, steps=15, lr=0.5, penalty=10.0, seed=0)
+    found, rows = adversarial_search(model, ids, [0, 2], epsilon=epsilon, steps=12, lr=0.5, penalty=10.0, seed=0)
     assert rows == [(l, h) for l in (0, 2) for h in range(4)]
     assert torch.all(found["tv"] <= epsilon)
     assert torch.all(found["jsd"] >= 0) and torch.all(found["jsd"] <= 1)
@@ -108,7 +108,7 @@ def test_faithfulness_on_smollm2_small(smollm2):
     from headcount.analysis import faithfulness
     text = ("The cat sat on the mat because it was warm. The dog slept by the door while the rain fell. "
             "Later the children came home from school and ate their dinner in the kitchen together.")
-    r = faithfulness(smollm2, text, layers=[16], n_examples=1, length=12, steps=4, progress=False)
+    r = faithfulness(smollm2, text, layers=[16], n_examples=1, length=8, steps=2, progress=False)
     j = r.to_json()
     assert set(j) == {"epsilon", "layers", "n_examples", "heads", "summary"}
     assert j["layers"] == [16] and len(j["heads"]) == 9
