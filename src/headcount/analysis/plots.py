@@ -50,7 +50,8 @@ def roles_png(roles: dict, path: str | Path, title: str = "") -> None:
         im = ax.imshow(data, aspect="auto", cmap="magma", interpolation="nearest")
         for head in entry["heads"]:
             ax.add_patch(plt.Rectangle((head[1] - 0.5, head[0] - 0.5), 1, 1, fill=False, ec="cyan", lw=1.2))
-        ax.set_title(f"{name} (>{entry['threshold']:g}: {len(entry['heads'])})", fontsize=9)
+        rule = ">" if name in ("previous_token", "duplicate_token", "induction") else ">="  # role_scores.STRICT
+        ax.set_title(f"{name} ({rule}{entry['threshold']:g}: {len(entry['heads'])})", fontsize=9)
         ax.set_xlabel("head", fontsize=8)
         ax.set_ylabel("layer", fontsize=8)
         ax.tick_params(labelsize=7)
