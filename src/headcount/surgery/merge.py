@@ -147,7 +147,7 @@ def _contiguous(n_old: int, n_new: int) -> list[list[int]]:
 
 
 def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, grouping="auto",
-                refit: bool = True, ridge: float = 1e-2) -> LayerMerge:
+                refit: bool = True, ridge: float = 1e-2, refine_steps: int = 0) -> LayerMerge:
     """The aware merge of one attention module, from captured inputs and target outputs (in place)."""
     n_old, d = attn.n_kv_heads, attn.head_dim
     stats = merge_fit.layer_stats(attn, captures)
@@ -163,7 +163,7 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
         groups = merge_fit.choose_groups(stats, attn.o_proj.weight.detach(), attn.kv_head_of, n_old, n_new, d)
     else:
         raise ValueError(f"grouping: expected 'auto', 'contiguous' or a list of groups, got {grouping!r}")
-    mw = merge_fit.merged_weights(attn, stats, groups)
+    mw = merge_fit.merged_weights(attn, stats, groups, captures=captures, refine_steps=refine_steps)
     merge_fit.install(attn, mw)
     before = merge_fit.output_error(attn, captures, targets)
     after = merge_fit.refit_o_proj(attn, captures, targets, ridge=ridge) if refit else before
@@ -172,7 +172,7 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
 
 def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibration=None, n_windows: int = 8,
              window: int = 512, grouping="auto", target: str = "local", refit: bool = True, ridge: float = 1e-2,
-             progress: bool = True) -> MergeResult:
+             refine_steps: int = 0, progress: bool = True) -> MergeResult:
     """Merge K/V heads of `model` in place down to `n_kv_heads` (an int for every layer in `layers`, a
     {layer: n} mapping, or a MergePlan from merge_plan). See the module docstring for the methods."""
     wanted = _targets(model, n_kv_heads, layers, method)
@@ -188,6 +188,7 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     result = MergeResult(method, before_heads, list(before_heads), bytes_before, bytes_before,
                          options={"grouping": grouping if isinstance(grouping, str) else "explicit",
                                   "target": target, "refit": refit, "ridge": ridge, "n_windows": n_windows,
+                                  "refine_steps": refine_steps,
                                   "window": window})
     if not wanted:
         return result
@@ -199,7 +200,8 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
             result.layers.append(LayerMerge(i, old, n, _contiguous(old, n), list(attn.kv_head_of)))
     else:
         _merge_aware(model, wanted, result, calibration=calibration, n_windows=n_windows, window=window,
-                     grouping=grouping, target=target, refit=refit, ridge=ridge, progress=progress)
+                     grouping=grouping, target=target, refit=refit, ridge=ridge, refine_steps=refine_steps,
+                     progress=progress)
     result.kv_heads_after = [layer.attn.n_kv_heads for layer in model.layers]
     result.kv_bytes_per_token_after = kv_bytes_per_token(model)
     result.seconds = time.perf_counter() - start
@@ -207,7 +209,7 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
 
 
 def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibration, n_windows, window,
-                 grouping, target, refit, ridge, progress) -> None:
+                 grouping, target, refit, ridge, refine_steps, progress) -> None:
     from tqdm.auto import tqdm
 
     was_training = model.training
@@ -235,7 +237,7 @@ def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibrat
             else:  # residual: also undo the drift of the stream entering this layer
                 targets = [r["y"] + (r["h"] - c["h"]) for r, c in zip(reference, caps)]
             info = merge_layer(model.layers[i].attn, caps, targets, wanted[i], grouping=grouping, refit=refit,
-                               ridge=ridge)
+                               ridge=ridge, refine_steps=refine_steps)
             info.layer = i
             result.layers.append(info)
             if i != last:

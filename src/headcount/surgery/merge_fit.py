@@ -39,6 +39,7 @@ import torch
 Tensor = torch.Tensor
 
 EPS = 1e-6
+CENTER_SLOW = False  # centering slow pairs measured worse on smollm2 (layer 3: 0.59 vs 0.55 output error)
 
 
 def _sqrtm_psd(a: Tensor, inverse: bool = False) -> Tensor:
@@ -71,6 +72,8 @@ class LayerStats:
     q_weight: Tensor  # rotary: [n_heads, d/2] (sum |q_f|^2); else [n_heads, d, d] (sum q q^T)
     v_sigma: Tensor  # [n_heads, n_kv*d, n_kv*d]: per query head, sum of (A_i v_S)(A_i v_S)^T
     k_energy: Tensor  # [n_kv]: sum |k_g|^2 (to keep the merged keys' scale)
+    k_sum: Tensor | None = None  # rotary: [d/2, n_kv] complex, sum of the (unrotated) keys
+    slow: Tensor | None = None  # rotary: [d/2] bool, pairs that turn less than 1 radian over the window
 
 
 def _causal_or_padding(kwargs: dict, t: int, s: int, device) -> Tensor | None:
@@ -98,8 +101,12 @@ def to_complex(t: Tensor) -> Tensor:
     return torch.complex(t[..., :half].double(), t[..., half:].double())
 
 
-def layer_stats(attn, captures: list[dict], *, key_weighting: str = "uniform") -> LayerStats:
-    """Collect the second moments the merge needs from captured attention inputs (merge_stream.Stream)."""
+def layer_stats(attn, captures: list[dict], *, attention_weight: float = 0.0) -> LayerStats:
+    """Collect the second moments the merge needs from captured attention inputs (merge_stream.Stream).
+
+    attention_weight beta: each key token's weight in the key moments is (1 - beta) + beta * T * a(s),
+    a(s) = the share of all attention (over heads and queries) that key s receives (mean 1 over tokens):
+    keys the heads actually read (the attention sink first) count more."""
     nh, nkv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
     kv_of = torch.tensor(attn.kv_head_of, dtype=torch.long)
     rotary = captures[0]["kwargs"].get("qk_transform") is not None
@@ -112,6 +119,8 @@ def layer_stats(attn, captures: list[dict], *, key_weighting: str = "uniform") -
         q_weight = torch.zeros(nh, d, d, dtype=torch.float64)
     v_sigma = torch.zeros(nh, nkv * d, nkv * d, dtype=torch.float64)
     k_energy = torch.zeros(nkv, dtype=torch.float64)
+    k_sum = torch.zeros(half, nkv, dtype=torch.complex128) if rotary else None
+    slow = None
     n_tokens = 0
     with torch.no_grad():
         for cap in captures:
@@ -125,23 +134,37 @@ def layer_stats(attn, captures: list[dict], *, key_weighting: str = "uniform") -
                 qf, kf = qf[sel], kf[sel]
             n_tokens += qf.shape[0]
             k_energy += kf.double().pow(2).sum(dim=(0, 2))
-            if rotary:
-                kc, qc = to_complex(kf), to_complex(qf)  # (N, nkv, d/2), (N, nh, d/2)
-                k_sigma += torch.einsum("ngf,njf->fgj", kc, kc.conj())
-                q_weight += qc.abs().pow(2).sum(0)
-            else:
-                kd = kf.reshape(-1, nkv * d).double()
-                k_sigma += kd.T @ kd
-                qd = qf.double()
-                q_weight += torch.einsum("nhd,nhe->hde", qd, qd)
             # contexts of every query head over ALL old value heads: A_i [v_0 | v_1 | ...]
             qt = kw.get("qk_transform")
             qr, kr = qt(q, k) if qt is not None else (q, k)
+            if qt is not None and slow is None:  # how far each pair turns over the window: probe the hook
+                probe = torch.zeros(1, 1, t, d, dtype=q.dtype, device=q.device)
+                probe[..., :half] = 1.0
+                turned = qt(probe, probe)[1][0, 0]  # (T, d): (cos, sin) of each pair's angle per position
+                angle = torch.atan2(turned[:, half:], turned[:, :half]).abs().amax(0)
+                slow = (angle < 1.0).cpu()
             scores = torch.einsum("bhtd,bhsd->bhts", qr, kr.index_select(1, kv_of)) * attn.softmax_scale
             mask = _causal_or_padding(kw, t, kr.shape[2], x.device)
             if mask is not None:
                 scores = scores.masked_fill(~mask, float("-inf"))
             probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(v.dtype)
+            # key token weights: (1 - beta) + beta * (attention received, normalised to mean 1)
+            received = probs.sum(dim=2).mean(dim=1)  # (B, S): mean over heads of the attention each key gets
+            n_q = probs.shape[2]
+            tw = ((1 - attention_weight) + attention_weight * received / n_q * received.shape[1]).reshape(-1)
+            if sel is not None:
+                tw = tw[sel]
+            tw = tw.double()[:, None, None]
+            if rotary:
+                kc, qc = to_complex(kf), to_complex(qf)  # (N, nkv, d/2), (N, nh, d/2)
+                k_sigma += torch.einsum("ngf,njf->fgj", kc * tw, kc.conj())
+                k_sum += (kc * tw).sum(0).T
+                q_weight += qc.abs().pow(2).sum(0)
+            else:
+                kd = kf.reshape(-1, nkv * d).double()
+                k_sigma += (kd * tw[:, :, 0]).T @ kd
+                qd = qf.double()
+                q_weight += torch.einsum("nhd,nhe->hde", qd, qd)
             v_all = v.transpose(1, 2).reshape(b, t, nkv * d)  # (B, S, nkv*d)
             ctx = torch.einsum("bhts,bse->bhte", probs, v_all)  # (B, nh, T, nkv*d)
             ctx = ctx.transpose(1, 2).reshape(b * t, nh, nkv * d)
@@ -149,7 +172,7 @@ def layer_stats(attn, captures: list[dict], *, key_weighting: str = "uniform") -
                 ctx = ctx[sel]
             ctx = ctx.double()
             v_sigma += torch.einsum("nhe,nhf->hef", ctx, ctx)
-    return LayerStats(rotary, n_tokens, k_sigma, q_weight, v_sigma, k_energy)
+    return LayerStats(rotary, n_tokens, k_sigma, q_weight, v_sigma, k_energy, k_sum, slow)
 
 
 # ------------------------------------------------------------------------------------------ grouping
@@ -180,6 +203,11 @@ def _k_problem(stats: LayerStats, kv_head_of, group: list[int], d: int, f: int |
     if stats.rotary:
         idx = torch.tensor(group, dtype=torch.long)
         sigma = stats.k_sigma[f][idx][:, idx]
+        if CENTER_SLOW and stats.slow is not None and bool(stats.slow[f]):
+            # a pair that barely turns over the window adds the SAME logit to every key of a query for
+            # its mean part: softmax ignores it, so only the keys' variation about the mean is fitted
+            mean = stats.k_sum[f][idx] / stats.n_tokens
+            sigma = sigma - stats.n_tokens * torch.outer(mean, mean.conj())
         w = torch.stack([stats.q_weight[_readers(kv_head_of, g), f].sum() for g in group])
         return sigma, torch.diag(w).to(sigma.dtype)
     idx = torch.tensor([g * d + j for g in group for j in range(d)], dtype=torch.long)
@@ -255,8 +283,12 @@ class MergedWeights:
     v_kept: float
 
 
-def merged_weights(attn, stats: LayerStats, groups: list[list[int]]) -> MergedWeights:
-    """New Q / K / V rows and o_proj columns for the given grouping of old KV heads (float64)."""
+def merged_weights(attn, stats: LayerStats, groups: list[list[int]], *, captures=None,
+                   refine_steps: int = 0) -> MergedWeights:
+    """New Q / K / V rows and o_proj columns for the given grouping of old KV heads (float64).
+
+    refine_steps > 0 (rotary only): the closed-form key mix is then refined on `captures` by
+    refine_rotary_keys (a few hundred parameters per layer; the model's weights are not trained)."""
     nh, nkv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
     half = d // 2
     w = attn.qkv_proj.weight.detach().double()
@@ -293,14 +325,16 @@ def merged_weights(attn, stats: LayerStats, groups: list[list[int]]) -> MergedWe
                 target = float(sigma.real.diagonal().mean())
                 s = (target / z_energy) ** 0.5 if z_energy > 0 and target > 0 else 1.0
                 cs[f], gammas[f] = c * s, gamma / s
+            head_gamma = {i: gammas[:, j].clone() for j, g in enumerate(group) for i in _readers(kv_of, g)}
+            if refine_steps and len(group) > 1 and captures:
+                cs, head_gamma = refine_rotary_keys(attn, captures, group, cs, head_gamma, steps=refine_steps)
             new_k.append(sum(pair_scale(k_w[g], cs[:, j]) for j, g in enumerate(group)))
             new_kb.append(sum(pair_scale(k_b[g], cs[:, j]) for j, g in enumerate(group))
                           if bias is not None else None)
-            for j, g in enumerate(group):
-                for i in _readers(kv_of, g):  # q' = conj(gamma) q keeps q' conj(z) = q conj(gamma z)
-                    q_w[i] = pair_scale(q_w[i], gammas[:, j].conj())
-                    if bias is not None:
-                        q_b[i] = pair_scale(q_b[i], gammas[:, j].conj())
+            for i, gamma in head_gamma.items():  # q' = conj(gamma) q keeps q' conj(z) = q conj(gamma z)
+                q_w[i] = pair_scale(q_w[i], gamma.conj())
+                if bias is not None:
+                    q_b[i] = pair_scale(q_b[i], gamma.conj())
         else:
             sigma, g_metric = _k_problem(stats, kv_of, group, d)
             b_mat, p_mat, kept = reduce(sigma, g_metric, d)  # [|S| d, d]
@@ -440,3 +474,86 @@ def output_error(attn, captures: list[dict], targets: list[Tensor]) -> float:
             num += float(diff.double().pow(2).sum())
             den += float(yy.double().pow(2).sum())
     return (num / den) ** 0.5 if den > 0 else 0.0
+
+
+def refine_rotary_keys(attn, captures: list[dict], group: list[int], cs: Tensor, head_gamma: dict, *,
+                       steps: int = 40, lr: float = 0.02, max_windows: int = 2) -> tuple[Tensor, dict]:
+    """Refine the per-frequency complex key mix cs [d/2, |S|] and each reading query head's complex
+    scales gamma_i [d/2] so that the merged attention reproduces each head's context in the metric of
+    o_proj: minimise sum_i ||(A'_i - A_i) v_g L_i||^2 / sum_i ||A_i v_g L_i||^2 (L_i L_i^T = O_i^T O_i)
+    on calibration tokens. Only these complex scales move (2 * d/2 * (|S| + readers) numbers), so the
+    merged key stays a rotary key and the scales still fold into W_Q; Adam on multiplicative corrections.
+    """
+    nh, d = attn.n_heads, attn.head_dim
+    kv_of = attn.kv_head_of
+    heads = sorted(head_gamma)
+    data = []
+    with torch.no_grad():
+        windows = 0
+        for cap in captures:
+            if windows >= max_windows:
+                break
+            x = cap["x"][: max_windows - windows]
+            windows += x.shape[0]
+            q, k, v = split_qkv(attn, x)
+            kw = cap["kwargs"]
+            qt = kw.get("qk_transform")
+            qr, kr = qt(q, k)
+            qc = to_complex(qr[:, heads]).to(torch.complex64)  # (B, H, T, d/2), rotated
+            kc = to_complex(kr[:, group]).to(torch.complex64)  # (B, |S|, T, d/2)
+            t = q.shape[2]
+            mask = _causal_or_padding(kw, t, t, x.device)
+            if mask is not None and mask.dim() == 4:
+                mask = mask[: x.shape[0]]
+            w_list = []
+            for i in heads:
+                o = attn.o_proj.weight[:, i * d:(i + 1) * d].detach().double()
+                chol = torch.linalg.cholesky(o.T @ o + 1e-9 * torch.eye(d, dtype=torch.float64))
+                w_list.append((v[:, kv_of[i]].double() @ chol).float())  # (B, T, d)
+            wv = torch.stack(w_list, dim=1)  # (B, H, T, d)
+            scores = torch.einsum("bhtd,bhsd->bhts", qr[:, heads], kr.index_select(
+                1, torch.tensor([kv_of[i] for i in heads]))) * attn.softmax_scale
+            if mask is not None:
+                scores = scores.masked_fill(~mask, float("-inf"))
+            target = torch.softmax(scores.float(), -1) @ wv
+            data.append((qc, kc, wv, mask, target, float(target.pow(2).sum())))
+    c0 = cs.to(torch.complex64)
+    g0 = torch.stack([head_gamma[i] for i in heads]).to(torch.complex64)  # (H, d/2)
+    dc = torch.zeros(c0.shape + (2,), requires_grad=True)
+    dg = torch.zeros(g0.shape + (2,), requires_grad=True)
+    opt = torch.optim.Adam([dc, dg], lr=lr)
+    scale = attn.softmax_scale
+
+    def loss_fn():
+        c = c0 * (1 + torch.view_as_complex(dc))
+        g = g0 * (1 + torch.view_as_complex(dg))
+        total, norm = 0.0, 0.0
+        for qc, kc, wv, mask, target, tnorm in data:
+            z = torch.einsum("bgtf,fg->btf", kc, c)  # (B, T, d/2)
+            a = qc * g.conj()[None, :, None, :]  # (B, H, T, d/2)
+            logits = (a.real @ z.real.transpose(-1, -2)[:, None] + a.imag @ z.imag.transpose(-1, -2)[:, None]) * scale
+            if mask is not None:
+                logits = logits.masked_fill(~mask, float("-inf"))
+            out = torch.softmax(logits, -1) @ wv
+            total = total + (out - target).pow(2).sum()
+            norm += tnorm
+        return total / norm
+
+    with torch.enable_grad():
+        best = (float("inf"), None)
+        for _ in range(steps):
+            opt.zero_grad()
+            loss = loss_fn()
+            value = float(loss.detach())
+            if value < best[0]:
+                best = (value, (dc.detach().clone(), dg.detach().clone()))
+            loss.backward()
+            opt.step()
+        with torch.no_grad():
+            value = float(loss_fn())
+        if value < best[0]:
+            best = (value, (dc.detach().clone(), dg.detach().clone()))
+    dc_best, dg_best = best[1]
+    c = (c0 * (1 + torch.view_as_complex(dc_best))).to(torch.complex128)
+    g = (g0 * (1 + torch.view_as_complex(dg_best))).to(torch.complex128)
+    return c, {i: g[n] for n, i in enumerate(heads)}
