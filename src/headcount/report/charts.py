@@ -144,15 +144,15 @@ def attention_grid(sample: dict | None, layer: int, head_titles: list[str] | Non
     cols = 3 if n <= 9 else 4
     rows = math.ceil(n / cols)
     titles = head_titles or [f"head {h}" for h in range(n)]
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.09,
-                        vertical_spacing=0.5 / rows)
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.07,
+                        vertical_spacing=0.2 / rows)
     idx = list(range(len(tokens)))
     hover = [[f"{tokens[q]} \u2192 {tokens[k]}" for k in idx] for q in idx]
     for h, w in enumerate(heads):
         r, c = divmod(h, cols)
         fig.add_trace(go.Heatmap(
             z=[[v / scale for v in row] for row in w], x=idx, y=idx, zmin=0, zmax=1, colorscale=ATTN_SCALE,
-            showscale=h == 0, colorbar=dict(thickness=10, len=0.5, title=dict(text="weight", side="right")),
+            showscale=h == 0, colorbar=dict(thickness=10, len=0.3, y=1, yanchor="top", title=dict(text="weight", side="right")),
             customdata=hover, hovertemplate=f"head {h}<br>%{{customdata}}<br>weight %{{z:.3f}}<extra></extra>"),
             row=r + 1, col=c + 1)
     for i in range(1, n + 1):  # square cells: each subplot's y axis keeps its x axis's scale
@@ -162,7 +162,7 @@ def attention_grid(sample: dict | None, layer: int, head_titles: list[str] | Non
     small = 7 if len(tokens) > 24 else 9
     fig.update_xaxes(tickvals=idx, ticktext=tokens, tickangle=-90, tickfont=dict(size=small), showgrid=False)
     fig.update_yaxes(tickvals=idx, ticktext=tokens, autorange="reversed", tickfont=dict(size=small), showgrid=False)
-    _layout(fig, height=330 * rows + 40, margin=dict(l=70, r=20, t=40, b=70))
+    _layout(fig, height=430 * rows + 40, margin=dict(l=60, r=10, t=40, b=60))
     fig.update_annotations(font=dict(size=12))
     return fig
 

@@ -19,7 +19,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from headcount.report.cache import ResultCache, cache_key, text_hash, weights_hash
@@ -42,8 +42,8 @@ class Sizes:
 
     roles_tokens: int = 2048  # tokens of windows for previous/duplicate/positional/sink
     roles_sentences: int = 64  # parsed sentences for syntactic / rare_word
-    faithfulness_layers: int = 4  # layers (spread over the depth) for the adversarial search
-    faithfulness_examples: int = 4
+    faithfulness_layers: int = 3  # layers (spread over the depth) for the adversarial search
+    faithfulness_examples: int = 2
     rank_examples: int = 2
     importance_windows: int = 4
     pruning_fractions: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5)
@@ -235,7 +235,7 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
             raise NotApplicable("the model already has one KV head (MQA): nothing to merge")
         return kv_merge_section(model, targets[0], calibration=cal_s, held=held_s, sizes=sizes, progress=progress)
 
-    sized = {"seed": seed, "window": w}
+    sized = {"seed": seed, "window": w}  # with each step's own sizes below: its cache key
     return [
         Step("shape", {}, shape_step),
         Step("sample", {"sentence": sentence}, lambda: sample_attention(model, sentence)),
@@ -245,10 +245,12 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
         Step("rank", sized | {"examples": sizes.rank_examples}, rank_step),
         Step("importance", sized | {"windows": sizes.importance_windows, "method": "gradient"}, importance_step,
              optional=True),
-        Step("pruning", sized | {"fractions": list(sizes.pruning_fractions), "windows": sizes.eval_windows},
+        Step("pruning", sized | {"fractions": list(sizes.pruning_fractions), "windows": sizes.eval_windows,
+                                 "calibration": sizes.merge_windows, "sentences": sizes.encoder_sentences},
              pruning_step, optional=True),
         Step("kv_merge", sized | {"target": targets[:1], "windows": sizes.merge_windows,
-                                  "eval": sizes.eval_windows}, merge_step, optional=True),
+                                  "eval": sizes.eval_windows, "sentences": sizes.encoder_sentences}, merge_step,
+             optional=True),
     ]
 
 
@@ -289,7 +291,7 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
                 bar.update(1)
                 continue
             key = cache_key(step.name, weights=w_hash, text=t_hash,
-                            params=step.params | {"sizes": asdict(sizes), "model": getattr(model, "name", None)})
+                            params=step.params | {"model": getattr(model, "name", None)})
             t0 = time.perf_counter()
             try:
                 value = cache.get_or_compute(step.name, key,
