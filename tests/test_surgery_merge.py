@@ -158,16 +158,14 @@ def test_uneven_three_to_two_decodes_like_prefill():
 def test_aware_has_smaller_layer_error_than_mean_on_a_tiny_model():
     model = _tiny(n_heads=6, n_kv=3)
     ids = _ids(8, 32)
-    aware = merge_kv(copy.deepcopy(model), 1, calibration=ids, refit=False, progress=False)
-    refit = merge_kv(copy.deepcopy(model), 1, calibration=ids, progress=False)
-    for a, r in zip(aware.layers, refit.layers):
-        assert r.error_after_refit <= a.error_before_refit + 1e-12  # the refit never makes it worse
     mean_model = copy.deepcopy(model)
     merge_kv(mean_model, 1, method="mean", progress=False)
     want = model(ids).logits
     err_mean = (mean_model(ids).logits - want).pow(2).mean()
     aware_model = copy.deepcopy(model)
-    merge_kv(aware_model, 1, calibration=ids, progress=False)
+    result = merge_kv(aware_model, 1, calibration=ids, progress=False)
+    for info in result.layers:
+        assert info.error_after_refit <= info.error_before_refit + 1e-12  # the refit never makes it worse
     err_aware = (aware_model(ids).logits - want).pow(2).mean()
     assert err_aware < 0.5 * err_mean
 
@@ -206,9 +204,10 @@ def test_plan_solver_is_optimal_against_brute_force():
 def test_merge_plan_meets_the_budget_and_applies():
     model = _tiny(n_layers=3)
     ids = _ids(4, 24)
-    plan = merge_plan(model, 0.67, calibration=ids, n_windows=2, n_eval_windows=2, progress=False)
+    plan = merge_plan(model, 0.67, calibration=ids, n_windows=2, n_eval_windows=2, candidates=[1],
+                      progress=False)
     assert plan.kv_bytes_per_token_after <= 0.67 * plan.kv_bytes_per_token_before
-    assert set(plan.sensitivity) == {0, 1, 2} and all(set(v) == {1, 2} for v in plan.sensitivity.values())
+    assert set(plan.sensitivity) == {0, 1, 2} and all(set(v) == {1} for v in plan.sensitivity.values())
     assert MergePlan.from_json(plan.to_json()) == plan
     result = merge_kv(model, plan, calibration=ids, progress=False)
     assert result.kv_bytes_per_token_after == plan.kv_bytes_per_token_after
