@@ -128,6 +128,13 @@ def test_cache_reads_back_without_recomputing(tmp_path):
 TINY = Sizes(roles_tokens=256, roles_sentences=8, faithfulness_layers=2, faithfulness_examples=1, rank_examples=1,
              importance_windows=1, pruning_fractions=(0.25,), eval_windows=1, merge_windows=1, window=64)
 STEPS = ("shape", "sample", "roles", "rank")
+# A short text of plain sentences (paragraphs split into calibration / held-out like the default corpus).
+TEXT = "\n\n".join(
+    f"The {a} quickly reads the long {b} that the old {c} wrote last year. A careful {b} often helps the {a}, "
+    f"and the {c} rarely asks for it back. When the {a} finished the {b}, the {c} smiled and wrote another one."
+    for a, b, c in [("student", "letter", "teacher"), ("farmer", "report", "mayor"), ("child", "story", "writer"),
+                    ("doctor", "note", "nurse"), ("pilot", "manual", "engineer"), ("singer", "song", "poet"),
+                    ("baker", "recipe", "cook"), ("judge", "brief", "lawyer")])
 
 
 @pytest.fixture(scope="module")
@@ -145,8 +152,8 @@ def tiny(smollm2):
 
 
 def test_same_seed_gives_a_byte_identical_report_json(tiny, tmp_path):
-    a = collect(tiny, seed=1, sizes=TINY, only=STEPS, progress=False, cache=ResultCache(tmp_path, enabled=False))
-    b = collect(tiny, seed=1, sizes=TINY, only=STEPS, progress=False, cache=ResultCache(tmp_path, enabled=False))
+    a = collect(tiny, TEXT, seed=1, sizes=TINY, only=STEPS, progress=False, cache=ResultCache(tmp_path, enabled=False))
+    b = collect(tiny, TEXT, seed=1, sizes=TINY, only=STEPS, progress=False, cache=ResultCache(tmp_path, enabled=False))
     assert dumps(a) == dumps(b)
     assert list(tmp_path.iterdir()) == []  # a disabled cache stores nothing
     # the contract: roles as RoleScores.to_json(), one entry per role
@@ -165,13 +172,13 @@ def test_same_seed_gives_a_byte_identical_report_json(tiny, tmp_path):
 
 def test_a_rerun_reads_every_step_from_the_cache(tiny, tmp_path):
     cache = ResultCache(tmp_path)
-    first = collect(tiny, sizes=TINY, only=STEPS, progress=False, cache=cache)
+    first = collect(tiny, TEXT, sizes=TINY, only=STEPS, progress=False, cache=cache)
     cache2 = ResultCache(tmp_path)
-    second = collect(tiny, sizes=TINY, only=STEPS, progress=False, cache=cache2)
+    second = collect(tiny, TEXT, sizes=TINY, only=STEPS, progress=False, cache=cache2)
     assert sorted(cache2.hits) == sorted(STEPS)
     assert dumps(first) == dumps(second)
     third = ResultCache(tmp_path)
-    collect(tiny, seed=5, sizes=TINY, only=("shape", "rank"), progress=False, cache=third)
+    collect(tiny, TEXT, seed=5, sizes=TINY, only=("shape", "rank"), progress=False, cache=third)
     assert third.hits == ["shape"]  # the seed is part of rank's key, not of the shape's
 
 
@@ -180,7 +187,7 @@ def test_missing_analysis_becomes_unavailable(tiny, tmp_path, monkeypatch):
     # surgery without pruning_curve (as before it was written): its lazy export raises AttributeError
     monkeypatch.setattr(surgery, "__getattr__", lambda name: (_ for _ in ()).throw(AttributeError(name)),
                         raising=False)
-    r = collect(tiny, sizes=TINY, only=("shape", "pruning"), progress=False, cache=ResultCache(tmp_path, enabled=False))
+    r = collect(tiny, TEXT, sizes=TINY, only=("shape", "pruning"), progress=False, cache=ResultCache(tmp_path, enabled=False))
     assert "pruning" not in r and "AttributeError" in r["unavailable"]["pruning"]
     assert r["claims"][2]["status"] == "not measured"
 
@@ -190,3 +197,20 @@ def test_bad_seed_and_model_are_type_errors(tiny):
         collect(tiny, seed="1", progress=False)
     with pytest.raises(TypeError, match="model"):
         collect(object(), progress=False)
+
+
+def test_real_faithfulness_importance_and_merge_render(tiny, tmp_path):
+    from headcount.report.html import render_html
+
+    r = collect(tiny, TEXT, sizes=TINY, only=("shape", "faithfulness", "importance", "kv_merge"), progress=False,
+                cache=ResultCache(tmp_path, enabled=False))
+    assert {(h["layer"], h["head"]) for h in r["faithfulness"]["heads"]} == {(l, h) for l in (0, 1) for h in range(4)}
+    assert all(h["tv"] <= 0.01 for h in r["faithfulness"]["heads"])  # the search stays within epsilon
+    assert len(r["importance"]["scores"]) == 2
+    m = r["kv_merge"]
+    assert (m["heads_before"], m["heads_after"]) == (2, 1)
+    assert m["kv_bytes_per_token_after"] * 2 == m["kv_bytes_per_token_before"]
+    assert m["params_after"] < m["params_before"] and m["ppl_before"] > 0 and m["ppl_after"] > 0
+    page = render_html(r)
+    for fig in ("fig-faith", "fig-importance", "fig-accounts"):
+        assert f'id="{fig}"' in page

@@ -180,7 +180,7 @@ def c15_gqa(accounts: dict | None, merge: dict | None) -> dict:
     mha = next(r for r in rows if r["label"] == "MHA")
     n_heads = mha["n_kv_heads"]
     exact = all(r["kv_bytes_per_token"] * n_heads == mha["kv_bytes_per_token"] * r["n_kv_heads"] for r in rows)
-    bits = [f"{r['label']} ({r['n_kv_heads']} KV heads) {r['kv_bytes_per_token']:,} bytes/token"
+    bits = [f"{r['label']} ({r['n_kv_heads']} KV head{'s' if r['n_kv_heads'] > 1 else ''}) {r['kv_bytes_per_token']:,} bytes/token"
             f" ({r['kv_bytes_per_token'] / mha['kv_bytes_per_token']:.0%})" for r in rows]
     finding = "KV cache per token in " + accounts.get("dtype", "") + ": " + ", ".join(bits)
     number = None

@@ -247,7 +247,7 @@ def _faithfulness(r: dict) -> str:
         rows = "".join(
             f'<tr><td>L{h["layer"]} H{h["head"]}</td><td>{_f(h.get("tau_gradient"), 2)}</td>'
             f'<td>{_f(h.get("tau_loo"), 2)}</td><td>{_f(h.get("tau_uniform"), 2)}</td>'
-            f'<td>{_f(h.get("jsd"))}<span class="cell-bar" style="width:{int(60 * min(1.0, (h.get("jsd") or 0) / 0.7))}px">'
+            f'<td>{_f(h.get("jsd"))}<span class="cell-bar" style="width:{int(40 * min(1.0, h.get("jsd") or 0))}px">'
             f'</span></td><td>{_f(h.get("tv"), 4)}</td></tr>'
             for h in sorted(f["heads"], key=lambda h: (h["layer"], h["head"])))
         table = ('<div class="scroll"><table class="data"><tr><th>head</th><th>\u03c4 gradient\u00d7input</th>'
@@ -258,7 +258,7 @@ def _faithfulness(r: dict) -> str:
                 f'as it can (Jensen-Shannon divergence) while the next-token distribution moves by at most '
                 f'\u03b5 = {f.get("epsilon")} (total variation). {f.get("n_examples", "?")} examples, layers '
                 f'{", ".join(str(x) for x in f.get("layers") or [])}.</p>')
-        body = f'<div class="grid2"><div>{table}{note}</div><div>{_fig(charts.faithfulness_chart(f), "fig-faith")}</div></div>'
+        body = f'<div class="wide"><div>{table}{note}</div><div>{_fig(charts.faithfulness_chart(f), "fig-faith")}</div></div>'
     return ('<section class="card" id="faithfulness"><h2>Is attention an explanation?</h2>'
             '<p class="lede">Jain and Wallace (2019): attention weights often disagree with gradient importance, '
             'and very different attention can give the same prediction.</p>' + body + "</section>")

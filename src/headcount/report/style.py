@@ -44,12 +44,12 @@ table.data { border-collapse:collapse; width:100%; font-size:13px; font-variant-
 table.data th { text-align:right; font-weight:600; color:var(--muted); border-bottom:2px solid var(--line);
                 padding:6px 10px; white-space:nowrap; }
 table.data td { text-align:right; padding:5px 10px; border-bottom:1px solid var(--line); }
-table.data th:first-child, table.data td:first-child { text-align:left; }
+table.data th:first-child, table.data td:first-child { text-align:left; white-space:nowrap; }
 table.data tr.mine td { background:#fff4f3; font-weight:600; }
 .scroll { max-height:420px; overflow:auto; border:1px solid var(--line); border-radius:8px; }
 .scroll table.data th { position:sticky; top:0; background:#fff; }
 .cell-bar { display:inline-block; height:8px; border-radius:4px; background:#4C78A8; vertical-align:middle;
-            margin-left:6px; }
+            margin-left:6px; max-width:40px; }
 .legend { display:flex; flex-wrap:wrap; gap:10px 16px; margin:4px 0 10px; font-size:13px; }
 .legend i { display:inline-block; width:14px; height:14px; border-radius:3px; margin-right:6px; vertical-align:-2px; }
 .na { border:2px dashed #cfd3de; border-radius:12px; padding:22px; text-align:center; color:var(--muted);
