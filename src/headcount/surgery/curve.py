@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from headcount.surgery import plan as _plan
-from headcount.surgery.pruning import CALIBRATION_WINDOWS, WINDOW, prune_to, resolve_scores
+from headcount.surgery.pruning import CALIBRATION_WINDOWS, WINDOW, prune, prune_to, resolve_scores
 
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
 EVAL_WINDOWS = 8
@@ -155,7 +155,6 @@ def pruning_curve(model, *, fractions=FRACTIONS, orders=("gradient", "random"), 
             for frac in fractions:
                 pruned = copy.deepcopy(model)
                 plan = _plan.plan_fraction(pruned, frac, s, mode=mode, uniform=uniform)
-                from headcount.surgery.pruning import prune
                 result = prune(pruned, plan, mode=mode, compensate=comp, calibration=calibration,
                                calibration_windows=calibration_windows, window=window, progress=progress,
                                **prune_kwargs)
