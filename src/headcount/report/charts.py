@@ -162,7 +162,7 @@ def attention_grid(sample: dict | None, layer: int, head_titles: list[str] | Non
     small = 7 if len(tokens) > 24 else 9
     fig.update_xaxes(tickvals=idx, ticktext=tokens, tickangle=-90, tickfont=dict(size=small), showgrid=False)
     fig.update_yaxes(tickvals=idx, ticktext=tokens, autorange="reversed", tickfont=dict(size=small), showgrid=False)
-    _layout(fig, height=430 * rows + 40, margin=dict(l=60, r=10, t=40, b=60))
+    _layout(fig, height=(430 if cols == 3 else 340) * rows + 40, margin=dict(l=60, r=10, t=40, b=60))
     fig.update_annotations(font=dict(size=12))
     return fig
 

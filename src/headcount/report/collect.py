@@ -165,8 +165,10 @@ def kv_merge_section(model, target: int, *, calibration, held: list[str] | None,
     before = {"heads_before": model.layers[0].attn.n_kv_heads, "params_before": _n_params(model),
               "kv_bytes_per_token_before": sum(l.attn.new_cache(1, 1).nbytes for l in model.layers),
               "ppl_before": _ppl(model, held, sizes)}
-    result = call_with(merge_kv, copy_, target, calibration=calibration, n_windows=sizes.merge_windows,
-                       window=sizes.window, progress=progress)
+    # an encoder has no perplexity to show the merge's cost: the quick mean-pooled merge is enough there
+    method = "aware" if hasattr(model, "lm_head") else "mean"
+    result = call_with(merge_kv, copy_, target, method=method, calibration=calibration,
+                       n_windows=sizes.merge_windows, window=sizes.window, progress=progress)
     data = result.to_json() if hasattr(result, "to_json") else {}
     after = {"heads_after": copy_.layers[0].attn.n_kv_heads, "params_after": _n_params(copy_),
              "kv_bytes_per_token_after": sum(l.attn.new_cache(1, 1).nbytes for l in copy_.layers),
@@ -248,7 +250,7 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
         Step("pruning", sized | {"fractions": list(sizes.pruning_fractions), "windows": sizes.eval_windows,
                                  "calibration": sizes.merge_windows, "sentences": sizes.encoder_sentences},
              pruning_step, optional=True),
-        Step("kv_merge", sized | {"target": targets[:1], "windows": sizes.merge_windows,
+        Step("kv_merge", sized | {"target": targets[:1], "windows": sizes.merge_windows, "method": 2,
                                   "eval": sizes.eval_windows, "sentences": sizes.encoder_sentences}, merge_step,
              optional=True),
     ]
