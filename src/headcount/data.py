@@ -17,6 +17,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 from dataclasses import dataclass
@@ -163,6 +164,7 @@ def _held_out(key: str) -> bool:
     return zlib.crc32(key.encode("utf-8")) % HELD_OUT_MODULUS == 0
 
 
+@functools.lru_cache(maxsize=1)  # deterministic and immutable (frozen, tuples): built once per process
 def default_corpus() -> Corpus:
     """The standard library's documentation topics as a calibration / held-out corpus.
 
