@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from headcount.parallel import runtime
-from headcount.parallel.plan import head_plan, split_even, stored_kv_heads
+from headcount.cost.head_split import head_plan, split_even, stored_kv_heads
 
 # ------------------------------------------------------------------------------------------ shapes
 LLAMA = dict(vocab_size=101, d_model=72, n_layers=2, n_heads=9, n_kv_heads=3, head_dim=8, d_ff=40, max_position=64,

@@ -1,6 +1,6 @@
 """Per-rank accounts under tensor parallelism by heads (`headcount cost --tp N`). Pure Python: no torch.
 
-The split is headcount.parallel's (plan.py, pure arithmetic; shared so the accounts and the shards can
+The split is head_split.py's (pure arithmetic; headcount.parallel shards with it too, so the accounts and the shards can
 never disagree): rank r holds a contiguous run of query heads (as even as possible: 9 over 2 = 5 + 4),
 the KV heads those heads read, o_proj's matching columns, a contiguous block of the MLP's hidden units
 (d_ff split the same way) and the matching columns of its down projection. Everything else is
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from headcount.cost.accounts import _norm_params, param_counts
 from headcount.cost.shape import CostError, ModelShape, parse_dtype
-from headcount.parallel.plan import head_plan, split_even, stored_kv_heads
+from headcount.cost.head_split import head_plan, split_even, stored_kv_heads
 
 REPLICATED = ("embeddings", "positions", "token_types", "embedding_norm", "final_norm", "lm_head", "pooler")
 ALLREDUCES_PER_BLOCK = 2  # after W_O and after the MLP's down projection (a cross-attention adds a third)

@@ -3,20 +3,22 @@
     shard_heads(attn, group=None)      this rank's shard of one MultiHeadAttention (shard.py)
     tensor_parallel(model, group=None) the same for a whole model (model.py: a module name that never
                                        shadows the function)
-    head_plan(n_heads, world_size)     which heads each rank gets (plan.py, pure Python)
+    head_plan(n_heads, world_size)     which heads each rank gets (headcount/cost/head_split.py, pure
+                                       Python: it sits in cost/ so the accounts can use it without
+                                       importing a room above them)
     init(), spawn(fn, world_size)      process groups from torchrun's environment; a launcher (runtime.py)
     python -m headcount.parallel.check  max |diff| vs one process (check.py)
     headcount bench parallel           1 process x 2 threads vs 2 ranks x 1 thread (bench.py, cli.py)
     share(model) / rebuild(payload)    a loaded model to spawned ranks through shared memory (transfer.py)
 
-The per-rank accounts (`headcount cost --tp N`) live in headcount/cost/parallel.py and use plan.py.
+The per-rank accounts (`headcount cost --tp N`) live in headcount/cost/parallel.py and use the same split.
 """
 
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"shard_heads": "shard", "tensor_parallel": "model", "head_plan": "plan",
+_EXPORTS = {"shard_heads": "shard", "tensor_parallel": "model", "head_plan": "headcount.cost.head_split",
             "init": "runtime", "check_same_weights": "runtime", "spawn": "runtime"}
 
 __all__ = sorted(_EXPORTS)
@@ -24,7 +26,8 @@ __all__ = sorted(_EXPORTS)
 
 def __getattr__(name: str):
     if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
+        target = _EXPORTS[name]
+        module = importlib.import_module(target if "." in target else f"{__name__}.{target}")
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

@@ -20,7 +20,7 @@ from torch import nn
 
 from headcount.attention import MultiHeadAttention
 from headcount.parallel import runtime
-from headcount.parallel.plan import split_even
+from headcount.cost.head_split import split_even
 from headcount.parallel.shard import install_collectives, plan_for, shard_heads
 
 

@@ -33,7 +33,7 @@ import torch.distributed._functional_collectives as fc
 
 from headcount.attention import AttentionOutput, MultiHeadAttention
 from headcount.parallel import runtime
-from headcount.parallel.plan import RankHeads, head_plan
+from headcount.cost.head_split import RankHeads, head_plan
 
 Tensor = torch.Tensor
 

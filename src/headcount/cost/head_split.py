@@ -1,4 +1,5 @@
-"""Which heads each rank gets: pure arithmetic, no torch (the cost room's per-rank accounts use it too).
+"""Which heads each rank gets: pure arithmetic, no torch. Used by the per-rank accounts (cost/parallel.py)
+and by headcount.parallel to cut the real shards, so the two never disagree.
 
 Query heads are split into contiguous runs, as even as possible, the first ranks taking one more:
 9 heads over 2 ranks = 5 + 4; over 4 ranks = 3 + 2 + 2 + 2. Each rank keeps the KV heads its query
