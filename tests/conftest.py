@@ -31,3 +31,15 @@ def minilm():
     """all-MiniLM-L6-v2, loaded once per test session (deepcopy before changing weights)."""
     from headcount.models import load
     return load("minilm")
+
+
+@pytest.fixture
+def one_thread_for_tiny_models(request):
+    """Tiny models: one intra-op thread (threads only spin on a shared CPU); real models keep the default."""
+    if "smollm2" in request.fixturenames or "minilm" in request.fixturenames:
+        yield
+        return
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

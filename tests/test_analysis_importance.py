@@ -12,16 +12,7 @@ from headcount.analysis.scores import HeadScores
 from headcount.models import Decoder, DecoderConfig, Encoder, EncoderConfig
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(request):
-    """Tiny models: one intra-op thread (threads only spin on a shared CPU); real models keep the default."""
-    if "smollm2" in request.fixturenames or "minilm" in request.fixturenames:
-        yield
-        return
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_for_tiny_models")
 
 
 def tiny_decoder(seed=0, dtype=torch.float64, **kw):

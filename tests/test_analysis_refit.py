@@ -8,16 +8,7 @@ from headcount.analysis.refit import (GramStats, collect_o_proj_stats, head_colu
 from headcount.models import Decoder, DecoderConfig, Encoder, EncoderConfig
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(request):
-    """Tiny models: one intra-op thread (threads only spin on a shared CPU); real models keep the default."""
-    if "smollm2" in request.fixturenames or "minilm" in request.fixturenames:
-        yield
-        return
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_for_tiny_models")
 
 
 def _stats(x: torch.Tensor, y: torch.Tensor) -> GramStats:

@@ -22,18 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from headcount.cost.measure import status_kib
+
 MODES = ("naive", "capture", "summaries")
-
-
-def _status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
 
 
 def _child(args: dict) -> dict:
@@ -55,7 +46,7 @@ def _child(args: dict) -> dict:
     try:
         with open("/proc/self/clear_refs", "w") as fh:
             fh.write("5")
-        before = _status_kib("VmRSS")
+        before = status_kib("VmRSS")
     except OSError:
         before = None
     if before is None:
@@ -73,7 +64,7 @@ def _child(args: dict) -> dict:
         else:
             sums = capture(model, ids, summaries=lambda layer, w: w[..., 0].sum(-1))
             checksum = float(sum(s.sum() for s in sums.values()))
-    after = _status_kib("VmHWM") if method.startswith("VmHWM") else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    after = status_kib("VmHWM") if method.startswith("VmHWM") else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     mods = model.layers
     return {"mode": mode, "peak_bytes": (after - before) * 1024, "method": method, "length": length,
             "n_layers": len(mods), "n_heads": mods[0].attn.n_heads, "checksum": checksum}

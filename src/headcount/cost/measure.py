@@ -144,7 +144,8 @@ def check_kv(shape: ModelShape, batch: int, seq: int, dtype: str = "bf16", *,
 
 
 # ----------------------------------------------------------------------------------- score memory
-def _status_kib(field: str) -> int | None:
+def status_kib(field: str) -> int | None:
+    """A /proc/self/status field in KiB (VmRSS, VmHWM, ...), or None where there is no /proc."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
@@ -174,14 +175,14 @@ def _peak_child(args: dict) -> dict:
         try:
             with open("/proc/self/clear_refs", "w") as fh:
                 fh.write("5")  # reset the peak-RSS high-water mark (Linux >= 4.0)
-            before = _status_kib("VmRSS")
+            before = status_kib("VmRSS")
         except OSError:
             before = None
         if before is None:
             method = "ru_maxrss delta"
             before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         out, weights = attn(x, need_weights=eager)
-        after = _status_kib("VmHWM") if method.startswith("VmHWM") else \
+        after = status_kib("VmHWM") if method.startswith("VmHWM") else \
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         del out, weights
     return {"peak_bytes": (after - before) * 1024, "method": method}
