@@ -38,7 +38,7 @@ def test_heatmap_of_a_padded_model(tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--method", "magic"], "--method: expected one of"),
-    (["--png", "/nonexistent-dir/x.png"], "--png: directory"),
+    (["--png", "/nonexistent-dir/x.png"], "does not exist"),
     (["--png", "heads.jpg"], "--png: expected a file name ending in .png"),
     (["--windows", "0"], "--windows"),
     (["--text", "EMPTY"], "the file is empty"),

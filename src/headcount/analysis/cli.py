@@ -78,7 +78,8 @@ def register(app, bench_app) -> None:
 
         previous-token, duplicate-token, induction, positional, syntactic, rare-word and sink."""
         with _errors("roles"):
-            from headcount.analysis.plots import check_png, roles_png
+            from headcount.analysis.plots import roles_png
+            from headcount.paths import check_png
             from headcount.analysis.role_scores import roles
 
             if png is not None:
@@ -171,7 +172,8 @@ def register(app, bench_app) -> None:
     ) -> None:
         """Numerical rank of each head's Q K^T against min(head_dim, n), below and above head_dim."""
         with _errors("rank"):
-            from headcount.analysis.plots import check_png, rank_png
+            from headcount.analysis.plots import rank_png
+            from headcount.paths import check_png
             from headcount.analysis.score_rank import rank
 
             if png is not None:

@@ -17,19 +17,9 @@ from typing import Optional
 
 import typer
 
+from headcount.paths import check_png
+
 METHOD_NAMES = ("gradient", "ablation", "confidence", "reconstruction")  # = importance.METHODS (no torch here)
-
-
-def _check_png(png: Path) -> None:
-    if png.suffix.lower() != ".png":
-        raise ValueError(f"--png: expected a file name ending in .png, got {str(png)!r}")
-    if png.is_dir():
-        raise ValueError(f"--png: {png} is a directory")
-    parent = png.parent if str(png.parent) else Path(".")
-    if not parent.is_dir():
-        raise ValueError(f"--png: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (png.exists() and not os.access(png, os.W_OK)):
-        raise ValueError(f"--png: cannot write {png} (permission denied)")
 
 
 def heatmap(scores, path: str | Path) -> None:
@@ -107,7 +97,7 @@ def register(app, bench_app) -> None:
             if window < 2:
                 raise ValueError(f"--window: expected at least 2, got {window}")
             if png is not None:
-                _check_png(png)
+                check_png(png)
             texts, source = None, "default corpus: calibration"
             if text is not None:
                 from headcount.data import read_text

@@ -3,22 +3,7 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
-
-
-def check_png(png: Path, flag: str = "--png") -> None:
-    """A clear error before any work when the PNG cannot be written."""
-    png = Path(png)
-    if png.suffix.lower() != ".png":
-        raise ValueError(f"{flag}: expected a file name ending in .png, got {str(png)!r}")
-    if png.is_dir():
-        raise ValueError(f"{flag}: {png} is a directory")
-    parent = png.parent if str(png.parent) else Path(".")
-    if not parent.is_dir():
-        raise ValueError(f"{flag}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (png.exists() and not os.access(png, os.W_OK)):
-        raise ValueError(f"{flag}: cannot write {png} (permission denied)")
 
 
 def _plt():

@@ -58,8 +58,8 @@ def register(app, bench_app) -> None:
             if seed < 0:
                 raise ValueError(f"--seed: expected a whole number >= 0, got {seed}")
             if png is not None:
-                from headcount.experiments.plots import check_png_path
-                check_png_path(png)
+                from headcount.paths import check_png
+                check_png(png)
             options: dict = {}
             if d_model is not None:
                 if d_model < 1:

@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from headcount.experiments.results import ExperimentResult
-
-
-def check_png_path(path) -> Path:
-    """Fail before any training when the plot could not be written: a ValueError naming --png."""
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"--png: {p} is a directory; give a file name such as {p / 'plot.png'}")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise ValueError(f"--png: cannot write {p}: the folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise ValueError(f"--png: cannot write {p}: permission denied")
-    return p
+from headcount.paths import check_png
 
 
 def save_plot(result: ExperimentResult, path, draw) -> Path:
@@ -27,7 +14,7 @@ def save_plot(result: ExperimentResult, path, draw) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    p = check_png_path(path)
+    p = check_png(path)
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     try:
         draw(result, ax)

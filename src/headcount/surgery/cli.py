@@ -106,8 +106,9 @@ def register(app, bench_app) -> None:
             if calibration_windows < 1 or eval_windows < 1:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
             if curve:
-                if png is not None and png.suffix.lower() != ".png":
-                    raise ValueError(f"--png: expected a .png file name, got {png}")
+                if png is not None:
+                    from headcount.paths import check_png
+                    check_png(png)
                 _curve(model, text, mode, uniform, png, json_out, calibration_windows, eval_windows)
                 return
             if fraction is None or not 0 < fraction < 1:

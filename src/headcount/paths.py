@@ -1,0 +1,24 @@
+"""Output paths checked before any work: a clear error naming the flag, never a late OSError.
+
+Used by every command that writes a PNG (roles, rank, importance, prune --curve, experiment).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def check_png(path, flag: str = "--png") -> Path:
+    """`path` as a Path when a PNG can be written there; else a ValueError naming `flag`."""
+    png = Path(path)
+    if png.is_dir():
+        raise ValueError(f"{flag}: {png} is a directory; give a file name such as {png / 'plot.png'}")
+    if png.suffix.lower() != ".png":
+        raise ValueError(f"{flag}: expected a file name ending in .png, got {str(png)!r}")
+    parent = png.parent if str(png.parent) else Path(".")
+    if not parent.is_dir():
+        raise ValueError(f"{flag}: cannot write {png}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (png.exists() and not os.access(png, os.W_OK)):
+        raise ValueError(f"{flag}: cannot write {png}: permission denied")
+    return png
