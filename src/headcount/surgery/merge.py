@@ -147,7 +147,7 @@ def _contiguous(n_old: int, n_new: int) -> list[list[int]]:
 
 
 def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, grouping="auto",
-                refit: bool = True, ridge: float = 1e-2, refine_steps: int = 0) -> LayerMerge:
+                refit: bool = True, ridge: float = 0.3, refine_steps: int = 0) -> LayerMerge:
     """The aware merge of one attention module, from captured inputs and target outputs (in place)."""
     n_old, d = attn.n_kv_heads, attn.head_dim
     stats = merge_fit.layer_stats(attn, captures)
@@ -171,7 +171,7 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
 
 
 def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibration=None, n_windows: int = 8,
-             window: int = 512, grouping="auto", target: str = "local", refit: bool = True, ridge: float = 1e-2,
+             window: int = 512, grouping="auto", target: str = "local", refit: bool = True, ridge: float = 0.3,
              refine_steps: int = 0, progress: bool = True) -> MergeResult:
     """Merge K/V heads of `model` in place down to `n_kv_heads` (an int for every layer in `layers`, a
     {layer: n} mapping, or a MergePlan from merge_plan). See the module docstring for the methods."""
