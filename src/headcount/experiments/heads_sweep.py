@@ -16,7 +16,7 @@ import torch
 
 from headcount.experiments.results import ExperimentResult, SweepRow, mean_std
 from headcount.experiments.small import ByteCorpus, byte_decoder, check_heads, held_out_nll, lm_loss, ppl
-from headcount.experiments.train import check_steps, seeded, train
+from headcount.experiments.train import resolve_config, seeded, train
 
 CLAIM = ("2.3.5: at fixed d_model more heads means narrower heads; the optimum is broad and both extremes lose "
          "(Vaswani et al. 2017, Table 3 rows A).")
@@ -32,15 +32,7 @@ QUICK = dict(heads=(1, 4, 32), d_model=64, n_layers=1, seq_len=32, batch_size=16
 
 def run(*, quick: bool = False, seed: int = 0, steps: int | None = None, seeds: int | None = None,
         progress: bool = True, **options) -> ExperimentResult:
-    cfg = dict(QUICK if quick else FULL)
-    unknown = set(options) - set(cfg)
-    if unknown:
-        raise ValueError(f"heads-sweep: unknown option(s) {sorted(unknown)}; known: {sorted(cfg)}")
-    cfg.update(options)
-    if steps is not None:
-        cfg["steps"] = check_steps(steps)
-    if seeds is not None:
-        cfg["seeds"] = seeds
+    cfg = resolve_config("heads-sweep", quick, QUICK, FULL, options, steps=steps, seeds=seeds)
     heads = check_heads(cfg["heads"], cfg["d_model"])
     cfg["heads"] = heads
     corpus = ByteCorpus.load()

@@ -24,7 +24,7 @@ import torch
 from headcount.attention import MultiHeadAttention
 from headcount.experiments.results import ExperimentResult, RankRow, mean_std
 from headcount.experiments.small import check_heads
-from headcount.experiments.train import check_steps, train
+from headcount.experiments.train import resolve_config, train
 
 Tensor = torch.Tensor
 
@@ -83,15 +83,7 @@ def fit_heads(x: Tensor, target: Tensor, *, d_model: int, n_heads: int, head_dim
 
 def run(*, quick: bool = False, seed: int = 0, steps: int | None = None, seeds: int | None = None,
         progress: bool = True, **options) -> ExperimentResult:
-    cfg = dict(QUICK if quick else FULL)
-    unknown = set(options) - set(cfg)
-    if unknown:
-        raise ValueError(f"low-rank: unknown option(s) {sorted(unknown)}; known: {sorted(cfg)}")
-    cfg.update(options)
-    if steps is not None:
-        cfg["steps"] = check_steps(steps)
-    if seeds is not None:
-        cfg["targets"] = seeds
+    cfg = resolve_config("low-rank", quick, QUICK, FULL, options, steps=steps, seeds=seeds, seeds_key="targets")
     n, d_model = cfg["n"], cfg["d_model"]
     if d_model < n:
         raise ValueError(f"d_model: expected at least n={n} so that head_dim is the binding constraint, got {d_model}")

@@ -25,7 +25,7 @@ from torch import nn
 from headcount.attention import MultiHeadAttention
 from headcount.experiments.results import ExperimentResult, RelationRow, mean_std
 from headcount.experiments.small import attention_accounts, check_heads
-from headcount.experiments.train import check_steps, seeded, train
+from headcount.experiments.train import resolve_config, seeded, train
 
 Tensor = torch.Tensor
 
@@ -142,15 +142,7 @@ def diagnose(model: RelationModel, batch) -> dict:
 
 def run(*, quick: bool = False, seed: int = 0, steps: int | None = None, seeds: int | None = None,
         progress: bool = True, **options) -> ExperimentResult:
-    cfg = dict(QUICK if quick else FULL)
-    unknown = set(options) - set(cfg)
-    if unknown:
-        raise ValueError(f"multi-relation: unknown option(s) {sorted(unknown)}; known: {sorted(cfg)}")
-    cfg.update(options)
-    if steps is not None:
-        cfg["steps"] = check_steps(steps)
-    if seeds is not None:
-        cfg["seeds"] = seeds
+    cfg = resolve_config("multi-relation", quick, QUICK, FULL, options, steps=steps, seeds=seeds)
     heads = check_heads(cfg["heads"], cfg["d_model"])
     cfg["heads"] = heads
     task = RelationTask(cfg["n_values"], cfg["n_relations"], cfg["seq_len"])

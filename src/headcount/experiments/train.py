@@ -39,6 +39,22 @@ class TrainLog:
         return self.seconds / max(1, len(self.losses))
 
 
+def resolve_config(name: str, quick: bool, defaults_quick: dict, defaults_full: dict, options: dict, *,
+                   steps=None, seeds=None, seeds_key: str = "seeds") -> dict:
+    """An experiment's settings: its quick or full defaults, overridden by known `options`, --steps
+    and --seeds (stored under `seeds_key`); an unknown option is a ValueError naming the experiment."""
+    cfg = dict(defaults_quick if quick else defaults_full)
+    unknown = set(options) - set(cfg)
+    if unknown:
+        raise ValueError(f"{name}: unknown option(s) {sorted(unknown)}; known: {sorted(cfg)}")
+    cfg.update(options)
+    if steps is not None:
+        cfg["steps"] = check_steps(steps)
+    if seeds is not None:
+        cfg[seeds_key] = seeds
+    return cfg
+
+
 def check_steps(steps) -> int:
     """A positive number of training steps, or a ValueError naming --steps."""
     if isinstance(steps, bool) or not isinstance(steps, int):

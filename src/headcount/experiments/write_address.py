@@ -23,7 +23,7 @@ import torch
 
 from headcount.experiments.results import AblationRow, ExperimentResult, mean_std
 from headcount.experiments.small import ByteCorpus, byte_decoder, check_heads, held_out_nll, lm_loss, ppl
-from headcount.experiments.train import check_steps, seeded, train
+from headcount.experiments.train import resolve_config, seeded, train
 
 Tensor = torch.Tensor
 
@@ -134,15 +134,7 @@ def without_o_proj(model) -> None:
 
 def run(*, quick: bool = False, seed: int = 0, steps: int | None = None, seeds: int | None = None,
         progress: bool = True, **options) -> ExperimentResult:
-    cfg = dict(QUICK if quick else FULL)
-    unknown = set(options) - set(cfg)
-    if unknown:
-        raise ValueError(f"write-address: unknown option(s) {sorted(unknown)}; known: {sorted(cfg)}")
-    cfg.update(options)
-    if steps is not None:
-        cfg["steps"] = check_steps(steps)
-    if seeds is not None:
-        cfg["seeds"] = seeds
+    cfg = resolve_config("write-address", quick, QUICK, FULL, options, steps=steps, seeds=seeds)
     cfg["n_heads"] = check_heads((cfg["n_heads"],), cfg["d_model"], name="n_heads")[0]
     from headcount.models import load
 
