@@ -14,7 +14,7 @@ analysis never changes a weight: it touches models only through public hooks
 
 from __future__ import annotations
 
-import importlib
+from headcount import lazy
 
 _EXPORTS = {
     "importance": "importance", "HeadScores": "scores", "METHODS": "importance",
@@ -26,17 +26,5 @@ _EXPORTS = {
     "split_sentences": "batches",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-        if name == "importance":  # the module is callable (= importance()), and it keeps cost_ratio, agreement
-            return module
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+# the importance module itself is callable (= importance()) and keeps cost_ratio, agreement
+__getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS, modules=("importance",))

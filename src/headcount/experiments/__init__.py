@@ -5,19 +5,8 @@
 
 from __future__ import annotations
 
-import importlib
+from headcount import lazy
 
 _EXPORTS = {"run_experiment": "registry", "EXPERIMENTS": "registry"}
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS)

@@ -13,7 +13,7 @@ Submodules are imported lazily so `import headcount.models` stays cheap.
 
 from __future__ import annotations
 
-import importlib
+from headcount import lazy
 
 _EXPORTS = {
     "load": "zoo", "known_models": "zoo", "ModelNotFoundError": "zoo",
@@ -28,15 +28,4 @@ _EXPORTS = {
     "demo_tour": "tour", "packed": "packing",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        module = importlib.import_module(f"headcount.models.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module 'headcount.models' has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS)

@@ -16,21 +16,9 @@ The per-rank accounts (`headcount cost --tp N`) live in headcount/cost/parallel.
 
 from __future__ import annotations
 
-import importlib
+from headcount import lazy
 
 _EXPORTS = {"shard_heads": "shard", "tensor_parallel": "model", "head_plan": "headcount.cost.head_split",
             "init": "runtime", "check_same_weights": "runtime", "spawn": "runtime"}
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        target = _EXPORTS[name]
-        module = importlib.import_module(target if "." in target else f"{__name__}.{target}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS)

@@ -14,7 +14,7 @@ MultiHeadAttention module (prune_heads, merge_kv_heads), which this package buil
 
 from __future__ import annotations
 
-import importlib
+from headcount import lazy
 
 _EXPORTS = {
     # module names differ from the function names: an imported submodule `prune` would shadow prune()
@@ -25,15 +25,4 @@ _EXPORTS = {
     "save": "saving", "export_transformers": "saving",
 }
 
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        module = importlib.import_module(f"{__name__}.{_EXPORTS[name]}")
-        return getattr(module, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS)
