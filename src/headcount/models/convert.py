@@ -457,7 +457,14 @@ def to_transformers_state_dict(model: Decoder) -> tuple[dict, dict[str, Tensor]]
     cfg = model.config
     if cfg.family not in ("llama", "qwen2"):
         raise ValueError(f"to_transformers_state_dict: only llama / qwen2 decoders, not {cfg.family!r}")
-    nh, nkv, hd, ff = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
+    # Head counts from the modules (a pruned or merged model's config keeps the original counts);
+    # the caller checks that every layer has the same counts with even groups.
+    nh, nkv = model.layers[0].attn.n_heads, model.layers[0].attn.n_kv_heads
+    hd, ff = cfg.head_dim, cfg.d_ff
+    # Llama has one attention_bias switch for q, k, v and o: a bias any layer gained (lstsq refit,
+    # mean compensation) is written everywhere, zeros where a layer has none. Qwen2: q/k/v biases only.
+    llama_bias = cfg.family == "llama" and any(
+        layer.attn.qkv_proj.bias is not None or layer.attn.o_proj.bias is not None for layer in model.layers)
     sd: dict[str, Tensor] = {"model.embed_tokens.weight": model.embed.weight.detach()}
     for i, layer in enumerate(model.layers):
         p = f"model.layers.{i}."
@@ -465,17 +472,23 @@ def to_transformers_state_dict(model: Decoder) -> tuple[dict, dict[str, Tensor]]
         sd[p + "self_attn.q_proj.weight"] = w[: nh * hd]
         sd[p + "self_attn.k_proj.weight"] = w[nh * hd:(nh + nkv) * hd]
         sd[p + "self_attn.v_proj.weight"] = w[(nh + nkv) * hd:]
-        if layer.attn.qkv_proj.bias is not None:
-            b = layer.attn.qkv_proj.bias.detach()
+        b = layer.attn.qkv_proj.bias
+        if b is not None or llama_bias:
+            b = b.detach() if b is not None else w.new_zeros(w.shape[0])
             sd[p + "self_attn.q_proj.bias"] = b[: nh * hd]
             sd[p + "self_attn.k_proj.bias"] = b[nh * hd:(nh + nkv) * hd]
             sd[p + "self_attn.v_proj.bias"] = b[(nh + nkv) * hd:]
         sd[p + "self_attn.o_proj.weight"] = layer.attn.o_proj.weight.detach()
-        if layer.attn.o_proj.bias is not None:
-            sd[p + "self_attn.o_proj.bias"] = layer.attn.o_proj.bias.detach()
+        ob = layer.attn.o_proj.bias
+        if ob is not None or llama_bias:
+            sd[p + "self_attn.o_proj.bias"] = ob.detach() if ob is not None else w.new_zeros(cfg.d_model)
         gu = layer.mlp.gate_up_proj.weight.detach()
         sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gu[:ff], gu[ff:]
         sd[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.weight.detach()
+        if cfg.mlp_bias:
+            gub = layer.mlp.gate_up_proj.bias.detach()
+            sd[p + "mlp.gate_proj.bias"], sd[p + "mlp.up_proj.bias"] = gub[:ff], gub[ff:]
+            sd[p + "mlp.down_proj.bias"] = layer.mlp.down_proj.bias.detach()
         sd[p + "input_layernorm.weight"] = layer.attn_norm.weight.detach()
         sd[p + "post_attention_layernorm.weight"] = layer.mlp_norm.weight.detach()
     sd["model.norm.weight"] = model.norm.weight.detach()
@@ -487,7 +500,7 @@ def to_transformers_state_dict(model: Decoder) -> tuple[dict, dict[str, Tensor]]
         "num_hidden_layers": cfg.n_layers, "num_attention_heads": nh, "num_key_value_heads": nkv,
         "head_dim": hd, "intermediate_size": ff, "max_position_embeddings": cfg.max_position,
         "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "hidden_act": "silu",
-        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": cfg.qkv_bias and cfg.family == "llama",
+        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": llama_bias,
         "mlp_bias": cfg.mlp_bias, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
         "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32",
     }

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from headcount.models import saved
+from headcount.models.convert import to_transformers_state_dict
 
 Tensor = torch.Tensor
 
@@ -97,50 +98,12 @@ def llama_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
                          "read KV head i // (n_heads // n_kv_heads). Prune with uniform=True (same count per group) "
                          "or mode='group'")
     cfg = model.config
-    nh, nkv = lay[0][0], lay[0][1]
+    nh = lay[0][0]
     if cfg.d_model % nh:
         raise ValueError(f"model: {nh} query heads per layer; transformers' LlamaConfig requires hidden_size "
                          f"({cfg.d_model}) to be a multiple of num_attention_heads")
-    hd, ff = cfg.head_dim, cfg.d_ff
-    any_o_bias = any(l.attn.o_proj.bias is not None for l in model.layers)
-    any_qkv_bias = any(l.attn.qkv_proj.bias is not None for l in model.layers)
-    bias = any_o_bias or any_qkv_bias
-    sd: dict[str, Tensor] = {"model.embed_tokens.weight": model.embed.weight.detach()}
-    for i, layer in enumerate(model.layers):
-        p, attn = f"model.layers.{i}.", layer.attn
-        w = attn.qkv_proj.weight.detach()
-        sd[p + "self_attn.q_proj.weight"] = w[: nh * hd]
-        sd[p + "self_attn.k_proj.weight"] = w[nh * hd:(nh + nkv) * hd]
-        sd[p + "self_attn.v_proj.weight"] = w[(nh + nkv) * hd:]
-        sd[p + "self_attn.o_proj.weight"] = attn.o_proj.weight.detach()
-        if bias:
-            b = attn.qkv_proj.bias.detach() if attn.qkv_proj.bias is not None else w.new_zeros(w.shape[0])
-            sd[p + "self_attn.q_proj.bias"] = b[: nh * hd]
-            sd[p + "self_attn.k_proj.bias"] = b[nh * hd:(nh + nkv) * hd]
-            sd[p + "self_attn.v_proj.bias"] = b[(nh + nkv) * hd:]
-            ob = attn.o_proj.bias
-            sd[p + "self_attn.o_proj.bias"] = ob.detach() if ob is not None else w.new_zeros(cfg.d_model)
-        gu = layer.mlp.gate_up_proj.weight.detach()
-        sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gu[:ff], gu[ff:]
-        sd[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.weight.detach()
-        if cfg.mlp_bias:
-            gub = layer.mlp.gate_up_proj.bias.detach()
-            sd[p + "mlp.gate_proj.bias"], sd[p + "mlp.up_proj.bias"] = gub[:ff], gub[ff:]
-            sd[p + "mlp.down_proj.bias"] = layer.mlp.down_proj.bias.detach()
-        sd[p + "input_layernorm.weight"] = layer.attn_norm.weight.detach()
-        sd[p + "post_attention_layernorm.weight"] = layer.mlp_norm.weight.detach()
-    sd["model.norm.weight"] = model.norm.weight.detach()
-    if not cfg.tie_embeddings:
-        sd["lm_head.weight"] = model.lm_head.weight.detach()
-    hf = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers, "num_attention_heads": nh,
-        "num_key_value_heads": nkv, "head_dim": hd, "intermediate_size": ff,
-        "max_position_embeddings": cfg.max_position, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
-        "hidden_act": "silu", "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": bias,
-        "mlp_bias": cfg.mlp_bias, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32", "dtype": "float32",
-    }
+    hf, sd = to_transformers_state_dict(model)
+    hf["dtype"] = "float32"
     return hf, sd
 
 
