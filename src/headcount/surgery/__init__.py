@@ -7,6 +7,7 @@
     merge_plan(model, budget)                               merge.py
     uptrain(model, steps, *, lr, trainable)                 uptraining.py
     save(model, dir) / export_transformers(model, dir)      saving.py
+    export_gguf(model, path, *, dtype)                      gguf_export.py (llama.cpp `deci`, per-layer heads)
 
 Not to be confused with headcount.head_surgery (below attention): structural surgery on ONE
 MultiHeadAttention module (prune_heads, merge_kv_heads), which this package builds on.
@@ -23,6 +24,7 @@ _EXPORTS = {
     "merge_kv": "merge", "merge_plan": "merge", "MergeResult": "merge",
     "uptrain": "uptraining", "UptrainResult": "uptraining",
     "save": "saving", "export_transformers": "saving",
+    "export_gguf": "gguf_export",
 }
 
 __getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS)

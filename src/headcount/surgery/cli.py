@@ -1,4 +1,5 @@
-"""Commands of headcount.surgery: prune, export, bench surgery (here) and merge-kv (merge_cli.py).
+"""Commands of headcount.surgery: prune, export (--to transformers | gguf | gguf-f16), bench surgery (here) and
+merge-kv (merge_cli.py).
 
 Registered by headcount.cli; no torch import at module level. Bad input: one line on stderr, exit 2,
 nothing written (every check runs before the model is loaded or the output directory is touched).
@@ -23,6 +24,21 @@ def _check_out(out: Optional[Path], force: bool, flag: str = "--out") -> Path:
         raise ValueError(f"{flag}: {out} already exists; pass --force to replace it")
     if out.exists() and not out.is_dir():
         raise ValueError(f"{flag}: {out} exists and is not a directory")
+    return out
+
+
+EXPORT_TARGETS = ("transformers", "gguf", "gguf-f16")
+
+
+def _check_gguf_out(out: Optional[Path], force: bool, flag: str = "--out") -> Path:
+    if out is None:
+        raise ValueError(f"{flag}: expected a FILE.gguf to write the model to")
+    if out.suffix != ".gguf":
+        raise ValueError(f"{flag}: {out} does not end in .gguf")
+    if out.is_dir():
+        raise ValueError(f"{flag}: {out} is a directory; expected a .gguf file name")
+    if out.exists() and not force:
+        raise ValueError(f"{flag}: {out} already exists; pass --force to replace it")
     return out
 
 
@@ -177,20 +193,31 @@ def register(app, bench_app) -> None:
     @app.command("export")
     def export_cmd(
         model: str = typer.Option(..., "--model", "-m", help="a saved directory (or zoo name)"),
-        to: str = typer.Option("transformers", "--to", help="target format: transformers"),
-        out: Optional[Path] = typer.Option(None, "--out", help="directory to write the checkpoint to"),
+        to: str = typer.Option("transformers", "--to", help="target format: transformers (a checkpoint directory), "
+                               "gguf or gguf-f16 (a llama.cpp `deci` file, per-layer head counts)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="directory (transformers) or FILE.gguf to write"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
     ) -> None:
-        """Write a checkpoint that transformers loads with no headcount code (LlamaForCausalLM / BertModel)."""
+        """Write a checkpoint that transformers loads with no headcount code (LlamaForCausalLM / BertModel), or a
+        llama.cpp GGUF file (architecture deci) that keeps each layer's head counts."""
         with _one_line_errors("export"):
-            if to != "transformers":
-                raise ValueError(f"--to: expected transformers, got {to!r}")
-            out = _check_out(out, force)
+            if to not in EXPORT_TARGETS:
+                raise ValueError(f"--to: expected one of {', '.join(EXPORT_TARGETS)}, got {to!r}")
+            out = _check_out(out, force) if to == "transformers" else _check_gguf_out(out, force)
             from headcount.models import load
-            from headcount.surgery import export_transformers
 
-            export_transformers(load(model), out, force=force)
-        typer.echo(f"wrote {out} (transformers from_pretrained)")
+            if to == "transformers":
+                from headcount.surgery import export_transformers
+
+                export_transformers(load(model), out, force=force)
+            else:
+                from headcount.surgery import export_gguf
+
+                export_gguf(load(model), out, dtype="f16" if to == "gguf-f16" else "f32", force=force)
+        if to == "transformers":
+            typer.echo(f"wrote {out} (transformers from_pretrained)")
+        else:
+            typer.echo(f"wrote {out} (llama.cpp deci GGUF; headcount.models.load reads it back)")
 
     @bench_app.command("surgery")
     def bench_surgery(
