@@ -14,7 +14,7 @@ runner = CliRunner()
 
 
 def test_method_names_match_the_library():
-    from headcount.analysis.importance import METHODS
+    from headcount.analysis.head_importance import METHODS
     assert METHOD_NAMES == METHODS
 
 

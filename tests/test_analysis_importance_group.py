@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from headcount.analysis.importance import importance
+from headcount.analysis.head_importance import importance
 from headcount.models import Decoder, DecoderConfig, Encoder, EncoderConfig
 
 

@@ -1,6 +1,6 @@
 """READ-ONLY questions about a model (issues 7, 8): which heads matter, what each does.
 
-    importance(model, texts=None, method=...) -> HeadScores     importance.py, scores.py
+    importance(model, texts=None, method=...) -> HeadScores     head_importance.py, scores.py
     capture(model, batch)                                        capturing.py
     roles(model, texts=None) -> RoleScores                       role_scores.py (patterns.py, syntax.py)
     faithfulness(model, texts=None, layers=None)                 faithful.py
@@ -17,7 +17,7 @@ from __future__ import annotations
 from headcount import lazy
 
 _EXPORTS = {
-    "importance": "importance", "HeadScores": "scores", "METHODS": "importance",
+    "importance": "head_importance", "HeadScores": "scores", "METHODS": "head_importance",
     "capture": "capturing",
     "roles": "role_scores", "RoleScores": "role_scores",
     "faithfulness": "faithful", "Faithfulness": "faithful",
@@ -26,5 +26,4 @@ _EXPORTS = {
     "split_sentences": "batches",
 }
 
-# the importance module itself is callable (= importance()) and keeps cost_ratio, agreement
-__getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS, modules=("importance",))
+__getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS)

@@ -102,7 +102,7 @@ def register(app, bench_app) -> None:
             if text is not None:
                 from headcount.data import read_text
                 texts, source = read_text(text), str(text)
-            from headcount.analysis.importance import importance
+            from headcount.analysis.head_importance import importance
             from headcount.models import load
 
             group, main = None, True
@@ -139,7 +139,7 @@ def register(app, bench_app) -> None:
         with _one_line_errors("bench importance"):
             import torch
 
-            from headcount.analysis.importance import agreement, cost_ratio
+            from headcount.analysis.head_importance import agreement, cost_ratio
             from headcount.models import load
 
             torch.set_num_threads(min(2, torch.get_num_threads()))

@@ -45,7 +45,7 @@ def settings(quick: bool) -> dict:
 def _scores(model, orders, max_windows: int) -> tuple[dict, dict]:
     """({method: HeadScores}, agreement JSON without the raw scores)."""
     from headcount.analysis import HeadScores
-    from headcount.analysis.importance import agreement
+    from headcount.analysis.head_importance import agreement
 
     wanted = ("gradient", "confidence", "reconstruction")  # all three: their Spearman is reported
     agree = agreement(model, window=512, max_windows=max_windows, max_sentences=64 * max_windows, methods=wanted,
@@ -168,7 +168,7 @@ def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
 
 def _cost(model) -> dict | None:
     try:
-        from headcount.analysis.importance import cost_ratio
+        from headcount.analysis.head_importance import cost_ratio
     except ImportError:
         return None
     return cost_ratio(model)

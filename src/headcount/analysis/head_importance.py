@@ -46,9 +46,7 @@ Benchmarks: `cost_ratio(model)` (time of gradient / ablation per batch over a pl
 
 from __future__ import annotations
 
-import sys
 import time
-import types
 from contextlib import contextmanager
 from typing import Sequence
 
@@ -576,14 +574,3 @@ def agreement(model, texts=None, *, window: int = 512, max_windows: int = 4, max
         if method == "gradient":
             out["spearman"]["gradient_normalized"] = s.normalize().spearman(truth)
     return out
-
-
-class _CallableModule(types.ModuleType):
-    """`headcount.analysis.importance` names both this module (cost_ratio, agreement, METHODS) and the
-    function: calling the module calls importance(), whichever of the two an import gave."""
-
-    def __call__(self, *args, **kwargs) -> HeadScores:
-        return importance(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
