@@ -170,6 +170,36 @@ def test_aware_has_smaller_layer_error_than_mean_on_a_tiny_model():
     assert err_aware < 0.5 * err_mean
 
 
+def test_local_refinement_lowers_the_error_on_windows_it_never_saw():
+    model = _tiny(n_heads=6, n_kv=3)
+    fit, unseen = _ids(32, 64), _ids(8, 64, seed=7)  # enough tokens that the layer's weights generalise
+    want = model(unseen).logits
+    closed = copy.deepcopy(model)
+    merge_kv(closed, 1, calibration=fit, progress=False)
+    refined = copy.deepcopy(model)
+    result = merge_kv(refined, 1, calibration=fit, local_steps=120, local_lr=5e-3, progress=False)
+    assert all(info.error_after_local is not None for info in result.layers)
+    err_closed = (closed(unseen).logits - want).pow(2).mean()
+    err_refined = (refined(unseen).logits - want).pow(2).mean()
+    assert err_refined < 0.97 * err_closed
+    # only the merged layers' attention moved; nothing is left trainable-by-accident or holding gradients
+    for a, b in zip(refined.parameters(), model.parameters()):
+        assert a.requires_grad == b.requires_grad and a.grad is None and a.dtype == b.dtype
+    for name in ("embed.weight", "layers.0.mlp.up.weight"):
+        if name in dict(model.named_parameters()):
+            assert torch.equal(dict(refined.named_parameters())[name], dict(model.named_parameters())[name])
+
+
+def test_local_refinement_touches_only_the_layers_it_merges():
+    model = _tiny(n_layers=2, n_heads=6, n_kv=3)
+    merged = copy.deepcopy(model)
+    merge_kv(merged, 1, layers=[0], calibration=_ids(8, 32), local_steps=20, progress=False)
+    for (name, a), (_, b) in zip(merged.named_parameters(), model.named_parameters()):
+        if not name.startswith("layers.0.attn."):
+            assert torch.equal(a, b), name
+    assert merged.layers[1].attn.n_kv_heads == 3 and merged.layers[0].attn.n_kv_heads == 1
+
+
 def test_aware_beats_mean_on_smollm2_calibration_loss(smollm2):
     from headcount.analysis.batches import token_windows
     from headcount.surgery.merge_stream import calibration_batches, calibration_loss

@@ -28,6 +28,7 @@ def _bad(args, match):
     (["--kv-heads", "1", "--method", "median"], "--method"),
     (["--kv-heads", "1", "--layers", "0,0"], "duplicate"),
     (["--kv-heads", "1", "--layers", "a"], "--layers"),
+    (["--kv-heads", "1", "--local-steps", "-1"], "--local-steps"),
 ])
 def test_bad_input_before_loading(args, match):
     _bad(args, match)
@@ -53,7 +54,7 @@ def test_bad_input_against_the_model(args, match, tmp_path):
 def test_merge_one_layer_json_save_and_reload(tmp_path):
     out = tmp_path / "merged"
     result = runner.invoke(app, ["merge-kv", "--kv-heads", "2", "--layers", "1", "--calibration-windows", "2",
-                                 "--eval-windows", "1", "--out", str(out), "--json"])
+                                 "--local-steps", "10", "--eval-windows", "1", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output[result.output.index("{"):])
     assert set(data) == KEYS

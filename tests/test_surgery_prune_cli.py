@@ -116,3 +116,24 @@ def test_saved_directory_works_as_model_everywhere(tmp_path, minilm):
     assert data["perplexity"] > 1 and data["n_windows"] >= 2
     gen = runner.invoke(app, ["generate", "heads", "--model", str(tmp_path / "m"), "-n", "3", "--no-stop"])
     assert gen.exit_code == 0, gen.output
+
+
+def test_bench_surgery_from_prints_a_saved_curve_without_measuring(tmp_path):
+    # a curve as bench.run writes it: two random seeds fold into their mean and spread
+    points = [{"fraction": 0.1, "order": "random", "compensate": "lstsq", "seed": s, "ppl": p,
+               "ppl_by_text": {"prose": p, "code": 2 * p}} for s, p in ((0, 11.0), (1, 13.0))]
+    saved = {"prune": {"smollm2_curve": {"model": "smollm2", "base_ppl": 10.0, "points": points,
+                                         "base_by_text": {"prose": 10.0, "code": 20.0}}}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(saved))
+    result = runner.invoke(app, ["bench", "surgery", "--from", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "12.00 (+20%) [11.0-13.0]" in result.output  # mean 12 of 11 and 13, +20% on base 10
+    assert "24.00 (+20%) [22.0-26.0]" in result.output  # the code text, base 20
+
+
+@pytest.mark.parametrize("content,match", [("not json", "--from"), ('{"other": 1}', "--from")])
+def test_bench_surgery_from_refuses_what_save_did_not_write(tmp_path, content, match):
+    path = tmp_path / "bench.json"
+    path.write_text(content)
+    bad(["bench", "surgery", "--from", str(path)], match)

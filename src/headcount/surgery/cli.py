@@ -17,7 +17,7 @@ PRUNE_JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after
                    "kv_bytes_per_token_after", "ppl_before", "ppl_after")
 
 
-def _check_out(out: Optional[Path], force: bool, flag: str = "--out") -> Path:
+def check_out_dir(out: Optional[Path], force: bool, flag: str = "--out") -> Path:
     if out is None:
         raise ValueError(f"{flag}: expected a directory to write the result to")
     if out.exists() and not force:
@@ -42,7 +42,7 @@ def _check_gguf_out(out: Optional[Path], force: bool, flag: str = "--out") -> Pa
     return out
 
 
-def _texts(text: Optional[Path]):
+def calibration_and_held_out(text: Optional[Path]):
     """(calibration texts or None, held-out texts or None, source name) from --text FILE."""
     if text is None:
         return None, None, "default corpus"
@@ -55,7 +55,7 @@ def _texts(text: Optional[Path]):
     return corpus.texts("calibration"), corpus.texts("held_out"), str(text)
 
 
-def _measure(model, held_out, eval_windows: int, window: int, reference=None):
+def held_out_quality(model, held_out, eval_windows: int, window: int, reference=None):
     """Held-out perplexity (decoder) or (fidelity cosine, reference embeddings) for an encoder."""
     from headcount.surgery.curve import embed, evaluate, held_out_sets
 
@@ -68,7 +68,7 @@ def _measure(model, held_out, eval_windows: int, window: int, reference=None):
     return evaluate(model, sets, {name: reference})[name], reference
 
 
-def _table(rows: list[tuple[str, object, object]], title: str) -> None:
+def before_after_table(rows: list[tuple[str, object, object]], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -129,8 +129,8 @@ def register(app, bench_app) -> None:
                 return
             if fraction is None or not 0 < fraction < 1:
                 raise ValueError(f"--fraction: expected a number in (0, 1), got {fraction}")
-            out = _check_out(out, force)
-            cal, held, source = _texts(text)
+            out = check_out_dir(out, force)
+            cal, held, source = calibration_and_held_out(text)
             result = _prune_one(model, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
                                 calibration_windows, eval_windows)
         if json_out:
@@ -145,7 +145,7 @@ def register(app, bench_app) -> None:
             rows.append((f"held-out perplexity ({source})", before, after))
         else:
             rows.append(("held-out embedding cosine", 1.0, result["fidelity_after"]["cosine"]))
-        _table(rows, f"{model}: {result['prune']['heads_removed']} heads removed ({mode} mode, order "
+        before_after_table(rows, f"{model}: {result['prune']['heads_removed']} heads removed ({mode} mode, order "
                      f"{result['prune']['order']}, compensate {compensate})")
         typer.echo(f"saved to {out} (headcount.models.load / --model {out})")
 
@@ -155,10 +155,10 @@ def register(app, bench_app) -> None:
         from headcount.surgery import prune_to, save
 
         model = load(model_name)
-        ppl_before, reference = _measure(model, held, eval_windows, 512)
+        ppl_before, reference = held_out_quality(model, held, eval_windows, 512)
         result = prune_to(model, fraction, order=order, mode=mode, compensate=compensate, uniform=uniform,
                           calibration=cal, seed=seed, calibration_windows=calibration_windows)
-        ppl_after, _ = _measure(model, held, eval_windows, 512, reference)
+        ppl_after, _ = held_out_quality(model, held, eval_windows, 512, reference)
         save(model, out, force=force)
         data = {k: getattr(result, k) for k in PRUNE_JSON_KEYS if k.startswith(("heads", "params", "kv_bytes"))}
         data["kv_heads_before"], data["kv_heads_after"] = result.kv_heads_before, result.kv_heads_after
@@ -175,7 +175,7 @@ def register(app, bench_app) -> None:
         from headcount.models import load
         from headcount.surgery import pruning_curve
 
-        cal, held, _ = _texts(text)
+        cal, held, _ = calibration_and_held_out(text)
         model = load(model_name)
         curve = pruning_curve(model, mode=mode, uniform=uniform, calibration=cal, held_out=held,
                               calibration_windows=calibration_windows, eval_windows=eval_windows,
@@ -203,7 +203,7 @@ def register(app, bench_app) -> None:
         with _one_line_errors("export"):
             if to not in EXPORT_TARGETS:
                 raise ValueError(f"--to: expected one of {', '.join(EXPORT_TARGETS)}, got {to!r}")
-            out = _check_out(out, force) if to == "transformers" else _check_gguf_out(out, force)
+            out = check_out_dir(out, force) if to == "transformers" else _check_gguf_out(out, force)
             from headcount.models import load
 
             if to == "transformers":
@@ -226,6 +226,8 @@ def register(app, bench_app) -> None:
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
         save_json: Optional[Path] = typer.Option(None, "--save", help="also write the JSON here (rewritten after "
                                                  "every finished section)"),
+        from_json: Optional[Path] = typer.Option(None, "--from", help="print the tables of a JSON that --save "
+                                                 "wrote, without measuring again"),
     ) -> None:
         """Every measured number of issue 7: pruning curves (smollm2 prose and code, minilm), costs, merging."""
         with _one_line_errors("bench surgery"):
@@ -233,7 +235,16 @@ def register(app, bench_app) -> None:
                 raise ValueError(f"--part: expected prune, merge or all, got {part!r}")
             from headcount.surgery import bench
 
-            result = bench.run(part=part, quick=quick, checkpoint=save_json)
+            if from_json is not None:
+                try:
+                    result = json.loads(from_json.read_text(encoding="utf-8"))
+                except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+                    raise ValueError(f"--from: expected a JSON file written by --save, got {from_json} ({e})") from None
+                if not isinstance(result, dict) or not ({"prune", "merge"} & set(result)):
+                    raise ValueError(f"--from: expected a JSON with 'prune' and/or 'merge' sections, got {from_json}")
+                save_json = None
+            else:
+                result = bench.run(part=part, quick=quick, checkpoint=save_json)
         if save_json is not None:
             save_json.write_text(json.dumps(result, indent=1))
         if json_out:

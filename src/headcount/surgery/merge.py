@@ -53,6 +53,7 @@ class LayerMerge:
     v_kept: float | None = None  # fraction of the output-weighted context energy kept (aware)
     error_before_refit: float | None = None  # relative layer-output error on calibration tokens
     error_after_refit: float | None = None
+    error_after_local: float | None = None  # on held-aside calibration windows, after refine_layer
 
 
 @dataclass
@@ -147,7 +148,8 @@ def _contiguous(n_old: int, n_new: int) -> list[list[int]]:
 
 
 def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, grouping="auto",
-                refit: bool = True, ridge: float = 0.3, refine_steps: int = 0) -> LayerMerge:
+                refit: bool = True, ridge: float = 0.3, refine_steps: int = 0, local_steps: int = 0,
+                local_lr: float = 2e-3) -> LayerMerge:
     """The aware merge of one attention module, from captured inputs and target outputs (in place)."""
     n_old, d = attn.n_kv_heads, attn.head_dim
     stats = merge_fit.layer_stats(attn, captures)
@@ -167,12 +169,15 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
     merge_fit.install(attn, mw)
     before = merge_fit.output_error(attn, captures, targets)
     after = merge_fit.refit_o_proj(attn, captures, targets, ridge=ridge) if refit else before
-    return LayerMerge(-1, n_old, n_new, groups, list(attn.kv_head_of), mw.k_kept, mw.v_kept, before, after)
+    local = merge_fit.refine_layer(attn, captures, targets, steps=local_steps, lr=local_lr) if local_steps else {}
+    return LayerMerge(-1, n_old, n_new, groups, list(attn.kv_head_of), mw.k_kept, mw.v_kept, before, after,
+                      local.get("validation"))
 
 
 def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibration=None, n_windows: int = 8,
              window: int = 512, grouping="auto", target: str = "local", refit: bool = True, ridge: float = 0.3,
-             refine_steps: int = 0, progress: bool = True) -> MergeResult:
+             refine_steps: int = 0, local_steps: int = 0, local_lr: float = 2e-3,
+             progress: bool = True) -> MergeResult:
     """Merge K/V heads of `model` in place down to `n_kv_heads` (an int for every layer in `layers`, a
     {layer: n} mapping, or a MergePlan from merge_plan). See the module docstring for the methods."""
     wanted = _targets(model, n_kv_heads, layers, method)
@@ -188,7 +193,8 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     result = MergeResult(method, before_heads, list(before_heads), bytes_before, bytes_before,
                          options={"grouping": grouping if isinstance(grouping, str) else "explicit",
                                   "target": target, "refit": refit, "ridge": ridge, "n_windows": n_windows,
-                                  "refine_steps": refine_steps,
+                                  "refine_steps": refine_steps, "local_steps": local_steps,
+                                  "local_lr": local_lr,
                                   "window": window})
     if not wanted:
         return result
@@ -201,7 +207,7 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     else:
         _merge_aware(model, wanted, result, calibration=calibration, n_windows=n_windows, window=window,
                      grouping=grouping, target=target, refit=refit, ridge=ridge, refine_steps=refine_steps,
-                     progress=progress)
+                     local_steps=local_steps, local_lr=local_lr, progress=progress)
     result.kv_heads_after = [layer.attn.n_kv_heads for layer in model.layers]
     result.kv_bytes_per_token_after = kv_bytes_per_token(model)
     result.seconds = time.perf_counter() - start
@@ -209,7 +215,7 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
 
 
 def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibration, n_windows, window,
-                 grouping, target, refit, ridge, refine_steps, progress) -> None:
+                 grouping, target, refit, ridge, refine_steps, local_steps, local_lr, progress) -> None:
     from tqdm.auto import tqdm
 
     was_training = model.training
@@ -237,7 +243,8 @@ def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibrat
             else:  # residual: also undo the drift of the stream entering this layer
                 targets = [r["y"] + (r["h"] - c["h"]) for r, c in zip(reference, caps)]
             info = merge_layer(model.layers[i].attn, caps, targets, wanted[i], grouping=grouping, refit=refit,
-                               ridge=ridge, refine_steps=refine_steps)
+                               ridge=ridge, refine_steps=refine_steps, local_steps=local_steps,
+                               local_lr=local_lr)
             info.layer = i
             result.layers.append(info)
             if i != last:

@@ -5,11 +5,13 @@ calibration text; every number is measured on held-out text: the held-out part o
 (prose) and of headcount.data.code_corpus() (docstrings and comments of torch / numpy: another domain).
 
 smollm2 (base: 3 KV heads of 64 in 30 layers):
-  - every layer MQA: mean-pooling (GQA paper) vs aware, retraining-free, and aware + uptrain
-    (distilled from the unmerged model, at most UPTRAIN_SECONDS of wall clock);
-  - one third of the KV cache gone: merge_plan(2/3) and every layer 3 -> 2 (uneven groups);
-  - the curve of KV bytes per token vs perplexity as merge_plan takes more of the cache, with and
-    without uptraining (a shorter uptrain per point).
+  - every layer MQA: mean-pooling (GQA paper) vs aware in closed form, aware + local reconstruction
+    (LOCAL_STEPS Adam steps per merged layer on its own output; no labels, nothing else moves), and
+    that + uptrain (distilled from the unmerged model, at most UPTRAIN_SECONDS of wall clock);
+  - one third of the KV cache gone: every layer 3 -> 2 (uneven groups), closed form and + local, and
+    merge_plan(2/3);
+  - the curve of KV bytes per token vs perplexity as merge_plan takes more of the cache (closed form),
+    with and without uptraining (a shorter uptrain per point).
 minilm (12 heads, MHA): 12 -> 6, 4, 3, 2, 1 KV heads, mean vs aware, embedding fidelity on held-out
 sentences (mean cosine of the mean-pooled embeddings to the unmodified model's; Spearman of the
 pairwise similarities).
@@ -24,18 +26,19 @@ import time
 import torch
 
 UPTRAIN_SECONDS = 15 * 60  # the bound for the MQA uptrain, on 2 cores
-CURVE_UPTRAIN_SECONDS = 5 * 60
-BUDGETS = (2 / 3, 0.8, 0.5, 0.9, 0.4)  # the one-third point first
+CURVE_UPTRAIN_SECONDS = 3 * 60
+BUDGETS = (2 / 3, 0.9, 0.5)  # the one-third point first
+LOCAL_STEPS = 100  # merge_kv(local_steps=): block-wise reconstruction of each merged layer
 MINILM_KV = (6, 4, 3, 2, 1)
 
 
 def _settings(quick: bool) -> dict:
     if quick:
         return {"window": 256, "calibration_windows": 2, "eval_windows": 1, "sentences": 64,
-                "uptrain_seconds": 5, "curve_uptrain_seconds": 0, "budgets": (), "minilm_kv": (4,)}
-    return {"window": 512, "calibration_windows": 8, "eval_windows": 8, "sentences": 256,
+                "uptrain_seconds": 5, "curve_uptrain_seconds": 0, "budgets": (), "minilm_kv": (4,), "local_steps": 4}
+    return {"window": 512, "calibration_windows": 16, "eval_windows": 4, "sentences": 256,
             "uptrain_seconds": UPTRAIN_SECONDS, "curve_uptrain_seconds": CURVE_UPTRAIN_SECONDS,
-            "budgets": BUDGETS, "minilm_kv": MINILM_KV}
+            "budgets": BUDGETS, "minilm_kv": MINILM_KV, "local_steps": LOCAL_STEPS}
 
 
 def _held_out(model, s: dict) -> dict:
@@ -91,16 +94,22 @@ def _smollm2(s: dict) -> dict:
     t = time.perf_counter()
     merge_kv(model, 1, method="mean", progress=False)
     row("every layer MQA, mean-pooling", model, time.perf_counter() - t)
+    aware = {"calibration": calibration, "window": s["window"], "progress": False}
     model = copy.deepcopy(base_model)
     t = time.perf_counter()
-    merge_kv(model, 1, calibration=calibration, window=s["window"], progress=False)
-    row("every layer MQA, aware", model, time.perf_counter() - t)
+    merge_kv(model, 1, **aware)
+    row("every layer MQA, aware (closed form)", model, time.perf_counter() - t)
+    model = copy.deepcopy(base_model)
+    t = time.perf_counter()
+    merge_kv(model, 1, local_steps=s["local_steps"], **aware)
+    row(f"every layer MQA, aware + local reconstruction ({s['local_steps']} steps / layer)", model,
+        time.perf_counter() - t)
     mqa = model
 
     def uptrain_mqa():
         t = time.perf_counter()
         info = uptrained(mqa, s["uptrain_seconds"])
-        row("every layer MQA, aware + uptrain", mqa, time.perf_counter() - t, uptrain_steps=info.steps,
+        row("every layer MQA, aware + local + uptrain", mqa, time.perf_counter() - t, uptrain_steps=info.steps,
             uptrain_tokens=info.tokens, uptrain_loss=[round(info.loss_first, 4), round(info.loss_last, 4)])
 
     if not s["budgets"]:
@@ -108,19 +117,21 @@ def _smollm2(s: dict) -> dict:
             uptrain_mqa()
         return out
     # one third of the cache: every layer 3 -> 2 (uneven groups)
-    model = copy.deepcopy(base_model)
-    t = time.perf_counter()
-    merge_kv(model, 2, calibration=calibration, window=s["window"], progress=False)
-    row("every layer 3 -> 2 KV heads, aware (uneven groups)", model, time.perf_counter() - t)
-    del model
+    for local in (0, s["local_steps"]):
+        model = copy.deepcopy(base_model)
+        t = time.perf_counter()
+        merge_kv(model, 2, local_steps=local, **aware)
+        row("every layer 3 -> 2 KV heads, aware " + (f"+ local reconstruction ({local} steps / layer)" if local
+                                                       else "(closed form)"), model, time.perf_counter() - t)
+        del model
     # the plan curve
     t = time.perf_counter()
     plan = merge_plan(base_model, 1.0, window=s["window"], progress=False)
     sens_seconds = time.perf_counter() - t
     out["sensitivity"] = {"seconds": round(sens_seconds, 1), "table": plan.to_json()["sensitivity"]}
-    for n, budget in enumerate(s["budgets"]):
-        if n == 1 and s["uptrain_seconds"]:  # after the first (one-third) point: the MQA uptrain
-            uptrain_mqa()
+    if s["uptrain_seconds"]:
+        uptrain_mqa()
+    for budget in s["budgets"]:
         plan = merge_plan(base_model, budget, sensitivity_from=plan)
         model = copy.deepcopy(base_model)
         t = time.perf_counter()
@@ -164,10 +175,10 @@ def run(quick: bool = False, parts=("smollm2", "minilm"), **settings) -> dict:
     s = {**_settings(quick), **settings}
     torch.manual_seed(0)
     result = {"quick": quick}
-    if "minilm" in parts:
-        result["minilm"] = _minilm(s)
     if "smollm2" in parts:
         result["smollm2"] = _smollm2(s)
+    if "minilm" in parts:
+        result["minilm"] = _minilm(s)
     result["seconds"] = round(time.perf_counter() - start, 1)
     return result
 

@@ -1,7 +1,7 @@
 """`headcount merge-kv` (issue 7). Registered through headcount.surgery.cli; no torch import at module level.
 
     headcount merge-kv --model smollm2 --kv-heads 1 [--method aware|mean] [--layers 0,5,7]
-                       [--uptrain-steps N] [--out DIR [--force]] [--json]
+                       [--local-steps N] [--uptrain-steps N] [--out DIR [--force]] [--json]
 
 Prints a before/after table (KV and query heads, parameters, KV-cache bytes per token from
 KVCache.nbytes, held-out perplexity, or embedding fidelity for an encoder) and, with --json, the keys
@@ -43,13 +43,13 @@ def parse_layers(text: Optional[str]) -> Optional[list[int]]:
 
 def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=None, uptrain_steps: int = 0,
               uptrain_lr: float = 1e-4, out: Optional[Path] = None, force: bool = False, text: Optional[Path] = None,
-              calibration_windows: int = 8, eval_windows: int = 8) -> dict:
+              calibration_windows: int = 16, eval_windows: int = 8, local_steps: int = 100) -> dict:
     """Load, validate, measure, merge, (uptrain), measure, save: the command's work, as data."""
     from headcount.models import load
-    from headcount.surgery.cli import _measure, _texts
+    from headcount.surgery.cli import held_out_quality, calibration_and_held_out
     from headcount.surgery.merge import _targets, merge_kv
 
-    calibration, held_out, source = _texts(text)
+    calibration, held_out, source = calibration_and_held_out(text)
     model = load(model_name)
     _targets(model, kv_heads, layers, method)  # every check before any measurement or change
     heads_before = sum(layer.attn.n_kv_heads for layer in model.layers)
@@ -59,14 +59,14 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     if uptrain_steps:
         import copy
         teacher = copy.deepcopy(model)
-    quality_before, reference = _measure(model, held_out, eval_windows, 512)
+    quality_before, reference = held_out_quality(model, held_out, eval_windows, 512)
     result = merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
-                      n_windows=calibration_windows)
+                      n_windows=calibration_windows, local_steps=local_steps if method == "aware" else 0)
     trained = None
     if uptrain_steps:
         from headcount.surgery.uptraining import uptrain
         trained = uptrain(model, uptrain_steps, lr=uptrain_lr, calibration=calibration, teacher=teacher)
-    quality_after, _ = _measure(model, held_out, eval_windows, 512, reference)
+    quality_after, _ = held_out_quality(model, held_out, eval_windows, 512, reference)
     if out is not None:
         from headcount.surgery import save
         save(model, out, force=force)
@@ -106,7 +106,11 @@ def register(app, bench_app) -> None:
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
         text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text split into calibration and held-out "
                                             "paragraphs (default: the default corpus)"),
-        calibration_windows: int = typer.Option(8, "--calibration-windows", help="calibration windows of 512 tokens"),
+        local_steps: int = typer.Option(100, "--local-steps", help="aware: Adam steps per merged layer reproducing "
+                                        "its own output on calibration text (block-wise reconstruction; 0 = the "
+                                        "closed form alone, ~10x faster)"),
+        calibration_windows: int = typer.Option(16, "--calibration-windows", help="calibration windows of 512 "
+                                                "tokens"),
         eval_windows: int = typer.Option(8, "--eval-windows", help="held-out windows of 512 tokens measured"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
@@ -116,6 +120,8 @@ def register(app, bench_app) -> None:
                 raise ValueError(f"--kv-heads: expected a positive number of KV heads, got {kv_heads}")
             if method not in ("aware", "mean"):
                 raise ValueError(f"--method: expected aware or mean, got {method!r}")
+            if local_steps < 0:
+                raise ValueError(f"--local-steps: expected a number >= 0, got {local_steps}")
             if uptrain_steps < 0:
                 raise ValueError(f"--uptrain-steps: expected a number >= 0, got {uptrain_steps}")
             if not uptrain_lr > 0:
@@ -124,16 +130,17 @@ def register(app, bench_app) -> None:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
             layer_list = parse_layers(layers)
             if out is not None:
-                from headcount.surgery.cli import _check_out
-                out = _check_out(out, force)
+                from headcount.surgery.cli import check_out_dir
+                out = check_out_dir(out, force)
             result = run_merge(model, kv_heads, method=method, layers=layer_list, uptrain_steps=uptrain_steps,
                                uptrain_lr=uptrain_lr, out=out, force=force, text=text,
-                               calibration_windows=calibration_windows, eval_windows=eval_windows)
+                               calibration_windows=calibration_windows, eval_windows=eval_windows,
+                               local_steps=local_steps)
         data, extra = result["json"], result["extra"]
         if json_out:
             typer.echo(json.dumps(data, indent=2))
             return
-        from headcount.surgery.cli import _table
+        from headcount.surgery.cli import before_after_table
 
         rows = [("KV heads (all layers)", data["heads_before"], data["heads_after"]),
                 ("query heads (all layers)", extra["query_heads"], extra["query_heads"]),
@@ -144,7 +151,7 @@ def register(app, bench_app) -> None:
         else:
             rows.append(("held-out embedding cosine", 1.0, extra["fidelity_after"]["cosine"]))
         merged = extra["merge"]
-        _table(rows, f"{model}: K/V heads merged to {kv_heads} ({method}) in "
+        before_after_table(rows, f"{model}: K/V heads merged to {kv_heads} ({method}) in "
                      f"{len(merged['layers'])} layer(s)")
         if extra["uptrain"] is not None:
             u = extra["uptrain"]
