@@ -266,3 +266,19 @@ def test_cost_ratio_and_agreement_report_their_numbers():
     grad = HeadScores.from_json(agree["scores"]["gradient"])
     assert agree["spearman"]["gradient"] == pytest.approx(grad.spearman(truth))
     assert agree["n_heads"] == 12 and agree["n_tokens"] == 18
+
+
+def test_agreement_reuses_given_scores_and_refuses_ones_from_other_text():
+    from headcount.analysis.head_importance import agreement
+    model = tiny_decoder(6)
+    ids = torch.randint(0, 40, (2, 10), generator=torch.Generator().manual_seed(3))
+    fresh = agreement(model, windows=ids, progress=False)
+    given = {m: HeadScores.from_json(fresh["scores"][m]) for m in ("ablation", "confidence")}
+    given["confidence"].scores[0, 0] += 100.0  # a marker: reused scores change the result, recomputed would not
+    reused = agreement(model, windows=ids, progress=False, given=given)
+    assert reused["spearman"]["gradient"] == pytest.approx(fresh["spearman"]["gradient"])
+    assert reused["spearman"]["confidence"] == pytest.approx(given["confidence"].spearman(given["ablation"]))
+    assert reused["spearman"]["confidence"] != pytest.approx(fresh["spearman"]["confidence"])
+    other = importance(model, method="confidence", windows=ids[:1], progress=False)
+    with pytest.raises(ValueError, match="given"):
+        agreement(model, windows=ids, progress=False, given={"confidence": other})

@@ -122,7 +122,7 @@ def _battery(real) -> dict:
     mask = torch.ones(2, 9, dtype=torch.long)
     mask[1, 6:] = 0
     out["bert"] = _encoder_check(_tiny("encoder", BERT), ids[:, :9] % 60, mask)
-    from headcount.analysis.importance import importance
+    from headcount.analysis.head_importance import importance
 
     out["importance"] = importance(_tiny("decoder", LLAMA), windows=_windows(), method="gradient",
                                    group=dist.group.WORLD, progress=False).scores.tolist()
@@ -269,7 +269,7 @@ def test_group_of_one_is_the_model_itself(battery):
 
 def test_data_parallel_importance_equals_one_process(battery):
     """helper-1's importance(group=): rank r scores windows r::world, sums all-reduced."""
-    from headcount.analysis.importance import importance
+    from headcount.analysis.head_importance import importance
 
     world, results = battery
     one = importance(_tiny("decoder", LLAMA), windows=_windows(), method="gradient", progress=False).scores

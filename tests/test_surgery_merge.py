@@ -277,3 +277,18 @@ def test_bad_types_and_budgets():
         merge_plan(model, 0.2, calibration=_ids())  # below every-layer MQA (1/3)
     with pytest.raises(ValueError, match="budget"):
         merge_plan(model, 1.5, calibration=_ids())
+
+
+def test_mixed_calibration_interleaves_prose_and_code_windows(smollm2):
+    from headcount.analysis.batches import token_windows
+    from headcount.data import code_corpus
+    from headcount.surgery.merge_stream import calibration_batches
+
+    prose = token_windows(smollm2, None, window=64, max_windows=2)
+    code = token_windows(smollm2, code_corpus().texts("calibration"), window=64, max_windows=2)
+    batches = calibration_batches(smollm2, "mixed", n_windows=4, window=64, batch_size=4)
+    assert len(batches) == 1
+    assert torch.equal(batches[0].ids, torch.stack([prose[0], code[0], prose[1], code[1]]))
+    from headcount.surgery.pruning import calibration_batches as prune_batches
+    (ids, mask), = prune_batches(smollm2, "mixed", calibration_windows=4, window=64)
+    assert mask is None and torch.equal(ids, batches[0].ids)  # pruning and merging read the same windows

@@ -63,6 +63,23 @@ def token_windows(model, texts: str | Sequence[str] | None = None, *, window: in
     return torch.tensor(ids[:n * window], dtype=torch.long).view(n, window)
 
 
+def mixed_texts(part: str = "calibration") -> list[str]:
+    """That part of the default corpus's prose followed by the code-like text of headcount.data.code_corpus()."""
+    from headcount.data import code_corpus, default_corpus
+    return default_corpus().texts(part) + code_corpus().texts(part)
+
+
+def mixed_token_windows(model, n_windows: int, *, window: int = 512, part: str = "calibration") -> Tensor:
+    """`n_windows` windows, half prose (default corpus) and half code-like text (code_corpus), interleaved
+    prose, code, prose, ... so that any prefix of the rows is mixed too."""
+    from headcount.data import code_corpus, default_corpus
+    half = max(1, n_windows // 2)
+    prose = token_windows(model, default_corpus().texts(part), window=window, max_windows=half)
+    code = token_windows(model, code_corpus().texts(part), window=window, max_windows=max(1, n_windows - half))
+    rows = [r for pair in zip(prose, code) for r in pair] + list(prose[len(code):]) + list(code[len(prose):])
+    return torch.stack(rows[:max(1, n_windows)])
+
+
 def split_sentences(texts: str | Sequence[str] | None = None, *, part: str = "calibration",
                     min_words: int = 4, max_sentences: int | None = None) -> list[str]:
     """Sentences (a light rule: split after . ! ? before a capital), at least `min_words` words."""

@@ -559,16 +559,30 @@ def cost_ratio(model, texts=None, *, window: int = 512, methods: Sequence[str] =
 
 def agreement(model, texts=None, *, window: int = 512, max_windows: int = 4, max_sentences: int = 64,
               methods: Sequence[str] = ("gradient", "confidence", "reconstruction"), progress: bool = True,
-              windows=None) -> dict:
+              windows=None, given: dict | None = None) -> dict:
     """Spearman of each method (and normalised gradient) against ablation over all heads, on calibration
-    text. Returns {"spearman": {method: rho}, "n_heads", "n_tokens", "scores": {method: HeadScores JSON}}."""
+    text. Returns {"spearman": {method: rho}, "n_heads", "n_tokens", "scores": {method: HeadScores JSON}}.
+
+    given: {method: HeadScores} already computed with these same arguments (reused, not recomputed;
+    one computed on a different number of tokens is refused)."""
     kw = dict(window=window, max_windows=max_windows, max_sentences=max_sentences, progress=progress,
               windows=windows)
-    truth = importance(model, texts, "ablation", **kw)
+    given = dict(given or {})
+
+    def score(method: str) -> HeadScores:
+        if method in given:
+            return given[method]
+        return importance(model, texts, method, **kw)
+
+    truth = score("ablation")
+    for method, s in given.items():
+        if s.n_tokens != truth.n_tokens:
+            raise ValueError(f"given: {method!r} scores came from {s.n_tokens} tokens, ablation from "
+                             f"{truth.n_tokens}; scores compared must come from the same text")
     out = {"model": getattr(model, "name", None), "n_heads": len(truth.values()), "n_tokens": truth.n_tokens,
            "spearman": {}, "scores": {"ablation": truth.to_json()}}
     for method in methods:
-        s = importance(model, texts, method, **kw)
+        s = score(method)
         out["spearman"][method] = s.spearman(truth)
         out["scores"][method] = s.to_json()
         if method == "gradient":

@@ -44,14 +44,15 @@ def settings(quick: bool) -> dict:
             "timing_repeats": 5, "minilm_orders": ("ablation", "confidence", "reconstruction", "random")}
 
 
-def _scores(model, orders, max_windows: int) -> tuple[dict, dict]:
-    """({method: HeadScores}, agreement JSON without the raw scores)."""
+def _scores(model, orders, max_windows: int, given: dict | None = None) -> tuple[dict, dict]:
+    """({method: HeadScores}, agreement JSON without the raw scores); `given` scores (the curve's orders,
+    scored on the same calibration windows) are reused, not computed again."""
     from headcount.analysis import HeadScores
     from headcount.analysis.head_importance import agreement
 
     wanted = ("gradient", "confidence", "reconstruction")  # all three: their Spearman is reported
     agree = agreement(model, window=512, max_windows=max_windows, max_sentences=64 * max_windows, methods=wanted,
-                      progress=False)
+                      progress=False, given=given)
     scores = {m: HeadScores.from_json(s) for m, s in agree.pop("scores").items()}
     return scores, agree
 
@@ -168,9 +169,11 @@ def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
         log=lambda p: log(f"  minilm {p['order']}{p.get('seed', '')} {p['compensate']} {p['fraction']}: "
                           f"cos {p['cosine']:.4f} spearman {p['spearman']:.4f}")).to_json(), log, checkpoint)
     log("Spearman against ablation and scoring cost (minilm, then smollm2)")
-    _section(out, "minilm_agreement", lambda: _scores(mini, (), cfg["score_windows"])[1], log, checkpoint)
+    _section(out, "minilm_agreement", lambda: _scores(mini, (), cfg["score_windows"], box.get("mscores"))[1], log,
+             checkpoint)
     _section(out, "minilm_cost", lambda: _cost(mini), log, checkpoint)
-    _section(out, "smollm2_agreement", lambda: _scores(smol, (), cfg["score_windows"])[1], log, checkpoint)
+    _section(out, "smollm2_agreement", lambda: _scores(smol, (), cfg["score_windows"], box.get("scores"))[1], log,
+             checkpoint)
     _section(out, "smollm2_cost", lambda: _cost(smol), log, checkpoint)
     out["seconds"] = time.perf_counter() - t0
     return out

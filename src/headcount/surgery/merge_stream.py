@@ -42,13 +42,20 @@ def is_decoder(model) -> bool:
 def calibration_batches(model, calibration=None, *, n_windows: int = 8, window: int = 512,
                         batch_size: int = 4, part: str = "calibration", n_sentences: int = 256) -> list[Batch]:
     """Calibration text -> batches. Decoders: `n_windows` windows of `window` tokens; encoders:
-    `n_sentences` sentences. `calibration` may be None (that part of the default corpus), a string,
+    `n_sentences` sentences. `calibration` may be None (that part of the default corpus), "mixed" (half
+    prose, half code-like text: analysis.batches.mixed_token_windows), a string,
     a list of strings, a LongTensor [N, T] of token windows (decoders), or a list of Batch."""
     from headcount.analysis.batches import sentence_batches, split_sentences, token_windows
 
     if isinstance(calibration, list) and calibration and all(isinstance(b, Batch) for b in calibration):
         return calibration
     device = model.embed.weight.device
+    if isinstance(calibration, str) and calibration == "mixed":  # half prose, half code-like text
+        from headcount.analysis.batches import mixed_texts, mixed_token_windows
+        if is_decoder(model):
+            calibration = mixed_token_windows(model, n_windows, window=min(window, model.config.max_position))
+        else:
+            calibration = mixed_texts()
     if is_decoder(model):
         if isinstance(calibration, Tensor):
             if calibration.dim() != 2 or calibration.dtype != torch.long:

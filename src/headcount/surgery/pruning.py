@@ -113,15 +113,11 @@ def calibration_batches(model, calibration=DEFAULT_CALIBRATION, *, calibration_w
         return list(calibration)
     texts = calibration
     if calibration == "mixed":
-        from headcount.data import code_corpus, default_corpus
-        half = max(1, calibration_windows // 2)
+        from headcount.analysis.batches import mixed_texts, mixed_token_windows
         if _is_decoder(model):
-            a = token_windows(model, default_corpus().texts("calibration"), window=window, max_windows=half)
-            b = token_windows(model, code_corpus().texts("calibration"), window=window,
-                              max_windows=calibration_windows - half or 1)
-            ids = torch.stack([r for pair in zip(a, b) for r in pair] + list(a[len(b):]) + list(b[len(a):]))
+            ids = mixed_token_windows(model, calibration_windows, window=window)
             return calibration_batches(model, ids, batch_size=batch_size)
-        texts = default_corpus().texts("calibration") + code_corpus().texts("calibration")
+        texts = mixed_texts()
     if _is_decoder(model):
         ids = token_windows(model, texts, window=window, max_windows=calibration_windows)
         return calibration_batches(model, ids, batch_size=batch_size)
