@@ -24,7 +24,7 @@ import statistics
 import sys
 import time
 
-ORDERS = ("gradient", "ablation", "confidence", "reconstruction", "random")
+ORDERS = ("reconstruction", "random", "gradient", "ablation", "confidence")  # the curve's order of work
 COMPENSATIONS = ("none", "mean", "lstsq")
 
 
@@ -142,14 +142,26 @@ def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
     _section(out, "smollm2_scores", lambda: _order_scores(smol, cfg["orders"], cfg["score_windows"], box, "scores"),
              log, checkpoint)
     held = {"prose": None, "code": code_corpus().texts("held_out")}
-    log(f"smollm2 pruning curve ({len(cfg['fractions'])} fractions x orders {cfg['orders']} x {cfg['compensations']})")
-    _section(out, "smollm2_curve", lambda: pruning_curve(
-        smol, fractions=cfg["fractions"], orders=cfg["orders"], compensations=cfg["compensations"], held_out=held,
-        seeds=cfg["seeds"], eval_windows=cfg["eval_windows"], calibration_windows=cfg["calibration_windows"],
-        scores=box.get("scores"), progress=False,
-        log=lambda p: log(f"  {p['order']}{p.get('seed', '')} {p['compensate']} {p['fraction']}: "
-                          f"ppl {p['ppl']:.3f} code {p['ppl_by_text'].get('code', 0):.3f}")).to_json(),
-        log, checkpoint)
+    # cheap sections first, the long smollm2 curve last (its points are checkpointed one by one)
+    log("Spearman against ablation and scoring cost (smollm2)")
+    _section(out, "smollm2_agreement", lambda: _scores(smol, (), cfg["score_windows"], box.get("scores"))[1], log,
+             checkpoint)
+    _section(out, "smollm2_cost", lambda: _cost(smol), log, checkpoint)
+    log("timing pruned smollm2 copies side by side")
+    _section(out, "smollm2_costs", lambda: _timing(smol, cfg["timing_repeats"]), log, checkpoint)
+    log("minilm: scores, agreement, cost and embedding-fidelity curve")
+    mini = load("minilm")
+    _section(out, "minilm_scores", lambda: _order_scores(mini, cfg["minilm_orders"], cfg["score_windows"], box,
+                                                         "mscores"), log, checkpoint)
+    _section(out, "minilm_agreement", lambda: _scores(mini, (), cfg["score_windows"], box.get("mscores"))[1], log,
+             checkpoint)
+    _section(out, "minilm_cost", lambda: _cost(mini), log, checkpoint)
+    _section(out, "minilm_curve", lambda: pruning_curve(
+        mini, fractions=cfg["fractions"], orders=cfg["minilm_orders"], compensations=cfg["compensations"],
+        seeds=cfg["seeds"], scores=box.get("mscores"), progress=False,
+        log=lambda p: log(f"  minilm {p['order']}{p.get('seed', '')} {p['compensate']} {p['fraction']}: "
+                          f"cos {p['cosine']:.4f} spearman {p['spearman']:.4f}")).to_json(), log, checkpoint)
+    del mini
     log("smollm2: calibration on mixed prose + code (reconstruction order, lstsq)")
     _section(out, "smollm2_mixed", lambda: pruning_curve(
         smol, fractions=cfg["fractions"][:3], orders=("reconstruction",), compensations=("lstsq",), held_out=held,
@@ -157,24 +169,21 @@ def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
         scores=box.get("scores"), progress=False,
         log=lambda p: log(f"  mixed {p['order']} {p['fraction']}: ppl {p['ppl']:.3f} "
                           f"code {p['ppl_by_text'].get('code', 0):.3f}")).to_json(), log, checkpoint)
-    log("timing pruned smollm2 copies side by side")
-    _section(out, "smollm2_costs", lambda: _timing(smol, cfg["timing_repeats"]), log, checkpoint)
-    log("minilm: scores and embedding-fidelity curve")
-    mini = load("minilm")
-    _section(out, "minilm_scores", lambda: _order_scores(mini, cfg["minilm_orders"], cfg["score_windows"], box,
-                                                         "mscores"), log, checkpoint)
-    _section(out, "minilm_curve", lambda: pruning_curve(
-        mini, fractions=cfg["fractions"], orders=cfg["minilm_orders"], compensations=cfg["compensations"],
-        seeds=cfg["seeds"], scores=box.get("mscores"), progress=False,
-        log=lambda p: log(f"  minilm {p['order']}{p.get('seed', '')} {p['compensate']} {p['fraction']}: "
-                          f"cos {p['cosine']:.4f} spearman {p['spearman']:.4f}")).to_json(), log, checkpoint)
-    log("Spearman against ablation and scoring cost (minilm, then smollm2)")
-    _section(out, "minilm_agreement", lambda: _scores(mini, (), cfg["score_windows"], box.get("mscores"))[1], log,
-             checkpoint)
-    _section(out, "minilm_cost", lambda: _cost(mini), log, checkpoint)
-    _section(out, "smollm2_agreement", lambda: _scores(smol, (), cfg["score_windows"], box.get("scores"))[1], log,
-             checkpoint)
-    _section(out, "smollm2_cost", lambda: _cost(smol), log, checkpoint)
+    log(f"smollm2 pruning curve ({len(cfg['fractions'])} fractions x orders {cfg['orders']} x {cfg['compensations']})")
+    partial: list = []
+
+    def point_done(p: dict) -> None:
+        log(f"  {p['order']}{p.get('seed', '')} {p['compensate']} {p['fraction']}: "
+            f"ppl {p['ppl']:.3f} code {p['ppl_by_text'].get('code', 0):.3f}")
+        partial.append(p)
+        if checkpoint is not None:  # a run cut short keeps the points it measured
+            _section(out, "smollm2_curve_partial", lambda: {"points": partial}, log, checkpoint)
+
+    _section(out, "smollm2_curve", lambda: pruning_curve(
+        smol, fractions=cfg["fractions"], orders=cfg["orders"], compensations=cfg["compensations"], held_out=held,
+        seeds=cfg["seeds"], eval_windows=cfg["eval_windows"], calibration_windows=cfg["calibration_windows"],
+        scores=box.get("scores"), progress=False, log=point_done).to_json(), log, checkpoint)
+    out.pop("smollm2_curve_partial", None)
     out["seconds"] = time.perf_counter() - t0
     return out
 
