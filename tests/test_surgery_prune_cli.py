@@ -132,6 +132,10 @@ def test_bench_surgery_from_prints_a_saved_curve_without_measuring(tmp_path):
     assert "24.00 (+20%) [22.0-26.0]" in result.output  # the code text, base 20
 
 
+def test_bench_surgery_refuses_unknown_orders_before_measuring():
+    bad(["bench", "surgery", "--part", "prune", "--orders", "gradient,bogus"], "bogus")
+
+
 @pytest.mark.parametrize("content,match", [("not json", "--from"), ('{"other": 1}', "--from")])
 def test_bench_surgery_from_refuses_what_save_did_not_write(tmp_path, content, match):
     path = tmp_path / "bench.json"

@@ -124,17 +124,25 @@ def _section(out: dict, key: str, fn, log, checkpoint) -> None:
             json.dump({"prune": out}, f, indent=1, default=str)
 
 
-def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
+def run_prune(quick: bool = False, log=_log, checkpoint=None, orders=None, curve_only: bool = False) -> dict:
+    """orders: the smollm2 curve's orders (default: all of settings()); curve_only: score those orders
+    and run the smollm2 curve alone (to split the long curve over processes)."""
+    import os
+
     import torch
 
     from headcount.data import code_corpus
     from headcount.models import load
-    from headcount.surgery.curve import pruning_curve
 
-    import os
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 2)))  # 2 cores unless told otherwise
     cfg = settings(quick)
-    out: dict = {"quick": quick, "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}}
+    if orders:
+        bad = [o for o in orders if o not in ORDERS]
+        if bad:
+            raise ValueError(f"orders: expected names from {ORDERS}, got {bad}")
+        cfg["orders"] = tuple(orders)
+    out: dict = {"quick": quick, "curve_only": curve_only,
+                 "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}}
     t0 = time.perf_counter()
     log("loading smollm2; scoring the curve's orders on calibration text")
     smol = load("smollm2")
@@ -143,6 +151,17 @@ def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
              log, checkpoint)
     held = {"prose": None, "code": code_corpus().texts("held_out")}
     # cheap sections first, the long smollm2 curve last (its points are checkpointed one by one)
+    if not curve_only:
+        _cheap_sections(out, smol, box, cfg, held, log, checkpoint)
+    _curve_section(out, smol, box, cfg, held, log, checkpoint)
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def _cheap_sections(out, smol, box, cfg, held, log, checkpoint) -> None:
+    from headcount.models import load
+    from headcount.surgery.curve import pruning_curve
+
     log("Spearman against ablation and scoring cost (smollm2)")
     _section(out, "smollm2_agreement", lambda: _scores(smol, (), cfg["score_windows"], box.get("scores"))[1], log,
              checkpoint)
@@ -169,6 +188,11 @@ def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
         scores=box.get("scores"), progress=False,
         log=lambda p: log(f"  mixed {p['order']} {p['fraction']}: ppl {p['ppl']:.3f} "
                           f"code {p['ppl_by_text'].get('code', 0):.3f}")).to_json(), log, checkpoint)
+
+
+def _curve_section(out, smol, box, cfg, held, log, checkpoint) -> None:
+    from headcount.surgery.curve import pruning_curve
+
     log(f"smollm2 pruning curve ({len(cfg['fractions'])} fractions x orders {cfg['orders']} x {cfg['compensations']})")
     partial: list = []
 
@@ -184,8 +208,6 @@ def run_prune(quick: bool = False, log=_log, checkpoint=None) -> dict:
         seeds=cfg["seeds"], eval_windows=cfg["eval_windows"], calibration_windows=cfg["calibration_windows"],
         scores=box.get("scores"), progress=False, log=point_done).to_json(), log, checkpoint)
     out.pop("smollm2_curve_partial", None)
-    out["seconds"] = time.perf_counter() - t0
-    return out
 
 
 def _cost(model) -> dict | None:
@@ -196,13 +218,14 @@ def _cost(model) -> dict | None:
     return cost_ratio(model)
 
 
-def run(part: str = "all", quick: bool = False, log=_log, checkpoint=None) -> dict:
+def run(part: str = "all", quick: bool = False, log=_log, checkpoint=None, orders=None,
+        curve_only: bool = False) -> dict:
     """checkpoint: a JSON file rewritten after every finished section (a long run keeps what it measured)."""
     if part not in ("prune", "merge", "all"):
         raise ValueError(f"part: expected prune, merge or all, got {part!r}")
     out: dict = {}
     if part in ("prune", "all"):
-        out["prune"] = run_prune(quick, log, checkpoint)
+        out["prune"] = run_prune(quick, log, checkpoint, orders=orders, curve_only=curve_only)
     if part in ("merge", "all"):
         try:
             from headcount.surgery import merge_bench

@@ -226,6 +226,11 @@ def register(app, bench_app) -> None:
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
         save_json: Optional[Path] = typer.Option(None, "--save", help="also write the JSON here (rewritten after "
                                                  "every finished section)"),
+        orders: Optional[str] = typer.Option(None, "--orders", help="comma-separated orders of the smollm2 "
+                                             "pruning curve (default all: reconstruction, random, gradient, "
+                                             "ablation, confidence)"),
+        curve_only: bool = typer.Option(False, "--curve-only", help="prune part: score --orders and run the "
+                                        "smollm2 curve alone (split a long run over processes)"),
         from_json: Optional[Path] = typer.Option(None, "--from", help="print the tables of a JSON that --save "
                                                  "wrote, without measuring again"),
     ) -> None:
@@ -244,7 +249,11 @@ def register(app, bench_app) -> None:
                     raise ValueError(f"--from: expected a JSON with 'prune' and/or 'merge' sections, got {from_json}")
                 save_json = None
             else:
-                result = bench.run(part=part, quick=quick, checkpoint=save_json)
+                order_list = [o.strip() for o in orders.split(",") if o.strip()] if orders else None
+                if order_list is not None and not order_list:
+                    raise ValueError(f"--orders: expected comma-separated order names, got {orders!r}")
+                result = bench.run(part=part, quick=quick, checkpoint=save_json, orders=order_list,
+                                   curve_only=curve_only)
         if save_json is not None:
             save_json.write_text(json.dumps(result, indent=1))
         if json_out:
