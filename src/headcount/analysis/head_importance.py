@@ -576,9 +576,11 @@ def agreement(model, texts=None, *, window: int = 512, max_windows: int = 4, max
 
     truth = score("ablation")
     for method, s in given.items():
-        if s.n_tokens != truth.n_tokens:
-            raise ValueError(f"given: {method!r} scores came from {s.n_tokens} tokens, ablation from "
-                             f"{truth.n_tokens}; scores compared must come from the same text")
+        # next-token objectives count T - 1 positions per window, the others T: a 2% slack, not more
+        if s.source != truth.source or abs(s.n_tokens - truth.n_tokens) > 0.02 * max(s.n_tokens, truth.n_tokens):
+            raise ValueError(f"given: {method!r} scores came from {s.n_tokens} tokens of {s.source!r}, ablation "
+                             f"from {truth.n_tokens} of {truth.source!r}; scores compared must come from the "
+                             "same text")
     out = {"model": getattr(model, "name", None), "n_heads": len(truth.values()), "n_tokens": truth.n_tokens,
            "spearman": {}, "scores": {"ablation": truth.to_json()}}
     for method in methods:

@@ -153,6 +153,10 @@ def run_prune(quick: bool = False, log=_log, checkpoint=None, orders=None, curve
     # cheap sections first, the long smollm2 curve last (its points are checkpointed one by one)
     if not curve_only:
         _cheap_sections(out, smol, box, cfg, held, log, checkpoint)
+    elif "ablation" in cfg["orders"]:  # the ground truth is scored anyway: the Spearman table comes cheap
+        log("Spearman against ablation (smollm2)")
+        _section(out, "smollm2_agreement", lambda: _scores(smol, (), cfg["score_windows"], box.get("scores"))[1],
+                 log, checkpoint)
     _curve_section(out, smol, box, cfg, held, log, checkpoint)
     out["seconds"] = time.perf_counter() - t0
     return out
