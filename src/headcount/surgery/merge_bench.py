@@ -146,6 +146,13 @@ def _smollm2(s: dict) -> dict:
         out["curve"].append(point)
         _log(str(point))
         del model
+        if abs(budget - 2 / 3) < 1e-9:  # the one-third target: the same plan with local reconstruction
+            model = copy.deepcopy(base_model)
+            t = time.perf_counter()
+            merge_kv(model, plan, local_steps=s["local_steps"], **aware)
+            row(f"merge_plan(2/3), aware + local reconstruction ({s['local_steps']} steps / layer)", model,
+                time.perf_counter() - t, kv_heads={str(k): v for k, v in plan.kv_heads.items()})
+            del model
     return out
 
 
