@@ -30,18 +30,6 @@ def check_out_dir(out: Optional[Path], force: bool, flag: str = "--out") -> Path
 EXPORT_TARGETS = ("transformers", "gguf", "gguf-f16")
 
 
-def _check_gguf_out(out: Optional[Path], force: bool, flag: str = "--out") -> Path:
-    if out is None:
-        raise ValueError(f"{flag}: expected a FILE.gguf to write the model to")
-    if out.suffix != ".gguf":
-        raise ValueError(f"{flag}: {out} does not end in .gguf")
-    if out.is_dir():
-        raise ValueError(f"{flag}: {out} is a directory; expected a .gguf file name")
-    if out.exists() and not force:
-        raise ValueError(f"{flag}: {out} already exists; pass --force to replace it")
-    return out
-
-
 def calibration_and_held_out(text: Optional[Path]):
     """(calibration texts or None, held-out texts or None, source name) from --text FILE."""
     if text is None:
@@ -203,7 +191,11 @@ def register(app, bench_app) -> None:
         with _one_line_errors("export"):
             if to not in EXPORT_TARGETS:
                 raise ValueError(f"--to: expected one of {', '.join(EXPORT_TARGETS)}, got {to!r}")
-            out = check_out_dir(out, force) if to == "transformers" else _check_gguf_out(out, force)
+            if to == "transformers":
+                out = check_out_dir(out, force)
+            else:
+                from headcount.surgery.gguf_export import check_gguf_path
+                out = check_gguf_path(out, force, "--out")
             from headcount.models import load
 
             if to == "transformers":

@@ -236,6 +236,20 @@ def _tensors(model, dtype: str) -> tuple[dict[str, np.ndarray], list[int], list[
     return out, heads, kv_heads
 
 
+def check_gguf_path(path, force: bool, flag: str = "out") -> Path:
+    """The path export_gguf will write: a .gguf file name, not a directory, not existing unless force."""
+    if path is None:
+        raise ValueError(f"{flag}: expected a FILE.gguf to write the model to")
+    path = Path(path).expanduser()
+    if path.suffix != ".gguf":
+        raise ValueError(f"{flag}: {path} does not end in .gguf")
+    if path.is_dir():
+        raise ValueError(f"{flag}: {path} is a directory; expected a .gguf file name")
+    if path.exists() and not force:
+        raise ValueError(f"{flag}: {path} already exists; pass force=True (--force) to replace it")
+    return path
+
+
 def export_gguf(model, path, *, dtype: str = "f32", force: bool = False, tokenizer_from=None) -> Path:
     """Write `model` (a llama Decoder, pruned or merged, any per-layer heads) to `path` as a llama.cpp
     `deci` GGUF file; see the module doc for the format, the group expansion and its KV-cache cost.
@@ -249,13 +263,7 @@ def export_gguf(model, path, *, dtype: str = "f32", force: bool = False, tokeniz
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-    path = Path(path).expanduser()
-    if path.suffix != ".gguf":
-        raise ValueError(f"out: {path} does not end in .gguf")
-    if path.is_dir():
-        raise ValueError(f"out: {path} is a directory; expected a .gguf file name")
-    if path.exists() and not force:
-        raise ValueError(f"out: {path} already exists; pass force=True (--force) to replace it")
+    path = check_gguf_path(path, force)
     _check_model(model)
     source = Path(tokenizer_from).expanduser() if tokenizer_from is not None else source_gguf(model)
     if source is None:
