@@ -333,7 +333,7 @@ def _deci_header(path, heads, kv_heads, block_count=None):
     ([9], [3], "has 1 entries; block_count is 2"),
 ])
 def test_reader_refuses_deci_files_headcount_cannot_build(tmp_path, heads, kv_heads, match):
-    from headcount.models.gguf_loader import GGUFError
+    from headcount.models.formats.gguf import GGUFError
 
     path = tmp_path / "x.gguf"
     if len(heads) == 1:  # block_count says 2, the arrays hold 1
@@ -345,7 +345,7 @@ def test_reader_refuses_deci_files_headcount_cannot_build(tmp_path, heads, kv_he
 
 
 def test_reader_names_a_tensor_of_the_wrong_shape(tmp_path, vocab_gguf):
-    from headcount.models.gguf_loader import GGUFError
+    from headcount.models.formats.gguf import GGUFError
 
     model = tiny()
     path = export_gguf(model, tmp_path / "m.gguf", tokenizer_from=vocab_gguf)

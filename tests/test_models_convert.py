@@ -11,7 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from headcount import MultiHeadAttention  # noqa: E402
 from headcount.models import Decoder, Encoder, from_transformers, generate  # noqa: E402
-from headcount.models.convert import to_transformers, to_transformers_state_dict  # noqa: E402
+from headcount.models.formats.hf import to_transformers, to_transformers_state_dict  # noqa: E402
 from headcount.models.rotary import RotaryEmbedding, apply_rotary_reference  # noqa: E402
 
 VOCAB = 96

@@ -15,7 +15,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from headcount.models import CheckpointError, ModelNotFoundError, load  # noqa: E402
 from headcount.models import zoo  # noqa: E402
-from headcount.models.convert import load_checkpoint, read_safetensors  # noqa: E402
+from headcount.models.formats.hf import load_checkpoint, read_safetensors  # noqa: E402
 
 
 def _tiny_llama_dir(tmp_path, **overrides):
@@ -155,7 +155,7 @@ def test_gguf_unsupported_architecture(tmp_path):
     import gguf
     import numpy as np
 
-    from headcount.models.gguf_loader import GGUFError, read_gguf
+    from headcount.models.formats.gguf import GGUFError, read_gguf
 
     path = tmp_path / "tiny.gguf"
     w = gguf.GGUFWriter(str(path), "gpt2")
@@ -173,7 +173,7 @@ def test_gguf_unsupported_architecture(tmp_path):
 
 
 def test_reverse_permute_undoes_llama_cpp():
-    from headcount.models.gguf_loader import reverse_permute
+    from headcount.models.formats.gguf import reverse_permute
 
     def llama_cpp_permute(w, n_head):  # convert_hf_to_gguf.py's LlamaModel.permute
         return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)

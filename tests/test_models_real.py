@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 from headcount.models import Decoder, Encoder, evaluate_perplexity, generate, load, packed  # noqa: E402
 from headcount.models import zoo  # noqa: E402
-from headcount.models.convert import to_transformers  # noqa: E402
+from headcount.models.formats.hf import to_transformers  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -157,7 +157,7 @@ def test_smollm2_dequantization_matches_transformers_gguf_loader(smollm2):
 
 @needs_smollm2
 def test_smollm2_cache_is_built_once_and_rebuilt_when_damaged(tmp_path, capsys):
-    from headcount.models.gguf_loader import MARKER
+    from headcount.models.formats.gguf import MARKER
 
     model = load("smollm2", cache_dir=tmp_path)
     (entry,) = [p for p in tmp_path.iterdir() if not p.name.startswith(".")]
@@ -180,7 +180,7 @@ def test_smollm2_cache_is_built_once_and_rebuilt_when_damaged(tmp_path, capsys):
 
 @needs_smollm2
 def test_truncated_gguf_names_file_and_tensor(tmp_path):
-    from headcount.models.gguf_loader import GGUFError, read_gguf
+    from headcount.models.formats.gguf import GGUFError, read_gguf
 
     bad = tmp_path / "cut.gguf"
     with open(zoo.smollm2_gguf(), "rb") as f:

@@ -3,7 +3,7 @@
     load("minilm") / load("smollm2") / load(path)      the zoo (zoo.py)
     Decoder, DecoderConfig                             Llama / Qwen2 / SmolLM2 / GPT-2 (decoder.py)
     Encoder, EncoderConfig                             BERT / MiniLM (encoder.py)
-    from_transformers, load_checkpoint                 converters (convert.py)
+    from_transformers, load_checkpoint, save, export_*  every format in and out (formats/)
     generate, perplexity                               (generation.py, evaluation.py: modules named
                                                        so they never shadow the functions)
 
@@ -19,8 +19,10 @@ _EXPORTS = {
     "load": "zoo", "known_models": "zoo", "ModelNotFoundError": "zoo",
     "Decoder": "decoder", "DecoderConfig": "decoder", "DecoderOutput": "decoder",
     "Encoder": "encoder", "EncoderConfig": "encoder", "EncoderOutput": "encoder",
-    "from_transformers": "convert", "from_state_dict": "convert", "load_checkpoint": "convert",
-    "CheckpointError": "convert",
+    "from_transformers": "headcount.models.formats.hf", "from_state_dict": "headcount.models.formats.hf", "load_checkpoint": "headcount.models.formats.hf",
+    "to_transformers": "headcount.models.formats.hf", "export_transformers": "headcount.models.formats.hf",
+    "CheckpointError": "headcount.models.formats.errors", "GGUFError": "headcount.models.formats.errors",
+    "save": "headcount.models.formats.native", "export_gguf": "headcount.models.formats.gguf_deci",
     "Tokenizer": "tokenizer",
     "RotaryEmbedding": "rotary",
     "generate": "generation", "stream_tokens": "generation", "GenerationResult": "generation",

@@ -31,7 +31,7 @@ def run(prompt_tokens: int = 512, new_tokens: int = 64, repeats: int = 3, *, mod
     from headcount.bench.timing import paired_times
     from headcount.data import default_corpus
     from headcount.models import load
-    from headcount.models.convert import to_transformers
+    from headcount.models.formats.hf import to_transformers
     from headcount.models.decoder import Decoder
     from headcount.models.generation import generate
 

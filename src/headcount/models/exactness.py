@@ -41,7 +41,7 @@ def smollm2_vs_transformers(window: int = 1024) -> dict:
 
     from headcount.data import default_corpus
     from headcount.models import evaluate_perplexity, load, packed
-    from headcount.models.convert import to_transformers
+    from headcount.models.formats.hf import to_transformers
     from headcount.models.evaluation import token_stream, windows
 
     ours = load("smollm2")

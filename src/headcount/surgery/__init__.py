@@ -6,8 +6,8 @@
     merge_kv(model, n_kv_heads, *, layers, method)          merge.py
     merge_plan(model, budget)                               merge.py
     uptrain(model, steps, *, lr, trainable)                 uptraining.py
-    save(model, dir) / export_transformers(model, dir)      saving.py
-    export_gguf(model, path, *, dtype)                      gguf_export.py (llama.cpp `deci`, per-layer heads)
+    save(model, dir) / export_transformers(model, dir)      models/formats/ (native.py, hf.py), re-exported
+    export_gguf(model, path, *, dtype)                      models/formats/gguf_deci.py (llama.cpp `deci`, per-layer heads)
 
 Not to be confused with headcount.head_surgery (below attention): structural surgery on ONE
 MultiHeadAttention module (prune_heads, merge_kv_heads), which this package builds on.
@@ -23,8 +23,9 @@ _EXPORTS = {
     "pruning_curve": "curve", "PruningCurve": "curve",
     "merge_kv": "merge", "merge_plan": "merge", "MergeResult": "merge",
     "uptrain": "uptraining", "UptrainResult": "uptraining",
-    "save": "saving", "export_transformers": "saving",
-    "export_gguf": "gguf_export",
+    # writing a model is not surgery: these live with their formats (models/formats/), re-exported here
+    "save": "headcount.models.formats.native", "export_transformers": "headcount.models.formats.hf",
+    "export_gguf": "headcount.models.formats.gguf_deci",
 }
 
 __getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS)

@@ -194,7 +194,7 @@ def register(app, bench_app) -> None:
             if to == "transformers":
                 out = check_out_dir(out, force)
             else:
-                from headcount.surgery.gguf_export import check_gguf_path
+                from headcount.models.formats.gguf_deci import check_gguf_path
                 out = check_gguf_path(out, force, "--out")
             from headcount.models import load
 

@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from headcount.attention import MultiHeadAttention
-from headcount.models.convert import CheckpointError, no_init, read_safetensors
+from headcount.models.formats.errors import CheckpointError
+from headcount.models.formats.tensors import no_init, read_safetensors
 
 FORMAT, VERSION = "headcount", 1
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "headcount.json", "model.safetensors", "tokenizer.json"
@@ -267,3 +268,44 @@ def _disagreement(source: str, name: str, layers: list, *, missing: bool = False
     if got is None:
         return f"{source}: unexpected tensor {name!r}{where}"
     return f"{source}: tensor {name!r} has shape {got}, the config expects {want}{where}"
+
+
+# ------------------------------------------------------------------------------------- writing
+def save(model, directory, *, force: bool = False) -> Path:
+    """Write `model` (pruned or not) to `directory` in headcount's format (refuses an existing one
+    unless force; written to a temporary sibling and renamed). Reload: headcount.models.load(directory)."""
+    return write(model, directory, force=force)
+
+
+def check_out(directory: Path, force: bool) -> None:
+    if directory.exists() and not force:
+        raise ValueError(f"out: {directory} already exists; pass force=True (--force) to replace it")
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"out: {directory} exists and is not a directory")
+
+
+def write_dir(directory: Path, files: dict[str, object]) -> Path:
+    """files: name -> dict of tensors (.safetensors) | dict (JSON) | callable(path) writer."""
+    from safetensors.torch import save_file
+
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        for name, content in files.items():
+            if name.endswith(".safetensors"):
+                save_file({k: v.detach().cpu().contiguous().clone() for k, v in content.items()}, str(tmp / name),
+                          metadata={"format": "pt"})
+            elif callable(content):
+                content(tmp / name)
+            else:
+                (tmp / name).write_text(json.dumps(content, indent=2) + "\n")
+        replace_dir(tmp, directory)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return directory
+
+
+def tokenizer_writer(model):
+    tok = model.tokenizer
+    return None if tok is None else (lambda path: tok.backend.save(str(path)))

@@ -1,8 +1,12 @@
-"""export_gguf(model, path): a pruned / merged Llama decoder as a llama.cpp GGUF file with per-layer head counts.
+"""llama.cpp's `deci` GGUF architecture, read and written: a decoder whose layers keep different head counts.
+
+Writing: export_gguf(model, path), a pruned / merged Llama decoder as a llama.cpp GGUF file with
+per-layer head counts. Reading: load_deci(path) builds the Decoder directly from the file (a transformers
+checkpoint cannot hold per-layer counts, so there is no safetensors cache for these files).
 
 What can carry per-layer head counts (issue 7):
   - transformers (checked on 5.x): `per_layer_config` is accepted by LlamaConfig, but LlamaAttention reads
-    the global num_attention_heads, so every layer is built with one count (saving.py refuses).
+    the global num_attention_heads, so every layer is built with one count (formats/hf.py refuses).
   - llama.cpp's GGUF: `{arch}.attention.head_count` / `head_count_kv` may be arrays with one entry per
     layer (llama_model_loader::get_key_or_arr), and the `deci` architecture (DeciLM / Nemotron-NAS,
     Llama-3_1-Nemotron-51B) builds each layer's Q/K/V/O with that layer's counts. This module writes
@@ -17,7 +21,7 @@ The file:
   Tensors use gguf's own names for MODEL_ARCH.DECI (token_embd, output_norm, output when untied,
   blk.N.attn_norm / attn_q / attn_k / attn_v / attn_output / ffn_norm / ffn_gate / ffn_up / ffn_down,
   and blk.N.attn_output.bias when compensation gave o_proj a bias). attn_q / attn_k rows are permuted
-  for llama.cpp's rotary layout with models.gguf_loader.permute (the inverse of what the loader undoes).
+  for llama.cpp's rotary layout with formats.gguf.permute (the inverse of what the loader undoes).
   dtype "f32": every tensor F32. "f16": 2-D weights F16, norms and biases F32 (what llama.cpp's
   converter does); general.file_type says which.
 
@@ -55,6 +59,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from headcount.models.formats.gguf import (GGUFError, dequantized, field, open_reader, permute, reverse_permute,
+                                          token_ids, tokenizer_backend, tokenizer_info)
+
 DTYPES = ("f32", "f16")
 ARCH = "deci"
 F16_MAX = 65504.0
@@ -82,6 +89,179 @@ def group_layout(kv_head_of) -> tuple[list[int], list[int]]:
     return order, slots
 
 
+# ------------------------------------------------------------------------------------------ reading
+def _per_layer(reader, key: str, path: Path, n_layers: int, default=None) -> list[int]:
+    """A llama.cpp hparam that is one number or an array with one entry per layer (get_key_or_arr)."""
+    value = field(reader, key, path, default)
+    if isinstance(value, (list, tuple)):
+        if len(value) != n_layers:
+            raise GGUFError(f"{path}: {key} has {len(value)} entries; block_count is {n_layers}")
+        return [int(v) for v in value]
+    return [int(value)] * n_layers
+
+
+def read_deci(path: str | Path) -> tuple[dict, list[dict], dict[str, np.ndarray], dict]:
+    """(DecoderConfig fields, per-layer layouts, headcount name -> float32 array, tokenizer info) from a
+    llama.cpp `deci` GGUF file. Query head i of layer l reads KV head i // (n_head[l] / n_head_kv[l])."""
+    path = Path(path)
+    reader = open_reader(path)
+    arch = field(reader, "general.architecture", path)
+    if arch != "deci":
+        raise GGUFError(f"{path}: architecture {arch!r}, expected 'deci'")
+    n_layers = int(field(reader, "deci.block_count", path))
+    d_model = int(field(reader, "deci.embedding_length", path))
+    heads = _per_layer(reader, "deci.attention.head_count", path, n_layers)
+    kv_heads = _per_layer(reader, "deci.attention.head_count_kv", path, n_layers, heads)
+    for i, (nh, nkv) in enumerate(zip(heads, kv_heads)):
+        if nh == 0:
+            raise GGUFError(f"{path}: layer {i} has head_count 0 (an attention-free deci block, as in "
+                            "Nemotron-51B); a headcount Decoder keeps at least one head per layer")
+        if nkv == 0:
+            raise GGUFError(f"{path}: layer {i} has head_count_kv 0 with {nh} heads (deci's 'linear attention' "
+                            "block); headcount has no such layer")
+        if nh % nkv:
+            raise GGUFError(f"{path}: layer {i}: head_count {nh} is not a multiple of head_count_kv {nkv}")
+    head_dim = int(field(reader, "deci.attention.key_length", path, d_model // heads[0]))
+    value_dim = int(field(reader, "deci.attention.value_length", path, d_model // heads[0]))
+    rot = int(field(reader, "deci.rope.dimension_count", path, head_dim))
+    if value_dim != head_dim or rot != head_dim:
+        raise GGUFError(f"{path}: key_length={head_dim}, value_length={value_dim}, rope.dimension_count={rot}; "
+                        "headcount needs all three equal (full rotary, equal K/V widths)")
+    ffn = _per_layer(reader, "deci.feed_forward_length", path, n_layers)
+    if len(set(ffn)) != 1 or ffn[0] == 0:
+        raise GGUFError(f"{path}: feed_forward_length {ffn} varies by layer or is 0; a headcount Decoder has one "
+                        "MLP width")
+    if reader.fields.get("deci.rope.scaling.type") is not None and \
+            str(field(reader, "deci.rope.scaling.type", path)) not in ("none", "linear"):
+        raise GGUFError(f"{path}: rope scaling {field(reader, 'deci.rope.scaling.type', path)!r} is not supported")
+    if float(field(reader, "deci.rope.scaling.factor", path, 1.0)) not in (0.0, 1.0):
+        raise GGUFError(f"{path}: rope scaling is not supported")
+    tokens = list(field(reader, "tokenizer.ggml.tokens", path))
+    tok = tokenizer_info(reader, path, tokens)
+    tok.update(token_ids(reader, path))
+    tok["add_bos_token"] = bool(field(reader, "tokenizer.ggml.add_bos_token", path, False))
+
+    names = {t.name for t in reader.tensors}
+    cfg = {
+        "vocab_size": int(field(reader, "deci.vocab_size", path, len(tokens))), "d_model": d_model,
+        "n_layers": n_layers, "n_heads": heads[0], "n_kv_heads": kv_heads[0], "head_dim": head_dim,
+        "d_ff": ffn[0], "max_position": int(field(reader, "deci.context_length", path)),
+        "norm": "rms", "norm_eps": float(field(reader, "deci.attention.layer_norm_rms_epsilon", path)),
+        "mlp": "gated_silu", "position": "rotary",
+        "rope_theta": float(field(reader, "deci.rope.freq_base", path, 10000.0)),
+        "qkv_bias": any(f"blk.{i}.attn_{p}.bias" in names for i in range(n_layers) for p in "qkv"),
+        "o_bias": any(f"blk.{i}.attn_output.bias" in names for i in range(n_layers)),
+        "mlp_bias": False, "tie_embeddings": "output.weight" not in names,
+        "bos_token_id": tok["bos_token_id"], "eos_token_id": tok["eos_token_id"],
+        "pad_token_id": tok["pad_token_id"], "family": "llama",
+    }
+    layouts = [{"n_heads": nh, "n_kv_heads": nkv, "kv_head_of": [h // (nh // nkv) for h in range(nh)],
+                "kept_heads": list(range(nh)),
+                "qkv_bias": any(f"blk.{i}.attn_{p}.bias" in names for p in "qkv"),
+                "o_bias": f"blk.{i}.attn_output.bias" in names}
+               for i, (nh, nkv) in enumerate(zip(heads, kv_heads))]
+
+    raw: dict[str, np.ndarray] = {}
+    for name, w in dequantized(reader, path):
+        if name.startswith("rope_") or name.endswith(".rope_freqs.weight"):
+            continue  # rope frequency factors: only used with rope scaling, refused above
+        raw[name] = w
+    return cfg, layouts, _deci_tensors(raw, cfg, layouts, path), tok
+
+
+_DECI_BLOCK = {"attn_norm.weight": "attn_norm.weight", "ffn_norm.weight": "mlp_norm.weight",
+               "attn_output.weight": "attn.o_proj.weight", "attn_output.bias": "attn.o_proj.bias",
+               "ffn_down.weight": "mlp.down_proj.weight"}
+
+
+def _deci_tensors(raw: dict[str, np.ndarray], cfg: dict, layouts: list[dict], path: Path) -> dict[str, np.ndarray]:
+    """GGUF names -> a headcount Decoder's state dict (fused qkv_proj and gate_up_proj), shapes checked."""
+    d, hd, ff, vocab = cfg["d_model"], cfg["head_dim"], cfg["d_ff"], cfg["vocab_size"]
+    used: set[str] = set()
+
+    def take(name: str, shape: tuple, why: str = "", required: bool = True):
+        if name not in raw:
+            if required:
+                raise GGUFError(f"{path}: tensor {name!r} is missing{why}")
+            return None
+        w = raw[name]
+        if tuple(w.shape) != tuple(shape):
+            raise GGUFError(f"{path}: tensor {name!r} has shape {list(w.shape)} (torch order), expected "
+                            f"{list(shape)}{why}")
+        used.add(name)
+        return w
+
+    out = {"embed.weight": take("token_embd.weight", (vocab, d), " (vocab_size x embedding_length)"),
+           "norm.weight": take("output_norm.weight", (d,))}
+    if not cfg["tie_embeddings"]:
+        out["lm_head.weight"] = take("output.weight", (vocab, d))
+    for i, lay in enumerate(layouts):
+        nh, nkv, b, o = lay["n_heads"], lay["n_kv_heads"], f"blk.{i}.", f"layers.{i}."
+        why = f" (layer {i}: head_count {nh}, head_count_kv {nkv}, key_length {hd})"
+        q = reverse_permute(take(b + "attn_q.weight", (nh * hd, d), why), nh)
+        k = reverse_permute(take(b + "attn_k.weight", (nkv * hd, d), why), nkv)
+        v = take(b + "attn_v.weight", (nkv * hd, d), why)
+        out[o + "attn.qkv_proj.weight"] = np.concatenate([q, k, v])  # rows [Q heads | K heads | V heads]
+        if lay["qkv_bias"]:
+            parts = []
+            for p, n in (("q", nh), ("k", nkv), ("v", nkv)):
+                bias = take(b + f"attn_{p}.bias", (n * hd,), why, required=False)
+                bias = np.zeros(n * hd, np.float32) if bias is None else bias
+                parts.append(reverse_permute(bias, n) if p in "qk" else bias)
+            out[o + "attn.qkv_proj.bias"] = np.concatenate(parts)
+        out[o + "attn.o_proj.weight"] = take(b + "attn_output.weight", (d, nh * hd), why)
+        if lay["o_bias"]:
+            out[o + "attn.o_proj.bias"] = take(b + "attn_output.bias", (d,))
+        out[o + "attn_norm.weight"] = take(b + "attn_norm.weight", (d,))
+        out[o + "mlp_norm.weight"] = take(b + "ffn_norm.weight", (d,))
+        gate = take(b + "ffn_gate.weight", (ff, d), f" (feed_forward_length {ff})")
+        up = take(b + "ffn_up.weight", (ff, d), f" (feed_forward_length {ff})")
+        out[o + "mlp.gate_up_proj.weight"] = np.concatenate([gate, up])
+        out[o + "mlp.down_proj.weight"] = take(b + "ffn_down.weight", (d, ff), f" (feed_forward_length {ff})")
+    extra = sorted(set(raw) - used)
+    if extra:
+        raise GGUFError(f"{path}: unexpected tensor {extra[0]!r} for a deci model headcount can build"
+                        + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
+    return out
+
+
+def load_deci(path: str | Path, *, dtype=None):
+    """A `deci` GGUF file -> headcount Decoder (eval mode, with its tokenizer), each layer with the file's
+    head counts. Logits equal those of the model export_gguf wrote (same float32 weights)."""
+    import torch
+
+    from headcount.models.formats.tensors import no_init
+    from headcount.models.decoder import Decoder, DecoderConfig
+    from headcount.models.formats.native import attention_from_layout
+    from headcount.models.tokenizer import Tokenizer
+
+    path = Path(path)
+    dtype = dtype or torch.float32
+    cfg, layouts, arrays, tok = read_deci(path)
+    config = DecoderConfig(**cfg)
+    with no_init():
+        model = Decoder(config, dtype=dtype)
+        for i, (layer, layout) in enumerate(zip(model.layers, layouts)):
+            if (layout["n_heads"], layout["n_kv_heads"], layout["qkv_bias"], layout["o_bias"]) != \
+                    (config.n_heads, config.n_kv_heads, config.qkv_bias, config.o_bias):
+                layer.attn = attention_from_layout(layout, d_model=config.d_model, head_dim=config.head_dim,
+                                                   source=str(path), index=i, dtype=dtype)
+    state = model.state_dict()
+    expected = {n for n in state if not (n == "lm_head.weight" and config.tie_embeddings)}
+    if set(arrays) != expected:  # a reader bug, not a bad file: _deci_tensors checked every name
+        raise GGUFError(f"{path}: internal mismatch, missing {sorted(expected - set(arrays))[:3]}, "
+                        f"unexpected {sorted(set(arrays) - expected)[:3]}")
+    with torch.no_grad():
+        for name, w in arrays.items():
+            w = np.ascontiguousarray(w)  # memory-mapped F32 tensors are read-only views: copy those
+            state[name].copy_(torch.from_numpy(w if w.flags.writeable else w.copy()))
+    model.tokenizer = Tokenizer(tokenizer_backend(tok), bos_token_id=tok["bos_token_id"], eos_token_id=tok["eos_token_id"],
+                                pad_token_id=tok["pad_token_id"], add_special_tokens=tok["add_bos_token"])
+    model.name = str(path)
+    return model.eval()
+
+
+# ------------------------------------------------------------------------------------------ writing
 def _rows(heads: list[int], dh: int, offset: int = 0) -> list[int]:
     return [offset + h * dh + j for h in heads for j in range(dh)]
 
@@ -149,19 +329,17 @@ def _tokenizer_fields(model, source: Path) -> list[tuple[str, object, object, ob
     """(key, value, type, array sub-type) of every tokenizer.* field of `source`, checked against the model."""
     import gguf
 
-    from headcount.models.gguf_loader import GGUFError, _open_reader
-
     try:
-        reader = _open_reader(source)
+        reader = open_reader(source)
     except GGUFError as e:
         raise ValueError(f"tokenizer_from: {e}") from None
     fields = []
-    for key, field in reader.fields.items():
+    for key, entry in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue
-        vtype = field.types[0]
-        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        fields.append((key, field.contents(), vtype, sub))
+        vtype = entry.types[0]
+        sub = entry.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        fields.append((key, entry.contents(), vtype, sub))
     tokens = dict((k, v) for k, v, _, _ in fields).get("tokenizer.ggml.tokens")
     if not tokens or "tokenizer.ggml.model" not in dict((k, v) for k, v, _, _ in fields):
         raise ValueError(f"tokenizer_from: {source} has no tokenizer.ggml.model / tokens to copy")
@@ -186,7 +364,6 @@ def _numpy(t: torch.Tensor) -> np.ndarray:
 
 def _tensors(model, dtype: str) -> tuple[dict[str, np.ndarray], list[int], list[int]]:
     """GGUF name -> array (numpy order [out, in]; the writer reverses it to ggml's ne), per-layer counts."""
-    from headcount.models.gguf_loader import permute
 
     cfg = model.config
     d, dh, ff = cfg.d_model, cfg.head_dim, cfg.d_ff

@@ -1,4 +1,4 @@
-"""transformers checkpoints -> headcount models.
+"""transformers checkpoints <-> headcount models: the reader and the writer of one format.
 
 Supported: BertModel (and Bert* heads: only the encoder is kept), GPT2Model / GPT2LMHeadModel,
 LlamaForCausalLM (SmolLM2, Llama 2/3 with default rotary), Qwen2ForCausalLM (q/k/v biases, no o bias).
@@ -20,113 +20,20 @@ Every error names the file and, where one is at fault, the tensor. Nothing is ev
 
 from __future__ import annotations
 
-import contextlib
 import json
-import math
-import struct
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Mapping
 
 import torch
 
 from headcount.models.decoder import Decoder, DecoderConfig
 from headcount.models.encoder import Encoder, EncoderConfig
+from headcount.models.formats.errors import CheckpointError
+from headcount.models.formats.hf_config import decoder_config, encoder_config, model_type, read_config
+from headcount.models.formats.native import check_out, tokenizer_writer, write_dir
+from headcount.models.formats.tensors import assign, check_finite, no_init, read_safetensors
 
 Tensor = torch.Tensor
-
-SUPPORTED = ("bert", "gpt2", "llama", "qwen2")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be loaded: the message names the file and the tensor."""
-
-
-# --------------------------------------------------------------------------------------- configs
-def _rope_theta(cfg: dict, source: str) -> float:
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    for block in (params, scaling):
-        kind = block.get("rope_type", block.get("type", "default"))
-        if kind not in (None, "default"):
-            raise CheckpointError(f"{source}: rotary scaling {kind!r} is not supported (only the default rotary)")
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    return float(theta)
-
-
-def _get(cfg: dict, key: str, source: str):
-    if key not in cfg:
-        raise CheckpointError(f"{source}: config has no {key!r}")
-    return cfg[key]
-
-
-def decoder_config(cfg: dict, source: str = "config") -> DecoderConfig:
-    """A transformers config dict (llama / qwen2 / gpt2) -> DecoderConfig."""
-    kind = cfg.get("model_type")
-    if kind in ("llama", "qwen2"):
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for {kind} (only 'silu')")
-        if kind == "qwen2" and cfg.get("use_sliding_window"):
-            raise CheckpointError(f"{source}: Qwen2 sliding-window attention is not supported")
-        d_model, n_heads = _get(cfg, "hidden_size", source), _get(cfg, "num_attention_heads", source)
-        attention_bias = bool(cfg.get("attention_bias", False))
-        return DecoderConfig(
-            vocab_size=_get(cfg, "vocab_size", source), d_model=d_model,
-            n_layers=_get(cfg, "num_hidden_layers", source), n_heads=n_heads,
-            n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
-            head_dim=cfg.get("head_dim") or d_model // n_heads, d_ff=_get(cfg, "intermediate_size", source),
-            max_position=cfg.get("max_position_embeddings", 2048), norm="rms",
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), mlp="gated_silu", position="rotary",
-            rope_theta=_rope_theta(cfg, source),
-            qkv_bias=True if kind == "qwen2" else attention_bias,
-            o_bias=False if kind == "qwen2" else attention_bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            bos_token_id=cfg.get("bos_token_id"), eos_token_id=_first(cfg.get("eos_token_id")),
-            pad_token_id=cfg.get("pad_token_id"), family=kind)
-    if kind == "gpt2":
-        if cfg.get("scale_attn_by_inverse_layer_idx"):
-            raise CheckpointError(f"{source}: scale_attn_by_inverse_layer_idx is not supported")
-        if cfg.get("scale_attn_weights", True) is False:
-            raise CheckpointError(f"{source}: scale_attn_weights=False is not supported")
-        act = cfg.get("activation_function", "gelu_new")
-        mlp = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(act)
-        if mlp is None:
-            raise CheckpointError(f"{source}: activation_function {act!r} is not supported for gpt2")
-        d_model = _get(cfg, "n_embd", source)
-        return DecoderConfig(
-            vocab_size=_get(cfg, "vocab_size", source), d_model=d_model, n_layers=_get(cfg, "n_layer", source),
-            n_heads=_get(cfg, "n_head", source), d_ff=cfg.get("n_inner") or 4 * d_model,
-            max_position=cfg.get("n_positions", 1024), norm="layer",
-            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), mlp=mlp, position="learned",
-            qkv_bias=True, o_bias=True, mlp_bias=True, tie_embeddings=True,
-            bos_token_id=cfg.get("bos_token_id"), eos_token_id=_first(cfg.get("eos_token_id")),
-            pad_token_id=cfg.get("pad_token_id"), family="gpt2")
-    raise CheckpointError(f"{source}: model_type {kind!r} is not a decoder headcount supports "
-                          f"(supported: llama, qwen2, gpt2)")
-
-
-def encoder_config(cfg: dict, source: str = "config") -> EncoderConfig:
-    if cfg.get("model_type") != "bert":
-        raise CheckpointError(f"{source}: model_type {cfg.get('model_type')!r} is not an encoder headcount supports "
-                              f"(supported: bert)")
-    if cfg.get("position_embedding_type", "absolute") != "absolute":
-        raise CheckpointError(f"{source}: position_embedding_type {cfg['position_embedding_type']!r} is not "
-                              f"supported (only 'absolute')")
-    act = cfg.get("hidden_act", "gelu")
-    acts = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
-    if act not in acts:
-        raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for bert")
-    return EncoderConfig(
-        vocab_size=_get(cfg, "vocab_size", source), d_model=_get(cfg, "hidden_size", source),
-        n_layers=_get(cfg, "num_hidden_layers", source), n_heads=_get(cfg, "num_attention_heads", source),
-        d_ff=_get(cfg, "intermediate_size", source), max_position=cfg.get("max_position_embeddings", 512),
-        type_vocab_size=cfg.get("type_vocab_size", 2), norm_eps=float(cfg.get("layer_norm_eps", 1e-12)),
-        act=acts[act], pad_token_id=cfg.get("pad_token_id") or 0)
-
-
-def _first(value):
-    return value[0] if isinstance(value, (list, tuple)) and value else value
 
 
 # --------------------------------------------------------------------------------------- tensors
@@ -157,53 +64,9 @@ class _Tensors:
                                   f"{list(shape)}{' (' + why + ')' if why else ''}")
         if not t.is_floating_point():
             raise CheckpointError(f"{self.source}: tensor {full!r} has dtype {t.dtype}, expected a float dtype")
-        _check_finite(t, full, self.source)
+        check_finite(t, full, self.source)
         self.used.add(full)
         return t
-
-
-def _check_finite(t: Tensor, name: str, source: str) -> None:
-    """Damaged bytes inside a tensor's data almost always decode to some NaN / inf somewhere."""
-    if not bool(torch.isfinite(t).all()):
-        raise CheckpointError(f"{source}: tensor {name!r} holds NaN or infinite values (a corrupted file?)")
-
-
-def _assign(model: torch.nn.Module, values: dict[str, Tensor], source: str) -> None:
-    """Put copies of `values` into the model's parameters; every parameter must be covered.
-
-    Always a copy: safetensors memory-maps the file, and a parameter left pointing into the map
-    would crash the process (SIGBUS) if the file were truncated or rewritten in place later.
-    `p.data =` keeps each Parameter object, so tied weights stay tied."""
-    params = dict(model.named_parameters())
-    missing = sorted(set(params) - set(values))
-    if missing:
-        raise CheckpointError(f"{source}: no weights for {missing[:5]}")
-    with torch.no_grad():
-        for name, value in values.items():
-            p = params[name]
-            if p.shape != value.shape:  # a converter bug rather than a bad file, but say which
-                raise CheckpointError(f"{source}: {name} would get shape {list(value.shape)}, expected {list(p.shape)}")
-            p.data = value.detach().to(device=p.device, dtype=p.dtype).clone(memory_format=torch.contiguous_format)
-
-
-@contextlib.contextmanager
-def no_init():
-    """Build modules without initialising their weights (they are about to be overwritten): the
-    random init of 135M parameters costs more than reading them from disk."""
-    saved = {name: getattr(torch.nn.init, name) for name in
-             ("kaiming_uniform_", "kaiming_normal_", "xavier_uniform_", "xavier_normal_", "uniform_", "normal_",
-              "zeros_", "ones_", "constant_", "trunc_normal_")}
-
-    def skip(tensor, *args, **kwargs):
-        return tensor
-
-    try:
-        for name in saved:
-            setattr(torch.nn.init, name, skip)
-        yield
-    finally:
-        for name, fn in saved.items():
-            setattr(torch.nn.init, name, fn)
 
 
 def _decoder_values(cfg: DecoderConfig, t: _Tensors) -> dict[str, Tensor]:
@@ -266,7 +129,7 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors) -> dict[str, Tensor]:
         if tuple(w.shape) != (cfg.vocab_size, d):
             raise CheckpointError(f"{t.source}: tensor 'lm_head.weight' has shape {list(w.shape)}, expected "
                                   f"{[cfg.vocab_size, d]}")
-        _check_finite(w, name, t.source)
+        check_finite(w, name, t.source)
         out["lm_head.weight"] = w
     return out
 
@@ -304,15 +167,6 @@ def _encoder_values(cfg: EncoderConfig, t: _Tensors) -> dict[str, Tensor]:
     return out
 
 
-def model_type(cfg: dict, source: str) -> str:
-    kind = cfg.get("model_type")
-    if kind not in SUPPORTED:
-        arch = cfg.get("architectures")
-        raise CheckpointError(f"{source}: unsupported architecture model_type={kind!r}"
-                              f"{f' ({arch[0]})' if arch else ''}; supported: {', '.join(SUPPORTED)}")
-    return kind
-
-
 def from_state_dict(cfg: dict, tensors: Mapping[str, Tensor], *, source: str = "state_dict",
                     dtype: torch.dtype = torch.float32) -> Decoder | Encoder:
     """A transformers config dict and name -> tensor mapping -> a headcount Decoder or Encoder."""
@@ -330,7 +184,7 @@ def from_state_dict(cfg: dict, tensors: Mapping[str, Tensor], *, source: str = "
         with no_init():
             model = Decoder(dcfg, dtype=dtype)
         values = _decoder_values(dcfg, t)
-    _assign(model, values, source)
+    assign(model, values, source)
     return model.eval()
 
 
@@ -343,48 +197,6 @@ def from_transformers(hf_model, *, dtype: torch.dtype = torch.float32) -> Decode
 
 
 # ------------------------------------------------------------------------------- checkpoint files
-def read_safetensors(path: str | Path) -> dict[str, Tensor]:
-    """All tensors of a .safetensors file, after checking its header against the file's size, so a
-    truncated or corrupted file gets an error naming the file and the first tensor it cannot hold."""
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CheckpointError(f"{path}: not a safetensors file (only {size} bytes)")
-        (header_len,) = struct.unpack("<Q", head)
-        if header_len > min(size - 8, 100_000_000):
-            raise CheckpointError(f"{path}: not a safetensors file, or truncated (header of {header_len} bytes, "
-                                  f"file of {size})")
-        try:
-            header = json.loads(f.read(header_len))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise CheckpointError(f"{path}: corrupted safetensors header ({e.__class__.__name__})") from None
-    data_len = size - 8 - header_len
-    itemsize = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        try:
-            start, end = info["data_offsets"]
-            expected = math.prod(info["shape"]) * itemsize.get(info["dtype"], 0)
-        except (KeyError, TypeError, ValueError):
-            raise CheckpointError(f"{path}: corrupted safetensors header at tensor {name!r}") from None
-        if end > data_len:
-            raise CheckpointError(f"{path}: truncated: tensor {name!r} needs bytes {start}..{end} of the data, "
-                                  f"the file holds {data_len}")
-        if info["dtype"] in itemsize and end - start != expected:
-            raise CheckpointError(f"{path}: corrupted: tensor {name!r} has {end - start} bytes for shape "
-                                  f"{info['shape']} of {info['dtype']}")
-    try:
-        return load_file(str(path))
-    except Exception as e:  # safetensors' own checks (overlaps, bad dtypes)
-        raise CheckpointError(f"{path}: cannot read safetensors ({e})") from None
-
-
 def read_checkpoint_tensors(directory: str | Path) -> tuple[dict[str, Tensor], str]:
     """(name -> tensor, the file name(s) they came from) for a transformers checkpoint directory."""
     directory = Path(directory)
@@ -413,19 +225,6 @@ def read_checkpoint_tensors(directory: str | Path) -> tuple[dict[str, Tensor], s
     raise CheckpointError(f"{directory}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
 
 
-def read_config(directory: str | Path) -> dict:
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing (a transformers checkpoint directory has a config.json)")
-    try:
-        cfg = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"{path}: expected a JSON object")
-    return cfg
-
-
 def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32) -> Decoder | Encoder:
     """A local transformers checkpoint directory -> a headcount model, with its tokenizer.json if present."""
     from headcount.models.tokenizer import Tokenizer
@@ -451,6 +250,8 @@ def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32
     return model
 
 
+
+# ------------------------------------------------------------------------------------------ writing
 def to_transformers_state_dict(model: Decoder) -> tuple[dict, dict[str, Tensor]]:
     """(config dict, state dict) in transformers' Llama / Qwen2 layout: the inverse of the converter,
     used to write the SmolLM2 cache as an ordinary checkpoint and to build the reference model in tests."""
@@ -530,3 +331,118 @@ def to_transformers(model: Decoder, *, attn_implementation: str = "sdpa"):
     if cfg.tie_word_embeddings:
         hf.tie_weights()
     return hf.eval()
+
+
+# export_transformers: a checkpoint of a (pruned) model that transformers loads with no headcount code.
+# export_transformers: a plain transformers checkpoint that loads with no headcount code.
+#   Llama (LlamaForCausalLM): every layer must keep the same numbers of query and KV heads, in even
+#     groups (kv_head_of[i] == i // (n_heads // n_kv_heads)); head_dim stays 64, written explicitly
+#     (transformers honours `head_dim`, so num_attention_heads * head_dim may differ from hidden_size).
+#     transformers' LlamaConfig also insists hidden_size % num_attention_heads == 0 (checked at load), so
+#     a count that does not divide hidden_size is refused. A compensated o_proj bias is carried with
+#     attention_bias=True (transformers then gives q/k/v biases too: written as zeros, exact).
+#     Per-layer counts: transformers 5.x `per_layer_config` is accepted by LlamaConfig but
+#     LlamaAttention reads the global num_attention_heads (checked on 5.24: every layer is built with
+#     the global count), so it cannot carry them; refused with the reason.
+#   BERT (BertModel): transformers derives the head size as hidden_size / num_attention_heads, so a
+#     pruned layer cannot be written with fewer heads. Removed heads are padded back as ZERO heads
+#     (zero Q/K/V rows and biases, zero o_proj columns): their context is 0 (V = 0), so the output is
+#     exactly the pruned model's. Works for any per-layer pattern; the file is not smaller.
+def _layouts(model) -> list[tuple[int, int, bool]]:
+    return [(l.attn.n_heads, l.attn.n_kv_heads, l.attn.is_uniform) for l in model.layers]
+
+
+def llama_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
+    """(config.json dict, LlamaForCausalLM state dict) for a pruned Llama decoder with uniform layers."""
+    from headcount.models.decoder import Decoder
+
+    if not isinstance(model, Decoder) or model.config.family != "llama":
+        raise ValueError(f"model: export_transformers writes llama decoders and BERT encoders; this is "
+                         f"{type(model).__name__} ({getattr(model.config, 'family', '?')})")
+    lay = _layouts(model)
+    if len({(nh, nkv) for nh, nkv, _ in lay}) != 1:
+        counts = ", ".join(f"{i}:{nh}/{nkv}" for i, (nh, nkv, _) in enumerate(lay))
+        raise ValueError("model: layers keep different head counts (layer:query/kv " + counts + "); a transformers "
+                         "Llama checkpoint has one count for every layer (transformers' per_layer_config does not "
+                         "reach LlamaAttention). Prune with uniform=True, or keep it in headcount's format (save)")
+    uneven = [i for i, (_, _, uniform) in enumerate(lay) if not uniform]
+    if uneven:
+        raise ValueError(f"model: layers {uneven[:8]} have uneven GQA groups (kv_head_of "
+                         f"{model.layers[uneven[0]].attn.kv_head_of}); transformers' repeat_kv needs query head i to "
+                         "read KV head i // (n_heads // n_kv_heads). Prune with uniform=True (same count per group) "
+                         "or mode='group'")
+    cfg = model.config
+    nh = lay[0][0]
+    if cfg.d_model % nh:
+        raise ValueError(f"model: {nh} query heads per layer; transformers' LlamaConfig requires hidden_size "
+                         f"({cfg.d_model}) to be a multiple of num_attention_heads")
+    hf, sd = to_transformers_state_dict(model)
+    hf["dtype"] = "float32"
+    return hf, sd
+
+
+def bert_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
+    """(config.json, BertModel state dict) with every removed head padded back as a zero head."""
+    cfg = model.config
+    n, hd, d = cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.d_model
+    sd: dict[str, Tensor] = {
+        "embeddings.word_embeddings.weight": model.embed.weight.detach(),
+        "embeddings.position_embeddings.weight": model.pos_embed.weight.detach(),
+        "embeddings.token_type_embeddings.weight": model.type_embed.weight.detach(),
+        "embeddings.LayerNorm.weight": model.embed_norm.weight.detach(),
+        "embeddings.LayerNorm.bias": model.embed_norm.bias.detach(),
+    }
+    for i, layer in enumerate(model.layers):
+        attn, p = layer.attn, f"encoder.layer.{i}."
+        if attn.n_kv_heads != attn.n_heads or not attn.is_uniform:
+            raise ValueError(f"model: layer {i} shares K/V heads ({attn.n_heads} query, {attn.n_kv_heads} KV); "
+                             "BERT in transformers has one K/V head per query head")
+        w, b = attn.qkv_proj.weight.detach(), attn.qkv_proj.bias.detach()
+        k = attn.n_heads
+        rows = [h * hd + j for h in attn.kept_heads for j in range(hd)]  # where each kept head goes
+        for part, name in enumerate(("query", "key", "value")):
+            full_w, full_b = w.new_zeros(n * hd, d), w.new_zeros(n * hd)
+            full_w[rows] = w[part * k * hd:(part + 1) * k * hd]
+            full_b[rows] = b[part * k * hd:(part + 1) * k * hd]
+            sd[p + f"attention.self.{name}.weight"], sd[p + f"attention.self.{name}.bias"] = full_w, full_b
+        o = w.new_zeros(d, n * hd)
+        o[:, rows] = attn.o_proj.weight.detach()
+        sd[p + "attention.output.dense.weight"] = o
+        ob = attn.o_proj.bias
+        sd[p + "attention.output.dense.bias"] = ob.detach() if ob is not None else w.new_zeros(d)
+        sd[p + "attention.output.LayerNorm.weight"] = layer.attn_norm.weight.detach()
+        sd[p + "attention.output.LayerNorm.bias"] = layer.attn_norm.bias.detach()
+        sd[p + "intermediate.dense.weight"] = layer.mlp.up_proj.weight.detach()
+        sd[p + "intermediate.dense.bias"] = layer.mlp.up_proj.bias.detach()
+        sd[p + "output.dense.weight"] = layer.mlp.down_proj.weight.detach()
+        sd[p + "output.dense.bias"] = layer.mlp.down_proj.bias.detach()
+        sd[p + "output.LayerNorm.weight"] = layer.mlp_norm.weight.detach()
+        sd[p + "output.LayerNorm.bias"] = layer.mlp_norm.bias.detach()
+    if model.pooler is not None:
+        sd["pooler.dense.weight"] = model.pooler.weight.detach()
+        sd["pooler.dense.bias"] = model.pooler.bias.detach()
+    hf = {
+        "architectures": ["BertModel"], "model_type": "bert", "vocab_size": cfg.vocab_size, "hidden_size": d,
+        "num_hidden_layers": cfg.n_layers, "num_attention_heads": n, "intermediate_size": cfg.d_ff,
+        "hidden_act": "gelu" if cfg.act == "gelu" else "gelu_pytorch_tanh",
+        "max_position_embeddings": cfg.max_position, "type_vocab_size": cfg.type_vocab_size,
+        "layer_norm_eps": cfg.norm_eps, "pad_token_id": cfg.pad_token_id, "position_embedding_type": "absolute",
+        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "torch_dtype": "float32",
+        "dtype": "float32",
+    }
+    return hf, sd
+
+
+def export_transformers(model, directory, *, force: bool = False) -> Path:
+    """Write a transformers checkpoint (config.json, model.safetensors, tokenizer.json) that
+    LlamaForCausalLM / BertModel.from_pretrained loads with no headcount code (see the module doc)."""
+    from headcount.models.encoder import Encoder
+
+    directory = Path(directory).expanduser()
+    check_out(directory, force)
+    hf, sd = bert_state_dict(model) if isinstance(model, Encoder) else llama_state_dict(model)
+    files: dict[str, object] = {"config.json": hf, "model.safetensors": sd}
+    writer = tokenizer_writer(model)
+    if writer is not None:
+        files["tokenizer.json"] = writer
+    return write_dir(directory, files)

@@ -1,0 +1,11 @@
+"""Every model format in and out, one module per format, each with its reader AND its writer, so a round
+trip is read in one file.
+
+    hf.py          transformers checkpoints (config.json + safetensors): load_checkpoint, from_transformers,
+                   to_transformers, export_transformers; hf_config.py turns config.json into our configs
+    gguf.py        llama.cpp GGUF files -> dequantised safetensors cache (llama; cache_root, architecture)
+    gguf_deci.py   llama.cpp's `deci` GGUF (per-layer head counts): load_deci and export_gguf
+    native.py      headcount's own saved format (per-layer layouts): read / write / save
+    tensors.py     what every reader shares: checked safetensors reads, weight assignment, no_init
+    errors.py      CheckpointError, GGUFError
+"""
