@@ -101,6 +101,8 @@ def _state_dict_shapes(s):
             items += [(f"{prefix}.q.b", (h * hd,)), (f"{prefix}.k.b", (kv * hd,)), (f"{prefix}.v.b", (kv * hd,))]
         if s.o_bias:
             items.append((f"{prefix}.o.b", (d,)))
+        if s.qk_norm:  # Gemma 3 / Qwen3: q_norm and k_norm, one head_dim weight vector each
+            items += [(f"{prefix}.q_norm", (hd,)), (f"{prefix}.k_norm", (hd,))]
         return items
 
     def mlp(prefix):
@@ -116,7 +118,8 @@ def _state_dict_shapes(s):
             out += attention(f"{stack}{i}.attn") + mlp(f"{stack}{i}.mlp")
             if cross:
                 out += attention(f"{stack}{i}.cross")
-            out += [(f"{stack}{i}.norm", t) for _ in range(n_norms) for t in norm]
+            n_block_norms = n_norms * (2 if s.post_norms else 1)  # Gemma 2/3: a norm before AND after each sub-layer
+            out += [(f"{stack}{i}.norm", t) for _ in range(n_block_norms) for t in norm]
     if s.final_norm:
         out += [("final_norm", t) for t in norm]
     if s.arch != "encoder" and not s.tied_embeddings:

@@ -9,6 +9,12 @@ Conventions (stated in every output):
 - Causal attention: Q K^T and A V halved (only the lower triangle is needed); projections unchanged.
 - Score memory: the eager path materialises the scores [B, n_heads, n, n] and the softmax output of the
   same size; a fused kernel (FlashAttention, SDPA) never holds an n x n tensor.
+- Sliding windows (local layers, ModelShape.sliding_window = w): query i sees keys j with i - w < j <= i,
+  at most w of them. A local layer's KV cache holds min(n, w) positions. Its causal score and read
+  FLOPs count the band in the causal account's own convention (the diagonal counted half, so that the
+  causal triangle is n^2 / 2): n w - w^2 / 2 query-key pairs per head when w < n, n^2 / 2 otherwise;
+  window_pairs() gives the exact pair count (diagonal whole). A kernel that computes only the band holds
+  B x n_heads x n x min(n, w) scores; a masked eager path (transformers', headcount's) still holds n x n.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ def _norm_params(shape: ModelShape) -> int:
     return 2 * shape.d_model if shape.norm == "layernorm" else shape.d_model
 
 
+def norms_per_block(shape: ModelShape, *, cross: bool = False) -> int:
+    """Norms in one block: one per sub-layer (attention, MLP, and a cross-attention), two with post_norms."""
+    return (3 if cross else 2) * (2 if shape.post_norms else 1)
+
+
 # ----------------------------------------------------------------------------------------- params
 def attention_params(shape: ModelShape) -> dict[str, int]:
     """W_Q, W_K, W_V, W_O of one attention module, with the shape's biases, and with none / all of them."""
@@ -31,9 +42,10 @@ def attention_params(shape: ModelShape) -> dict[str, int]:
     k = v = d * shape.n_kv_heads * hd
     o = shape.n_heads * hd * d
     qkv_bias = (shape.n_heads + 2 * shape.n_kv_heads) * hd
-    weights = q + k + v + o
+    qk_norm = 2 * hd if shape.qk_norm else 0  # one head_dim weight vector for Q and one for K, shared by heads
+    weights = q + k + v + o + qk_norm
     bias = (qkv_bias if shape.attn_bias else 0) + (d if shape.o_bias else 0)
-    return {"q": q, "k": k, "v": v, "o": o, "bias": bias, "total": weights + bias,
+    return {"q": q, "k": k, "v": v, "o": o, "qk_norm": qk_norm, "bias": bias, "total": weights + bias,
             "total_without_bias": weights, "total_with_bias": weights + qkv_bias + d}
 
 
@@ -50,17 +62,18 @@ def param_counts(shape: ModelShape) -> dict:
     mlp = mlp_params(shape)
     norm = _norm_params(shape)
     d = shape.d_model
-    layer = attn["total"] + mlp + 2 * norm  # pre-attention and pre-MLP norms (or post-, same count)
+    norms = norms_per_block(shape) * norm  # pre-attention and pre-MLP norms (or post-, same count); 4 with post_norms
+    layer = attn["total"] + mlp + norms
     counts = {
         "attention_per_layer": attn["total"],
         "attention_per_layer_detail": attn,
         "mlp_per_layer": mlp,
-        "norms_per_layer": 2 * norm,
+        "norms_per_layer": norms,
         "per_layer": layer,
         "layers": shape.n_layers * layer,
     }
     if shape.arch == "encoder-decoder":
-        decoder_layer = 2 * attn["total"] + mlp + 3 * norm  # self-attention, cross-attention, MLP
+        decoder_layer = 2 * attn["total"] + mlp + norms_per_block(shape, cross=True) * norm  # self-, cross-attn, MLP
         counts["decoder_per_layer"] = decoder_layer
         counts["layers"] = shape.n_layers * (layer + decoder_layer)
     counts["attention_all_layers"] = shape.n_attention_modules * attn["total"]
@@ -77,21 +90,43 @@ def param_counts(shape: ModelShape) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ FLOPs
-def attention_flops(shape: ModelShape, batch: int, seq: int, *, causal: bool = False) -> dict[str, int]:
+def window_pairs(seq: int, window: int | None = None) -> int:
+    """Exact (query, key) pairs of causal attention over n tokens, each query seeing at most `window` keys
+    (itself included; None = no window): sum over i of min(i + 1, w) = n (n + 1) / 2 when w >= n, else
+    w (w + 1) / 2 + (n - w) w."""
+    n, w = seq, seq if window is None else min(window, seq)
+    return w * (w + 1) // 2 + (n - w) * w
+
+
+def _band_half_diagonal(seq: int, window: int) -> int:
+    """2 x the band's pairs with the diagonal counted half (the causal account's convention): 2 n w - w^2
+    for w < n, n^2 for w >= n (= the causal triangle). An integer, so the FLOPs stay exact."""
+    w = min(window, seq)
+    return 2 * window_pairs(seq, w) - w
+
+
+def attention_flops(shape: ModelShape, batch: int, seq: int, *, causal: bool = False,
+                    local: bool = False) -> dict[str, int]:
     """One attention module over B sequences of n tokens (self-attention, or cross-attention over n keys).
 
     projections: X W_Q, X W_K, X W_V  2 B n d (n_heads + 2 n_kv_heads) head_dim
     scores:      Q K^T               2 B n_heads n^2 head_dim  (every query head, GQA or not)
     read:        A V                 2 B n_heads n^2 head_dim
     output:      concat(heads) W_O   2 B n n_heads head_dim d
-    causal halves scores and read.
+    causal halves scores and read. local (with causal; a layer limited to shape.sliding_window = w):
+    scores and read over the band, B n_heads head_dim (2 n w - w^2) each when w < n (the causal count
+    when w >= n).
     """
     b, n, d, h, hd = batch, seq, shape.d_model, shape.n_heads, shape.head_dim
+    if local and (not causal or shape.sliding_window is None):
+        raise CostError("local: a sliding-window layer's account is causal and needs shape.sliding_window")
     proj = 2 * b * n * d * (h + 2 * shape.n_kv_heads) * hd
     scores = 2 * b * h * n * n * hd
     read = 2 * b * h * n * n * hd
     if causal:
         scores, read = scores // 2, read // 2
+    if local:
+        scores = read = b * h * hd * _band_half_diagonal(n, shape.sliding_window)
     out = 2 * b * n * h * hd * d
     return {"projections": proj, "scores": scores, "read": read, "output": out,
             "total": proj + scores + read + out}
@@ -109,7 +144,7 @@ def flop_counts(shape: ModelShape, batch: int, seq: int) -> dict:
     n_attn, n_mlp = shape.n_attention_modules, shape.n_blocks
     attention_total = n_attn * full["total"]
     attention_total_causal = n_attn * causal["total"]
-    return {
+    out = {
         "attention_per_layer": full,
         "attention_per_layer_causal": causal,
         "attention_modules": n_attn,
@@ -123,13 +158,28 @@ def flop_counts(shape: ModelShape, batch: int, seq: int) -> dict:
         "total_causal": attention_total_causal + n_mlp * mlp + logits,
         "convention": FLOP_CONVENTION,
     }
+    if shape.sliding_window is not None:  # a decoder: local layers bounded by the window
+        local = attention_flops(shape, batch, seq, causal=True, local=True)
+        windowed = shape.global_layers * causal["total"] + shape.local_layers * local["total"]
+        out.update({
+            "attention_per_local_layer_causal": local,
+            "global_layers": shape.global_layers,
+            "local_layers": shape.local_layers,
+            "window": shape.sliding_window,
+            "attention_total_causal": windowed,
+            "attention_total_causal_without_window": attention_total_causal,
+            "total_causal": windowed + n_mlp * mlp + logits,
+            "total_causal_without_window": attention_total_causal + n_mlp * mlp + logits,
+            "pairs_per_head_exact": {"global_layer": window_pairs(seq), "local_layer": window_pairs(seq, shape.sliding_window)},
+        })
+    return out
 
 
 # ---------------------------------------------------------------------------------- score memory
 def score_memory(shape: ModelShape, batch: int, seq: int, dtype_bytes: int) -> dict:
     """Bytes of the n x n tensors one attention layer holds (self-attention over n tokens)."""
     scores = batch * shape.n_heads * seq * seq * dtype_bytes
-    return {
+    out = {
         "eager_per_layer": scores,  # Q K^T: B x n_heads x n x n numbers (the chapter's number)
         "eager_softmax_per_layer": scores,  # the softmax output, same size, also held by the eager path
         "eager_peak_per_layer": 2 * scores,  # both alive while the softmax is written
@@ -137,22 +187,50 @@ def score_memory(shape: ModelShape, batch: int, seq: int, dtype_bytes: int) -> d
         "fused_per_layer": 0,  # FlashAttention / SDPA: never an n x n tensor
         "elements_per_layer": batch * shape.n_heads * seq * seq,
     }
+    if shape.sliding_window is not None:
+        band = batch * shape.n_heads * seq * min(seq, shape.sliding_window) * dtype_bytes
+        out.update({
+            # a kernel that computes only the band: each query's at most w keys (n x min(n, w) per head)
+            "banded_per_local_layer": band,
+            "banded_peak_per_local_layer": 2 * band,
+            # a masked eager path still materialises n x n on local layers too
+            "eager_masked_per_local_layer": scores,
+            "banded_training_all_layers": shape.global_layers * scores + shape.local_layers * band,
+        })
+    return out
 
 
 # -------------------------------------------------------------------------------------- KV cache
 def kv_cache(shape: ModelShape, batch: int, seq: int, dtype_bytes: int) -> dict:
     """bytes per token = 2 (K and V) x n_layers x n_kv_heads x head_dim x bytes."""
     layers = shape.n_layers  # decoder blocks (for an encoder-decoder, the decoder stack)
-    per_token = 2 * layers * shape.n_kv_heads * shape.head_dim * dtype_bytes
+    per_layer = 2 * shape.n_kv_heads * shape.head_dim * dtype_bytes
+    per_token = layers * per_layer
+    w = shape.sliding_window
+    local_positions = seq if w is None else min(seq, w)
+    with_window = batch * per_layer * (shape.global_layers * seq + shape.local_layers * local_positions)
     result = {
         "bytes_per_token": per_token,
-        "bytes_per_token_per_layer": 2 * shape.n_kv_heads * shape.head_dim * dtype_bytes,
+        "bytes_per_token_per_layer": per_layer,
         "layers": layers,
         "context": seq,
         "batch": batch,
-        "bytes_for_context": per_token * seq * batch,
+        "bytes_for_context": with_window,
         "mha_bytes_per_token": 2 * layers * shape.n_heads * shape.head_dim * dtype_bytes,
+        "global_layers": shape.global_layers,
+        "local_layers": shape.local_layers,
+        "window": w,
+        "bytes_for_context_without_window": per_token * seq * batch,
     }
+    if w is not None:
+        result.update({
+            "positions_per_global_layer": seq,
+            "positions_per_local_layer": local_positions,
+            # what one more token adds once the context is past the window (only global layers grow)
+            "bytes_per_token_past_window": shape.global_layers * per_layer,
+            "mha_bytes_for_context": batch * 2 * shape.n_heads * shape.head_dim * dtype_bytes * (
+                shape.global_layers * seq + shape.local_layers * local_positions),
+        })
     if shape.arch == "encoder":
         result["note"] = "an encoder keeps no KV cache; these are the bytes one would hold"
     elif shape.arch == "encoder-decoder":
@@ -187,6 +265,12 @@ def report(shape: ModelShape, *, batch: int = 1, seq: int = 2048, dtype: str = "
                             "a fused kernel holds neither; an eager path that computes the softmax in fp32 "
                             "for fp16/bf16 (headcount's, transformers') holds 4-byte scores",
             "kv_cache": "2 (K and V) x n_layers x n_kv_heads x head_dim x bytes per token",
+            **({"sliding_window": f"local layers ({shape.local_layers} of {shape.n_layers}) see the last "
+                                  f"{shape.sliding_window} keys: their KV cache holds min(n, {shape.sliding_window}) "
+                                  "positions; causal scores and read count the band (n w - w^2/2 pairs per head, "
+                                  "the diagonal counted half as in the causal triangle n^2/2); a banded kernel holds "
+                                  "n x min(n, w) scores per head, a masked eager path n x n"}
+               if shape.sliding_window is not None else {}),
         },
         "params": params,
         "weights_bytes": params["total"] * nbytes,

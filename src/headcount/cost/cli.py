@@ -16,7 +16,7 @@ from headcount.cost.accounts import report
 from headcount.cost.fit import fit as fit_budget
 from headcount.cost.fit import parse_budget, parse_seq
 from headcount.cost.presets import ALIASES, PRESETS, get_preset
-from headcount.cost.shape import CostError, ModelShape, describe, from_config, override, parse_dtype
+from headcount.cost.shape import CostError, ModelShape, describe, from_config, global_every, override, parse_dtype
 
 HELP = """The three accounts of chapter 2.3.3 (parameters, FLOPs, score-matrix memory) and the KV cache (2.3.7).
 
@@ -28,6 +28,9 @@ HELP = """The three accounts of chapter 2.3.3 (parameters, FLOPs, score-matrix m
   headcount cost --config path/to/config.json --json
   headcount cost path/to/checkpoint-dir          (a path in place of a preset: its config.json)
   headcount cost llama-3-70b --tp 8 --seq 8192 --dtype bf16   (per-rank accounts, heads split over 8 ranks)
+  headcount cost gemma-3-270m --seq 32k        (sliding windows: KV cache with and without the window)
+  headcount cost mistral-7b --sliding-window 4096 --seq 32k   (v0.1's window on every layer)
+  headcount cost llama-3-8b --sliding-window 1024 --global-every 4   (3 local layers, then 1 global)
   headcount cost --measure
 
 FLOPs count a multiply-add as 2 FLOPs (matrix multiplications only).
@@ -100,11 +103,47 @@ def _base_shape(model, config, d_model, heads, kv_heads, head_dim) -> tuple[Mode
     return shape, "a bare block: 1 layer unless --n-layers, no embeddings unless --vocab, no biases unless --bias", ""
 
 
-def _variants(base: ModelShape, heads, kv_heads, fields: dict) -> tuple[list[ModelShape], list[str]]:
+def _window_flag(text: str | None) -> int | None | str:
+    """--sliding-window: a positive number of keys, or off / none (no local layers); None = not given."""
+    if text is None:
+        return None
+    if str(text).strip().lower() in ("off", "none", "no", "full"):
+        return "off"
+    value = _whole("--sliding-window", text, minimum=-10**18)
+    if value <= 0:
+        raise CostError(f"--sliding-window: expected a positive number of keys each query of a local layer sees "
+                        f"(or off), got {value}")
+    return value
+
+
+def _with_window(shape: ModelShape, window, every: int | None) -> ModelShape:
+    """The shape with --sliding-window / --global-every applied (after every other field, so the pattern
+    fits the final number of layers)."""
+    if window is None and every is None:
+        return shape
+    if window == "off":
+        if every is not None:
+            raise CostError("--global-every: no sliding window to alternate with (--sliding-window off)")
+        return shape.replace(sliding_window=None, layer_types=None)
+    w = shape.sliding_window if window is None else window
+    if w is None:
+        raise CostError("--global-every: needs a sliding window (--sliding-window N); "
+                        f"{shape.name} has none")
+    if every is not None:
+        types = global_every(shape.n_layers, every)
+    elif shape.sliding_window is not None:
+        types = shape.layer_types  # a new window size, the model's own pattern
+    else:
+        types = None  # every layer local
+    return shape.replace(sliding_window=w, layer_types=types)
+
+
+def _variants(base: ModelShape, heads, kv_heads, fields: dict, window=None,
+              every: int | None = None) -> tuple[list[ModelShape], list[str]]:
     shapes, labels = [], []
     for h in heads or [None]:
         for kv in kv_heads or [None]:
-            shape = override(base, n_heads=h, n_kv_heads=kv, **fields)
+            shape = _with_window(override(base, n_heads=h, n_kv_heads=kv, **fields), window, every)
             shapes.append(shape)
             parts = []
             if heads and len(heads) > 1:
@@ -160,6 +199,8 @@ def cost(
     arch: Annotated[Optional[str], typer.Option("--arch", help="decoder, encoder, encoder-decoder.")] = None,
     bias: Annotated[Optional[bool], typer.Option("--bias/--no-bias", help="Biases on every linear layer.")] = None,
     tied: Annotated[Optional[bool], typer.Option("--tied/--untied", help="Tie the LM head to the embeddings.")] = None,
+    sliding_window: Annotated[Optional[str], typer.Option("--sliding-window", metavar="INT|off", help="Keys a query of a local layer sees (itself included); its KV cache holds min(seq, window) positions. Every layer local unless the model has a pattern or --global-every is given; off: no window.")] = None,
+    global_every: Annotated[Optional[str], typer.Option("--global-every", metavar="INT", help="With a sliding window: layer i is global when (i + 1) % K == 0 (Gemma 3: 6, Gemma 2: 2); the rest are local.")] = None,
 ) -> None:
     """The three accounts (parameters, FLOPs, score memory) and the KV cache, by head count."""
     console = _console()
@@ -188,7 +229,8 @@ def cost(
             fields.update(attn_bias=bias, o_bias=bias, mlp_bias=bias)
         if model is None and config is None:  # already in the base shape
             fields.pop("d_model"), fields.pop("head_dim")
-        shapes, labels = _variants(base, heads_list, kv_list, fields)
+        window, every = _window_flag(sliding_window), _whole("--global-every", global_every)
+        shapes, labels = _variants(base, heads_list, kv_list, fields, window, every)
         reports = [report(s, batch=batch, seq=n, dtype=dtype_name) for s in shapes]
         fits = [fit_budget(s, budget, batch=batch, seq=n, dtype=dtype_name) for s in shapes] if budget else None
         if tp is not None:

@@ -64,15 +64,17 @@ def fit(shape: ModelShape, budget_bytes: int, *, batch: int = 1, seq: int = 2048
     _, nbytes = parse_dtype(dtype)
     weights = param_counts(shape)["total"] * nbytes
     per_token = kv_cache(shape, 1, 1, nbytes)["bytes_per_token"]
-    left = budget_bytes - weights
-    max_context = max(left, 0) // (batch * per_token)
-    max_batch = max(left, 0) // (seq * per_token)
+    left = max(budget_bytes - weights, 0)
+    max_context = _max_context(shape, left, batch, nbytes)
+    per_sequence = kv_cache(shape, 1, seq, nbytes)["bytes_for_context"]
+    max_batch = left // per_sequence
     window = shape.max_positions or None
     result = {
         "budget_bytes": budget_bytes,
         "weights_bytes": weights,
         "kv_bytes_per_token": per_token,
-        "kv_budget_bytes": max(left, 0),
+        "kv_bytes_per_sequence": per_sequence,
+        "kv_budget_bytes": left,
         "batch": batch,
         "max_context": max_context,
         "seq": seq,
@@ -80,8 +82,29 @@ def fit(shape: ModelShape, budget_bytes: int, *, batch: int = 1, seq: int = 2048
         "context_window": window,
         "counts": "weights + KV cache only (no activations, no score matrices)",
     }
-    if left <= 0:
+    if shape.sliding_window is not None:
+        result["counts"] += (f"; local layers cache at most {shape.sliding_window} positions, so past the window "
+                             f"only the {shape.global_layers} global layers grow")
+    if budget_bytes - weights <= 0:
         result["note"] = "the weights alone do not fit the budget"
+    elif max_context is None:
+        result["note"] = (f"every layer is local: the KV cache stops growing at the {shape.sliding_window}-token "
+                          "window, so any context fits")
     elif window and max_context > window:
         result["note"] = f"more than the model's context window of {window} tokens"
     return result
+
+
+def _max_context(shape: ModelShape, left: int, batch: int, nbytes: int) -> int | None:
+    """The largest n with batch x KV(n) <= left; None when the cache never outgrows the window (no global layer).
+
+    KV(n) = c (global_layers n + local_layers min(n, w)), c = 2 n_kv_heads head_dim bytes: linear in n
+    with slope c n_layers up to the window, c global_layers after it."""
+    c = kv_cache(shape, 1, 1, nbytes)["bytes_per_token_per_layer"] * batch
+    full = left // (c * shape.n_layers)
+    w = shape.sliding_window
+    if w is None or full <= w:
+        return full
+    if shape.global_layers == 0:
+        return None
+    return (left - c * shape.local_layers * w) // (c * shape.global_layers)

@@ -78,11 +78,12 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
 
     a = p["attention_per_layer_detail"]
     section("parameters")
+    qk = f" + q/k norm {a['qk_norm']:,}" if a.get("qk_norm") else ""
     count("  attention per layer", p["attention_per_layer"],
-          f"Q {a['q']:,} + K {a['k']:,} + V {a['v']:,} + O {a['o']:,} + bias {a['bias']:,}")
+          f"Q {a['q']:,} + K {a['k']:,} + V {a['v']:,} + O {a['o']:,}{qk} + bias {a['bias']:,}")
     count("    without / with every bias", a["total_without_bias"], f"with: {a['total_with_bias']:,}")
     count("  MLP per layer", p["mlp_per_layer"], shape["mlp"])
-    count("  per layer", p["per_layer"], "attention + MLP + norms")
+    count("  per layer", p["per_layer"], f"attention + MLP + norms ({p['norms_per_layer']:,})")
     tied = shape["tied_embeddings"] and shape["arch"] != "encoder" and shape["vocab_size"] > 0
     count("  embeddings", p["embeddings"], "tied to the LM head" if tied else "")
     if p["lm_head"]:
@@ -101,23 +102,48 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
     flops("  output W_O", fa["output"], "2 B n n_heads head_dim d")
     flops("  attention per layer", fa["total"], f"causal {fc['total']:,}")
     flops("  attention, all layers", f["attention_total"], f"{f['attention_modules']} attention module{'s' if f['attention_modules'] > 1 else ''}")
-    flops("  attention, all layers, causal", f["attention_total_causal"], "scores and read halved")
+    if "attention_per_local_layer_causal" in f:
+        fl, w = f["attention_per_local_layer_causal"], f["window"]
+        flops(f"  local layer (window {w:,}), causal", fl["total"],
+              f"scores {fl['scores']:,} + read {fl['read']:,}: B n_heads head_dim (2 n w - w^2) each"
+              if w < rep["seq"] else "the window covers the whole sequence: as a global layer")
+        flops("  attention, all layers, causal", f["attention_total_causal"],
+              f"{f['global_layers']} global + {f['local_layers']} local layers; without the window "
+              f"{f['attention_total_causal_without_window']:,}")
+    else:
+        flops("  attention, all layers, causal", f["attention_total_causal"], "scores and read halved")
     flops("  MLP, all layers", f["mlp_total"], f"{f['mlp_per_layer']:,} per layer")
     if f["logits"]:
         flops("  logits", f["logits"], "every position")
-    flops("  model forward", f["total"], f"causal {f['total_causal']:,}")
+    flops("  model forward", f["total"], f"causal {f['total_causal']:,}" + (
+        f" (without the window {f['total_causal_without_window']:,})" if "total_causal_without_window" in f else ""))
 
     section("score memory (one attention layer)")
     nbytes("  eager: scores Q K^T", s["eager_per_layer"], "B x n_heads x n^2 x bytes")
     nbytes("  eager: + softmax output (peak)", s["eager_peak_per_layer"], "scores and weights both alive")
     nbytes("  fused (SDPA / FlashAttention)", s["fused_per_layer"], "no n x n tensor")
+    if "banded_per_local_layer" in s:
+        nbytes("  local layer, banded kernel", s["banded_per_local_layer"],
+               f"B x n_heads x n x min(n, {kv['window']:,}) x bytes; a masked eager path holds the full n x n")
 
     section("KV cache")
     nbytes("  per token", kv["bytes_per_token"],
            f"2 x {kv['layers']} layer{'s' if kv['layers'] > 1 else ''} x {shape['n_kv_heads']} KV heads x {shape['head_dim']} x "
-           f"{rep['bytes_per_element']} B")
-    nbytes(f"  {rep['batch']} x {rep['seq']:,} tokens", kv["bytes_for_context"],
-           f"with {shape['n_heads']} KV heads (MHA): {human_bytes(kv['mha_bytes_per_token'] * rep['seq'] * rep['batch'])}")
+           f"{rep['bytes_per_element']} B" + (f" (every layer, while n <= {kv['window']:,})" if kv.get("window") else ""))
+    if kv.get("window") is None:
+        nbytes(f"  {rep['batch']} x {rep['seq']:,} tokens", kv["bytes_for_context"],
+               f"with {shape['n_heads']} KV heads (MHA): "
+               f"{human_bytes(kv['mha_bytes_per_token'] * rep['seq'] * rep['batch'])}")
+    else:
+        w = kv["window"]
+        nbytes(f"  {rep['batch']} x {rep['seq']:,} tokens, with the window", kv["bytes_for_context"],
+               f"{kv['global_layers']} global layers x {rep['seq']:,} positions + {kv['local_layers']} local x "
+               f"min(n, {w:,}) = {kv['positions_per_local_layer']:,}; with {shape['n_heads']} KV heads (MHA): "
+               f"{human_bytes(kv['mha_bytes_for_context'])}")
+        nbytes("    without the window", kv["bytes_for_context_without_window"],
+               f"all {kv['layers']} layers x {rep['seq']:,} positions")
+        nbytes("  per token past the window", kv["bytes_per_token_past_window"],
+               f"only the {kv['global_layers']} global layers grow")
 
     if fit is not None:
         _fit_rows(table, fit, section)
@@ -130,8 +156,8 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
 def _fit_rows(table: Table, fit: dict, section) -> None:
     section(f"fit in {human_bytes(fit['budget_bytes'])} ({fit['budget_bytes']:,} bytes): weights + KV cache")
     table.add_row("  weights", f"{fit['weights_bytes']:,}", human_bytes(fit["weights_bytes"]), "")
-    table.add_row(f"  longest context at batch {fit['batch']}", f"{fit['max_context']:,}", "tokens",
-                  fit.get("note", ""))
+    longest = "unbounded" if fit["max_context"] is None else f"{fit['max_context']:,}"
+    table.add_row(f"  longest context at batch {fit['batch']}", longest, "tokens", fit.get("note", ""))
     table.add_row(f"  largest batch at seq {fit['seq']:,}", f"{fit['max_batch']:,}", "sequences", "")
 
 
@@ -173,8 +199,13 @@ def render_comparison(reports: list[dict], labels: list[str], console: Console, 
     bytes_row("score memory, fused, per layer", get("score_memory_bytes.fused_per_layer"))
     bytes_row("KV cache per token", get("kv_cache.bytes_per_token"))
     bytes_row("KV cache for the context", get("kv_cache.bytes_for_context"))
+    if any(r["kv_cache"].get("window") is not None for r in reports):
+        bytes_row("  without the window", [r["kv_cache"]["bytes_for_context_without_window"] for r in reports])
+        row("  global + local layers", [f"{r['kv_cache']['global_layers']} + {r['kv_cache']['local_layers']}"
+                                         for r in reports], str)
     if fits:
-        row("fit: longest context", [fi["max_context"] for fi in fits], lambda v: f"{v:,} tokens")
+        row("fit: longest context", [fi["max_context"] for fi in fits],
+            lambda v: "unbounded" if v is None else f"{v:,} tokens")
         row("fit: largest batch", [fi["max_batch"] for fi in fits], lambda v: f"{v:,}")
     console.print(table)
     console.print("[dim]FLOPs: a multiply-add is 2 FLOPs; matmuls only. Score memory: the eager path holds "

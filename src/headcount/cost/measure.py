@@ -237,7 +237,16 @@ def run_all(shape: ModelShape, batch: int, seq: int, dtype: str = "bf16", *, mem
     if need > MEASURE_LIMIT_BYTES:
         raise CostError(f"--measure runs one attention layer here: {shape.name} at batch {batch}, seq {seq} needs "
                         f"~{need / 1024**3:.1f} GiB; use a smaller --seq or shape (e.g. --seq 256)")
-    rows = measure_params(shape) + check_flops(shape, batch, seq) + flop_traps(shape, batch, seq)
+    rows = []
+    if shape.qk_norm or shape.sliding_window is not None:
+        # the module measured is a plain global MultiHeadAttention: no q/k norm, no window
+        skipped = ([f"q/k norm ({2 * shape.head_dim:,} parameters)"] if shape.qk_norm else []) + (
+            [f"the {shape.sliding_window}-token window of {shape.local_layers} local layers"]
+            if shape.sliding_window is not None else [])
+        rows.append(_row("measured as a global layer without q/k norm", 0, None, None,
+                         f"{' and '.join(skipped)}: counted by the formulas, not in the measured module"))
+        shape = shape.replace(qk_norm=False, sliding_window=None, layer_types=None)
+    rows += measure_params(shape) + check_flops(shape, batch, seq) + flop_traps(shape, batch, seq)
     rows += check_kv(shape, batch, seq, dtype)
     if memory:
         rows += check_score_memory(batch=1)

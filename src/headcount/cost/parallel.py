@@ -18,7 +18,7 @@ payload each rank contributes; a ring all-reduce sends 2 (N - 1) / N of it from 
 
 from __future__ import annotations
 
-from headcount.cost.accounts import _norm_params, param_counts
+from headcount.cost.accounts import _norm_params, norms_per_block, param_counts
 from headcount.cost.shape import CostError, ModelShape, parse_dtype
 from headcount.cost.head_split import head_plan, split_even, stored_kv_heads
 
@@ -39,7 +39,7 @@ def _check_tp(tp, shape: ModelShape) -> int:
 
 def _attention(shape: ModelShape, nq: int, nkv: int, rank: int) -> int:
     d, hd = shape.d_model, shape.head_dim
-    weights = d * nq * hd + 2 * d * nkv * hd + nq * hd * d
+    weights = d * nq * hd + 2 * d * nkv * hd + nq * hd * d + (2 * hd if shape.qk_norm else 0)  # q/k norm: every rank
     bias = ((nq + 2 * nkv) * hd if shape.attn_bias else 0) + (d if shape.o_bias and rank == 0 else 0)
     return weights + bias
 
@@ -63,17 +63,20 @@ def per_rank(shape: ModelShape, tp: int, *, batch: int = 1, seq: int = 2048, dty
     norm = _norm_params(shape)
     d, hd = shape.d_model, shape.head_dim
     allreduce = ALLREDUCES_PER_BLOCK * d * nbytes if tp > 1 else 0
+    window = shape.sliding_window  # local layers cache min(seq, window) positions, on every rank alike
+    layer_positions = shape.global_layers * seq + shape.local_layers * (seq if window is None else min(seq, window))
     ranks = []
     for p, f in zip(plan, units):
         nq, nkv = len(p.query_heads), len(p.kv_heads)
         attn = _attention(shape, nq, nkv, p.rank)
         mlp = _mlp(shape, len(f), p.rank)
-        layer = attn + mlp + 2 * norm
+        layer = attn + mlp + norms_per_block(shape) * norm
         layers = shape.n_layers * layer
         if shape.arch == "encoder-decoder":
-            layers += shape.n_layers * (2 * attn + mlp + 3 * norm)
+            layers += shape.n_layers * (2 * attn + mlp + norms_per_block(shape, cross=True) * norm)
         total = layers + replicated
         kv_token = 2 * shape.n_layers * nkv * hd * nbytes
+        kv_context = 2 * nkv * hd * nbytes * batch * layer_positions
         ranks.append({
             "rank": p.rank,
             "query_heads": list(p.query_heads),
@@ -83,8 +86,10 @@ def per_rank(shape: ModelShape, tp: int, *, batch: int = 1, seq: int = 2048, dty
             "params": {"attention_per_layer": attn, "mlp_per_layer": mlp, "per_layer": layer,
                        "replicated": replicated, "total": total},
             "weights_bytes": total * nbytes,
-            "kv_cache": {"bytes_per_token": kv_token, "bytes_for_context": kv_token * seq * batch},
-            "score_memory_bytes": {"eager_per_layer": batch * nq * seq * seq * nbytes, "fused_per_layer": 0},
+            "kv_cache": {"bytes_per_token": kv_token, "bytes_for_context": kv_context}
+            | ({"bytes_for_context_without_window": kv_token * seq * batch} if window is not None else {}),
+            "score_memory_bytes": {"eager_per_layer": batch * nq * seq * seq * nbytes, "fused_per_layer": 0}
+            | ({"banded_per_local_layer": batch * nq * seq * min(seq, window) * nbytes} if window is not None else {}),
             "allreduce_bytes_per_token_per_layer": allreduce,
         })
     stored = stored_kv_heads(plan)
@@ -97,6 +102,8 @@ def per_rank(shape: ModelShape, tp: int, *, batch: int = 1, seq: int = 2048, dty
         "kv_cache_bytes_per_token_all_ranks": kv_sum,
         "kv_cache_bytes_per_token_one_process": single_kv,
         "kv_cache_replication": stored / shape.n_kv_heads,
+        "kv_cache_bytes_for_context_all_ranks": sum(r["kv_cache"]["bytes_for_context"] for r in ranks),
+        "kv_cache_bytes_for_context_one_process": single_kv // shape.n_layers * batch * layer_positions,
         "params_all_ranks": sum(r["params"]["total"] for r in ranks),
         "params_one_process": full["total"],
         "replicated_params_per_rank": replicated,
@@ -107,7 +114,8 @@ def per_rank(shape: ModelShape, tp: int, *, batch: int = 1, seq: int = 2048, dty
             "split": "contiguous query heads, as even as possible, first ranks one more; the KV heads they read; "
                      "d_ff split the same way; embeddings, norms, LM head replicated; o_proj / down bias on rank 0",
             "kv_cache": "2 (K and V) x n_layers x the rank's KV heads x head_dim x bytes per token; a KV head read "
-                        "from two ranks is cached on both",
+                        "from two ranks is cached on both; a local (sliding-window) layer holds min(seq, window) "
+                        "positions; q/k norm weights, if any, are held by every rank",
             "allreduce": "2 per layer (after W_O and after the MLP) of d_model values per token; a ring all-reduce "
                          "sends 2 (N-1)/N of that payload from every rank",
         },

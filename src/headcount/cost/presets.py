@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from headcount.cost.shape import CostError, ModelShape
+from headcount.cost.shape import CostError, ModelShape, global_every
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,29 @@ def _bert(key: str, name: str, *, d_model, n_heads, n_layers, d_ff, source: str,
                        attn_bias=True, norm="layernorm", embedding_norm=True, final_norm=False, pooler=True,
                        arch="encoder", name=name)
     return Preset(key, shape, source, None, note)
+
+
+def _qwen2(key: str, name: str, *, d_model, n_heads, n_kv_heads, n_layers, d_ff, max_positions, source: str,
+           note: str = "") -> Preset:
+    shape = ModelShape(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, n_layers=n_layers, d_ff=d_ff,
+                       mlp="gated", vocab_size=151936, tied_embeddings=True, position="rotary",
+                       max_positions=max_positions, attn_bias=True, o_bias=False, mlp_bias=False, norm="rmsnorm",
+                       final_norm=True, arch="decoder", name=name)
+    return Preset(key, shape, source, None, note or "bias on Q, K and V only (not W_O, not the MLP); tied embeddings; "
+                                                   "no sliding window (use_sliding_window is false)")
+
+
+def _gemma3(key: str, name: str, *, d_model, n_heads, n_kv_heads, n_layers, d_ff, window, max_positions,
+            source: str, head_dim=256, vocab=262144, note: str = "") -> Preset:
+    shape = ModelShape(d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim, n_layers=n_layers,
+                       d_ff=d_ff, mlp="gated", vocab_size=vocab, tied_embeddings=True, position="rotary",
+                       max_positions=max_positions, attn_bias=False, norm="rmsnorm", final_norm=True,
+                       qk_norm=True, post_norms=True, sliding_window=window,
+                       layer_types=global_every(n_layers, 6), arch="decoder", name=name)
+    return Preset(key, shape, source, None, note or (
+        f"layer i is global when (i + 1) % 6 == 0 ({shape.global_layers} global, {shape.local_layers} local with a "
+        f"{window}-token window); q/k RMSNorm (head_dim weights each); 4 RMSNorms per block (before and after the "
+        "attention and the MLP); gated tanh-GELU MLP; tied embeddings, scaled by sqrt(d_model) (no parameters)"))
 
 
 def _vaswani(key: str, name: str, params: float, *, d_model, n_heads, d_ff) -> Preset:
@@ -85,6 +108,12 @@ _PRESETS: tuple[Preset, ...] = (
           source="sentence-transformers/all-MiniLM-L6-v2 config.json", note="total includes the pooler"),
     _llama("smollm2-135m", "SmolLM2-135M", d_model=576, n_heads=9, n_kv_heads=3, n_layers=30, d_ff=1536, vocab=49152,
            max_positions=8192, tied=True, source="HuggingFaceTB/SmolLM2-135M config.json"),
+    _gemma3("gemma-3-270m", "Gemma 3 270M", d_model=640, n_heads=4, n_kv_heads=1, n_layers=18, d_ff=2048, window=512,
+            max_positions=32768, source="google/gemma-3-270m config.json (model_type gemma3_text)"),
+    _qwen2("qwen2.5-0.5b", "Qwen2.5-0.5B", d_model=896, n_heads=14, n_kv_heads=2, n_layers=24, d_ff=4864,
+           max_positions=32768, source="Qwen/Qwen2.5-0.5B config.json"),
+    _qwen2("qwen2.5-1.5b", "Qwen2.5-1.5B", d_model=1536, n_heads=12, n_kv_heads=2, n_layers=28, d_ff=8960,
+           max_positions=131072, source="Qwen/Qwen2.5-1.5B config.json"),
     _vaswani("transformer-base", "Transformer (base)", 65e6, d_model=512, n_heads=8, d_ff=2048),
     _vaswani("transformer-big", "Transformer (big)", 213e6, d_model=1024, n_heads=16, d_ff=4096),
 )
@@ -98,6 +127,10 @@ ALIASES: dict[str, str] = {
     "gpt3": "gpt3-175b", "gpt-3": "gpt3-175b",
     "bert": "bert-base", "bert-base-uncased": "bert-base",
     "transformer": "transformer-base",
+    # the zoo's names (headcount.models.load) for the same shapes: the Coder models share the base shapes
+    "gemma3-270m": "gemma-3-270m", "gemma-3-270m-it": "gemma-3-270m",
+    "qwen2.5-coder-0.5b": "qwen2.5-0.5b", "qwen2.5-coder-1.5b": "qwen2.5-1.5b",
+    "qwen2.5-0.5b-instruct": "qwen2.5-0.5b", "qwen2.5-1.5b-instruct": "qwen2.5-1.5b",
 }
 
 

@@ -15,6 +15,9 @@ ARCHS = ("decoder", "encoder", "encoder-decoder")
 MLPS = ("gelu", "gated")  # gelu: up, down (2 matrices); gated: gate, up, down (3 matrices; SwiGLU)
 NORMS = ("layernorm", "rmsnorm")  # layernorm: weight + bias; rmsnorm: weight only
 POSITIONS = ("learned", "rotary", "sinusoidal", "none")  # only "learned" has parameters
+# Per-layer attention, spelled as transformers' configs spell it (config.layer_types).
+FULL, LOCAL = "full_attention", "sliding_attention"
+LAYER_TYPES = (FULL, LOCAL)
 
 # Bytes per element. Canonical names first; the rest are aliases.
 DTYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1, "fp64": 8}
@@ -73,6 +76,14 @@ class ModelShape:
     n_layers: blocks in the stack; for arch="encoder-decoder" each of the two stacks has n_layers
     (Vaswani et al.'s N), and every decoder block also has a cross-attention.
     d_ff None = 4 * d_model. o_bias / mlp_bias None = attn_bias.
+    qk_norm: a norm over each head's query and key (one weight vector of head_dim for Q, one for K,
+    shared by the heads: Gemma 3, Qwen3). post_norms: a norm after the attention and after the MLP as
+    well as before them (Gemma 2 / 3: 4 norms per block).
+    sliding_window: the keys each query of a LOCAL layer sees, itself included (transformers' mask:
+    key j visible from query i when i - window < j <= i); None = no local layers. layer_types: one
+    entry per layer, "full_attention" (global) or "sliding_attention" (local), as transformers'
+    configs carry it; None with a window = every layer local (Mistral 7B v0.1). Windows are causal:
+    decoders only. `replace(n_layers=...)` keeps the pattern (its shortest period repeats).
     """
 
     d_model: int
@@ -94,6 +105,10 @@ class ModelShape:
     embedding_norm: bool = False  # a norm right after the embeddings (BERT)
     final_norm: bool = False  # a norm after the last block (pre-norm decoders)
     pooler: bool = False  # BERT's pooler: a d_model x d_model dense layer with bias
+    qk_norm: bool = False  # a norm on each head's q and k: 2 x head_dim weights per attention (shared by heads)
+    post_norms: bool = False  # norms after the attention and the MLP too (Gemma 2/3: 4 per block)
+    sliding_window: int | None = None  # keys a query of a local layer sees (itself included)
+    layer_types: tuple[str, ...] | None = None  # per layer: "full_attention" | "sliding_attention"
     arch: str = "decoder"
     name: str = "custom"
 
@@ -129,13 +144,55 @@ class ModelShape:
         set_(self, "o_bias", self.attn_bias if self.o_bias is None else _check_bool("o_bias", self.o_bias))
         set_(self, "mlp_bias", self.attn_bias if self.mlp_bias is None else _check_bool("mlp_bias", self.mlp_bias))
         _check_choice("norm", self.norm, NORMS)
-        for flag in ("embedding_norm", "final_norm", "pooler"):
+        for flag in ("embedding_norm", "final_norm", "pooler", "qk_norm", "post_norms"):
             _check_bool(flag, getattr(self, flag))
         _check_choice("arch", self.arch, ARCHS)
+        self._check_window()
         if not isinstance(self.name, str) or not self.name:
             raise CostError(f"name: expected a non-empty string, got {self.name!r}")
 
+    def _check_window(self) -> None:
+        set_ = object.__setattr__
+        w, types = self.sliding_window, self.layer_types
+        if w is not None:
+            if isinstance(w, bool) or not isinstance(w, int):
+                raise CostError(f"sliding_window: expected a whole number of keys (or none), got {w!r}")
+            if w <= 0:
+                raise CostError(f"sliding_window: expected a positive number of keys each query of a local layer "
+                                f"sees (itself included), got {w}")
+        if types is not None:
+            if isinstance(types, str) or not isinstance(types, (list, tuple)):
+                raise CostError(f"layer_types: expected a list with one of {', '.join(LAYER_TYPES)} per layer, "
+                                f"got {types!r}")
+            types = tuple(types)
+            bad = sorted({str(t) for t in types if t not in LAYER_TYPES})
+            if bad:
+                raise CostError(f"layer_types: unknown layer type(s) {', '.join(bad)}; known: {', '.join(LAYER_TYPES)}")
+            if len(types) != self.n_layers:
+                raise CostError(f"layer_types: {len(types)} entries for {self.n_layers} layers (one per layer)")
+            if w is None and LOCAL in types:
+                raise CostError(f"layer_types: {types.count(LOCAL)} sliding_attention layers but no sliding_window "
+                                "(how many keys does a local layer see?)")
+        if w is None:
+            set_(self, "layer_types", None)  # every layer global: nothing to record
+            return
+        if self.arch != "decoder":
+            raise CostError(f"sliding_window: counted for causal decoders only (arch=decoder), not arch={self.arch}")
+        set_(self, "layer_types", types if types is not None else (LOCAL,) * self.n_layers)
+
     # ------------------------------------------------------------------------------------- derived
+    @property
+    def local_layers(self) -> int:
+        """Layers whose attention is limited to the sliding window."""
+        return self.layer_types.count(LOCAL) if self.layer_types else 0
+
+    @property
+    def global_layers(self) -> int:
+        return self.n_layers - self.local_layers
+
+    def is_local(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == LOCAL
+
     @property
     def attn_width(self) -> int:
         """n_heads * head_dim: the width Q and the concatenated heads have (W_O's input)."""
@@ -166,6 +223,11 @@ class ModelShape:
         return self.arch != "encoder" and self.vocab_size > 0
 
     def replace(self, **changes) -> "ModelShape":
+        """A copy with `changes`; a new n_layers keeps the local/global pattern (its shortest period repeats)."""
+        if "n_layers" in changes and "layer_types" not in changes and self.layer_types is not None:
+            n = changes["n_layers"]
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                changes["layer_types"] = repeat_pattern(self.layer_types, n)
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict:
@@ -173,6 +235,24 @@ class ModelShape:
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(ModelShape))
+
+
+def _period(pattern) -> int:
+    n = len(pattern)
+    return next(p for p in range(1, n + 1) if all(pattern[i] == pattern[i % p] for i in range(n)))
+
+
+def repeat_pattern(pattern, n_layers: int) -> tuple[str, ...]:
+    """The pattern's shortest period, repeated (or cut) to n_layers: Gemma 3's 5 local + 1 global stays so."""
+    p = _period(pattern)
+    return tuple(pattern[i % p] for i in range(n_layers))
+
+
+def global_every(n_layers: int, every: int) -> tuple[str, ...]:
+    """layer_types with layer i global when (i + 1) % every == 0 (Gemma 3: every=6; Gemma 2: every=2)."""
+    if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
+        raise CostError(f"global_every: expected a positive whole number (every k-th layer global), got {every!r}")
+    return tuple(FULL if (i + 1) % every == 0 else LOCAL for i in range(n_layers))
 
 
 def override(shape: ModelShape, **changes) -> ModelShape:
@@ -194,21 +274,33 @@ def override(shape: ModelShape, **changes) -> ModelShape:
         changes["n_kv_heads"] = None
     if "d_model" in changes and "d_ff" not in changes and shape.d_ff == 4 * shape.d_model:
         changes["d_ff"] = None  # a default 4 * d_model MLP follows d_model
-    return dataclasses.replace(shape, **changes)
+    return shape.replace(**changes)
 
 
 # ----------------------------------------------------------------------------------- config.json
-# model_type -> the parts of the shape a config.json does not spell out.
+# model_type -> the parts of the shape a config.json does not spell out. "window": how the family's
+# config says which layers are local (see _window below); "defaults": the config class's defaults for
+# keys a saved config may leave out (transformers fills them in the same way).
 _DECODER_GATED = dict(arch="decoder", mlp="gated", norm="rmsnorm", position="rotary", final_norm=True,
                       attn_bias=False, mlp_bias=False, tied=False)
+# transformers' Gemma3TextConfig defaults: Gemma 3's multimodal config.json files (model_type gemma3)
+# keep in text_config only what differs from them (gemma-3-4b lists no head counts at all).
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131072,
+    "sliding_window": 4096, "tie_word_embeddings": True, "attention_bias": False,
+}
 _FAMILIES: dict[str, dict] = {
     "llama": _DECODER_GATED,
-    "mistral": _DECODER_GATED,
+    "mistral": dict(_DECODER_GATED, window="all"),  # sliding_window set: every layer local (v0.1); null: none
     "mixtral": None,  # mixture of experts: not a dense MLP, refused below
-    "qwen2": dict(_DECODER_GATED, attn_bias=True, o_bias=False),  # bias on Q, K, V only
-    "qwen3": _DECODER_GATED,
+    "qwen2": dict(_DECODER_GATED, attn_bias=True, o_bias=False, window="qwen"),  # bias on Q, K, V only
+    "qwen3": dict(_DECODER_GATED, qk_norm=True, window="qwen", defaults={"head_dim": 128}),
     "gemma": dict(_DECODER_GATED, tied=True),
-    "gemma2": dict(_DECODER_GATED, tied=True),
+    "gemma2": dict(_DECODER_GATED, tied=True, post_norms=True, window="every", every=2,
+                   defaults={"sliding_window": 4096}),
+    "gemma3_text": dict(_DECODER_GATED, tied=True, qk_norm=True, post_norms=True, window="every", every=6,
+                        defaults=GEMMA3_TEXT_DEFAULTS),
     "phi3": _DECODER_GATED,
     "olmo": dict(_DECODER_GATED, norm="layernorm"),
     "gpt2": dict(arch="decoder", mlp="gelu", norm="layernorm", position="learned", final_norm=True,
@@ -220,6 +312,8 @@ _FAMILIES: dict[str, dict] = {
     "roberta": dict(arch="encoder", mlp="gelu", norm="layernorm", position="learned", embedding_norm=True,
                     pooler=True, attn_bias=True, mlp_bias=True, tied=True),
 }
+# Wrappers whose language model sits in text_config, and the model_type that text config has.
+_WRAPPERS = {"gemma3": "gemma3_text"}
 # key in the shape -> the names config.json files use for it (GPT-2 names second).
 _KEYS = {
     "d_model": ("hidden_size", "n_embd", "d_model"),
@@ -268,7 +362,10 @@ def shape_from_config_dict(cfg, *, where: str = "config.json") -> ModelShape:
         raise CostError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
     if "text_config" in cfg and isinstance(cfg["text_config"], dict) and not any(
             cfg.get(k) is not None for k in _KEYS["d_model"]):
+        outer = cfg.get("model_type")
         cfg = cfg["text_config"]  # multimodal wrappers keep the language model's shape here
+        if cfg.get("model_type") is None and outer in _WRAPPERS:
+            cfg = dict(cfg, model_type=_WRAPPERS[outer])
     model_type = cfg.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise CostError(f"{where}: model_type should be a string, got {model_type!r}")
@@ -282,6 +379,7 @@ def shape_from_config_dict(cfg, *, where: str = "config.json") -> ModelShape:
                             f"known model types: {', '.join(k for k, v in _FAMILIES.items() if v)}")
         gated = str(act).lower() in ("silu", "swish", "swiglu", "geglu")
         family = _DECODER_GATED if gated else _FAMILIES["gpt_neox"]
+    cfg = {k: v for k, v in family.get("defaults", {}).items() if k not in cfg} | cfg
 
     d_model = _pick(cfg, "d_model", where, required=True)
     n_heads = _pick(cfg, "n_heads", where, required=True)
@@ -314,6 +412,10 @@ def shape_from_config_dict(cfg, *, where: str = "config.json") -> ModelShape:
     attn_bias = cfg.get("attention_bias", family["attn_bias"])
     o_bias = attn_bias if "attention_bias" in cfg else family.get("o_bias")
     mlp_bias = cfg.get("mlp_bias", family["mlp_bias"])
+    arch = family["arch"]
+    if cfg.get("use_bidirectional_attention") is True:  # Gemma 3 embedding models: an encoder, no causal window
+        arch = "encoder"
+    sliding_window, layer_types = _window(cfg, family, n_layers, where) if arch == "decoder" else (None, None)
     try:
         return ModelShape(
             d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, n_layers=n_layers, d_ff=d_ff,
@@ -321,11 +423,43 @@ def shape_from_config_dict(cfg, *, where: str = "config.json") -> ModelShape:
             max_positions=max_positions or 0, type_vocab_size=cfg.get("type_vocab_size", 0) or 0,
             attn_bias=attn_bias, o_bias=o_bias, mlp_bias=mlp_bias, norm=family["norm"],
             embedding_norm=family.get("embedding_norm", False), final_norm=family.get("final_norm", False),
-            pooler=family.get("pooler", False), arch=family["arch"],
+            pooler=family.get("pooler", False), qk_norm=family.get("qk_norm", False),
+            post_norms=family.get("post_norms", False), sliding_window=sliding_window, layer_types=layer_types,
+            arch=arch,
             name=str(cfg.get("_name_or_path") or model_type or Path(where).parent.name or "config.json"),
         )
     except CostError as err:
         raise CostError(f"{where}: {err}") from None
+
+
+def _window(cfg: dict, family: dict, n_layers: int, where: str) -> tuple[int | None, list | None]:
+    """(sliding_window, layer_types) the way transformers' config classes derive them.
+
+    mistral: sliding_window set = every layer local; qwen2 / qwen3: only with use_sliding_window, layers
+    i >= max_window_layers local; gemma2 / gemma3_text: layer i global when (i + 1) % pattern == 0
+    (sliding_window_pattern, 2 / 6 by default). An explicit layer_types list wins over the pattern.
+    """
+    kind = family.get("window")
+    if kind is None:
+        return None, None
+    window = cfg.get("sliding_window")
+    if kind == "qwen" and not cfg.get("use_sliding_window", False):
+        window = None
+    if window is None:
+        return None, None
+    if cfg.get("layer_types") is not None:
+        return window, cfg["layer_types"]
+    if kind == "all":
+        return window, None
+    if kind == "qwen":
+        first = cfg.get("max_window_layers", 28)
+        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+            raise CostError(f"{where}: max_window_layers should be a whole number >= 0, got {first!r}")
+        return window, [LOCAL if i >= first else FULL for i in range(n_layers)]
+    every = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", family["every"]))
+    if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
+        raise CostError(f"{where}: sliding_window_pattern should be a positive whole number, got {every!r}")
+    return window, list(global_every(n_layers, every))
 
 
 def describe(shape: ModelShape) -> str:
@@ -334,6 +468,11 @@ def describe(shape: ModelShape) -> str:
     decoupled = f" = {shape.attn_width} != d_model" if shape.head_dim_decoupled else ""
     stacks = f"{shape.n_layers}+{shape.n_layers} layers (encoder+decoder)" if shape.arch == "encoder-decoder" \
         else f"{shape.n_layers} layer{'s' if shape.n_layers > 1 else ''} ({shape.arch})"
-    return (f"{stacks}, d_model {shape.d_model}, {shape.n_heads} heads x {shape.head_dim}{decoupled} ({kv}), "
-            f"d_ff {shape.d_ff} ({shape.mlp}), vocab {shape.vocab_size}")
+    extra = " + q/k norm" if shape.qk_norm else ""
+    window = ""
+    if shape.sliding_window is not None:
+        window = (f", sliding window {shape.sliding_window} on {shape.local_layers} of {shape.n_layers} layers"
+                  if shape.global_layers else f", sliding window {shape.sliding_window} on every layer")
+    return (f"{stacks}, d_model {shape.d_model}, {shape.n_heads} heads x {shape.head_dim}{decoupled} ({kv}{extra}), "
+            f"d_ff {shape.d_ff} ({shape.mlp}), vocab {shape.vocab_size}{window}")
 
