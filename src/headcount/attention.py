@@ -11,6 +11,10 @@ transformers), or `kv_head_of[i]` once uneven pruning has broken the groups.
 Masks use SDPA's polarity: bool True = MAY attend, float = added to the scores.
 !! torch.nn.MultiheadAttention uses the OPPOSITE bool polarity (True = blocked) !!
 key_padding_mask is [B, S] bool with True = a real token.
+
+Optional, per module: q/k RMSNorm per head (qk_norm_eps; Qwen3, Gemma 3) after the heads are split and
+before qk_transform (rotary), and a sliding window (sliding_window; Gemma 3's local layers, Mistral)
+with a KV cache that keeps only the window. S always counts every token seen, cached or evicted.
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from headcount import head_surgery, kernels, masks
-from headcount.cache import KVCache
+from headcount.cache import KVCache, SlidingKVCache
+from headcount.norms import HeadRMSNorm
 
 Tensor = torch.Tensor
 QKTransform = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -42,6 +47,29 @@ def _positive_int(name: str, value) -> int:
     return value
 
 
+def _check_sliding_window(value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"sliding_window: expected a positive int (tokens a query sees) or None, got {value!r} "
+                        f"({type(value).__name__})")
+    if value <= 0:
+        raise ValueError(f"sliding_window: expected a positive int (tokens a query sees) or None, got {value}")
+    return value
+
+
+def _check_qk_norm_eps(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"qk_norm_eps: expected a positive float (the q/k RMSNorm epsilon) or None, got {value!r} "
+                        f"({type(value).__name__})")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"qk_norm_eps: expected a positive finite float (the q/k RMSNorm epsilon) or None, "
+                         f"got {value!r}")
+    return float(value)
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention with one fused qkv_proj and an o_proj (W_O).
 
@@ -55,16 +83,23 @@ class MultiHeadAttention(nn.Module):
         o_bias: bias on o_proj; None = same as `bias` (Qwen2: bias=True, o_bias=False).
         dropout: attention-probability dropout in training mode.
         softmax_scale: multiplies Q K^T; None = 1 / sqrt(head_dim).
+        qk_norm_eps: when set, RMSNorm each head's q and k over head_dim (q_norm, k_norm) before
+            qk_transform and before K is cached; None = no norm (and no q_norm / k_norm parameters).
+        sliding_window: when set, with is_causal query p attends keys p - sliding_window < j <= p; without,
+            |p - j| < sliding_window (transformers' Mistral / Gemma 3 masks). Settable after construction.
 
     Parameters:
         qkv_proj: Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim); rows [all Q | all K | all V],
             each head a contiguous block of head_dim rows.
         o_proj: Linear(n_heads * head_dim, d_model); its block of columns i is head i's write address.
+        q_norm, k_norm: HeadRMSNorm(head_dim) with weight [head_dim] (ones), shared by all heads; only
+            when qk_norm_eps is set (else None).
     """
 
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, head_dim: int | None = None,
                  bias: bool = True, o_bias: bool | None = None, dropout: float = 0.0,
-                 softmax_scale: float | None = None, device=None, dtype=None):
+                 softmax_scale: float | None = None, qk_norm_eps: float | None = None,
+                 sliding_window: int | None = None, device=None, dtype=None):
         super().__init__()
         _positive_int("d_model", d_model)
         _positive_int("n_heads", n_heads)
@@ -91,6 +126,18 @@ class MultiHeadAttention(nn.Module):
         self.kv_head_of: tuple[int, ...] = tuple(i // group for i in range(n_heads))
         self.kept_heads: tuple[int, ...] = tuple(range(n_heads))  # original indices of the query heads left
         self.register_buffer("kv_index", None, persistent=False)  # [n_heads] long when groups are uneven
+        eps = _check_qk_norm_eps(qk_norm_eps)
+        self.q_norm = HeadRMSNorm(head_dim, eps=eps, **factory) if eps is not None else None
+        self.k_norm = HeadRMSNorm(head_dim, eps=eps, **factory) if eps is not None else None
+        self.sliding_window = sliding_window
+
+    @property
+    def sliding_window(self) -> int | None:
+        return self._sliding_window
+
+    @sliding_window.setter
+    def sliding_window(self, value: int | None) -> None:
+        self._sliding_window = _check_sliding_window(value)
 
     # ----------------------------------------------------------------------------------------- info
     @property
@@ -101,15 +148,23 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         kind = "MHA" if self.n_kv_heads == self.n_heads else ("MQA" if self.n_kv_heads == 1 else "GQA")
         extra = "" if self.is_uniform else f", kv_head_of={self.kv_head_of}"
+        if self.q_norm is not None:
+            extra += f", qk_norm(eps={self.q_norm.eps:g})"
+        if self.sliding_window is not None:
+            extra += f", sliding_window={self.sliding_window}"
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads} ({kind}), "
                 f"head_dim={self.head_dim}{extra}")
 
     # ----------------------------------------------------------------------------------------- cache
     def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype | None = None) -> KVCache:
-        """A KVCache [batch_size, n_kv_heads, max_len, head_dim] on this module's device."""
+        """A KVCache [batch_size, n_kv_heads, max_len, head_dim] on this module's device; with a
+        sliding_window, a SlidingKVCache holding min(max_len, sliding_window) positions."""
         weight = self.qkv_proj.weight
-        return KVCache(batch_size, max_len, self.n_kv_heads, self.head_dim, dtype=dtype or weight.dtype,
-                       device=weight.device, owner=self)
+        kw = {"dtype": dtype or weight.dtype, "device": weight.device, "owner": self}
+        if self.sliding_window is not None:
+            return SlidingKVCache(batch_size, max_len, self.n_kv_heads, self.head_dim, window=self.sliding_window,
+                                  **kw)
+        return KVCache(batch_size, max_len, self.n_kv_heads, self.head_dim, **kw)
 
     # ---------------------------------------------------------------------------------------- surgery
     def prune_heads(self, heads) -> None:
@@ -167,6 +222,7 @@ class MultiHeadAttention(nn.Module):
         key_padding_mask: [B, S] bool, True = a real token.
         is_causal: query t attends keys <= its position (bottom-right aligned, so it holds with a cache).
         cache: a KVCache from new_cache(); the new K/V are appended and everything cached is attended.
+            S (masks, weights) counts every token seen, including those a SlidingKVCache has evicted.
         need_weights: take the eager path and return the weights [B, n_heads, T, S].
         head_gates: [n_heads] or [B, n_heads]; scales each head's context at the input of o_proj.
         qk_transform: hook for position encodings (rotary): (q [B, nh, T, dh], k [B, nkv, T, dh]) -> (q, k),
@@ -176,6 +232,9 @@ class MultiHeadAttention(nn.Module):
         batch, tgt_len, _ = x.shape
         nh, nkv, dh = self.n_heads, self.n_kv_heads, self.head_dim
         if context is not None:
+            if self.sliding_window is not None:
+                raise ValueError(f"context: sliding_window={self.sliding_window} is a window over positions of "
+                                 "one sequence (self-attention); it cannot be used with context=")
             self._check_input("context", context)
             if context.shape[0] != batch:
                 raise ValueError(f"context: expected batch size {batch} (x's), got {context.shape[0]}")
@@ -214,18 +273,27 @@ class MultiHeadAttention(nn.Module):
             kv = F.linear(context, weight[nq:], None if bias is None else bias[nq:])
             kv = kv.view(batch, new_len, 2 * nkv, dh)  # (B, S, 2 nkv, dh)
             k, v = kv[:, :, :nkv].transpose(1, 2), kv[:, :, nkv:].transpose(1, 2)  # (B, nkv, S, dh)
+        if self.q_norm is not None:  # per head, over head_dim: before rotary and before K is cached
+            q, k = self.q_norm(q), self.k_norm(k)
         if qk_transform is not None:
             q_shape, k_shape = q.shape, k.shape
             q, k = qk_transform(q, k)
             if q.shape != q_shape or k.shape != k_shape:
                 raise ValueError(f"qk_transform: must keep the shapes q {list(q_shape)}, k {list(k_shape)}; "
                                  f"returned q {list(q.shape)}, k {list(k.shape)}")
+        held = None  # where the attended keys sit among the src_len positions; None = all, in order
         if cache is not None:
-            k, v = cache.append(k, v)  # (B, nkv, S, dh) with S = cached + new
+            k, v, held = cache.append_held(k, v)  # (B, nkv, S', dh); S' = src_len unless a window evicted some
+            if held is not None and mask is not None:
+                mask = mask[..., held]  # the columns of the keys held
 
         out, weights = kernels.attend(q, k, v, mask=mask, is_causal=is_causal, need_weights=need_weights,
                                       dropout_p=self.dropout if self.training else 0.0, scale=self.softmax_scale,
-                                      kv_index=self.kv_index)
+                                      kv_index=self.kv_index, window=self.sliding_window)
+        if weights is not None and held is not None:  # evicted keys: weight 0, so weights stay [B, nh, T, S]
+            full = weights.new_zeros(*weights.shape[:-1], src_len)
+            full[..., held] = weights
+            weights = full
         out = out.transpose(1, 2)  # (B, T, nh, dh)
         if gates is not None:
             out = out * gates.to(out.dtype)

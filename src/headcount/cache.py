@@ -2,6 +2,10 @@
 n_heads, which is the whole point of GQA and MQA (chapter 2.3.7).
 
 Like gpt-fast's cache it only index-assigns into preallocated storage; nothing is concatenated.
+
+SlidingKVCache (what new_cache() gives a module with a sliding_window) keeps only the last `window`
+tokens, in a ring buffer: storage [B, n_kv_heads, min(max_len, window), head_dim], while `length`
+keeps counting every token seen (the decoder takes rotary positions from it).
 """
 
 from __future__ import annotations
@@ -89,6 +93,12 @@ class KVCache:
         self.length = end
         return self.k[:, :, :end], self.v[:, :, :end]
 
+    def append_held(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, slice | Tensor | None]:
+        """append(), plus where the returned keys sit among the `length` tokens seen: None when they
+        are all of them, in order (always, here); see SlidingKVCache."""
+        k, v = self.append(k, v)
+        return k, v, None
+
     def reset(self) -> None:
         """Forget every cached token (the storage is kept and overwritten)."""
         self.length = 0
@@ -97,4 +107,100 @@ class KVCache:
         """Keep only the first `length` tokens (to roll back a speculative step)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"length: expected 0 <= length <= {self.length}, got {length}")
+        self.length = length
+
+
+class SlidingKVCache(KVCache):
+    """A KVCache for a sliding-window module: a ring buffer of the last `window` tokens.
+
+    k, v: [batch_size, n_kv_heads, capacity, head_dim], capacity = min(max_len, window); slot s holds
+    the latest position p with p % capacity == s. `length` counts every token seen (absolute
+    positions), `max_len` bounds it, and nbytes = 2 * batch_size * n_kv_heads * capacity * head_dim *
+    itemsize: the storage, exactly.
+
+    append_held(k, v) for T new tokens at positions p0 = length .. p0 + T - 1 returns the keys those
+    queries can see (and where they sit):
+    - nothing evicted yet (p0 + T <= capacity): views of slots 0 .. p0 + T - 1, which are positions;
+    - one token (decoding): it overwrites the oldest slot; the whole ring is returned, in slot order,
+      with each slot's position. Every slot is within the new query's window, so the order does not
+      matter (softmax is a sum over keys); only masks given by position are gathered to match;
+    - several tokens past the ring (a prefill longer than the window, or a chunk after one): a
+      temporary [B, n_kv_heads, min(p0, window - 1) + T, head_dim] of the window before p0 and the new
+      tokens, in order (positions p0 - min(p0, window - 1) ..); then the last tokens go into the ring.
+    """
+
+    def __init__(self, batch_size: int, max_len: int, n_kv_heads: int, head_dim: int, *, window: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None, owner=None):
+        if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+            raise ValueError(f"window: expected a positive int, got {window!r}")
+        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
+            raise ValueError(f"max_len: expected a positive int, got {max_len!r}")
+        super().__init__(batch_size, min(max_len, window), n_kv_heads, head_dim, dtype=dtype, device=device,
+                         owner=owner)
+        self.window = window
+        self._max_len = max_len
+
+    @property
+    def max_len(self) -> int:
+        return self._max_len
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def __repr__(self) -> str:
+        return (f"SlidingKVCache(batch_size={self.batch_size}, n_kv_heads={self.n_kv_heads}, window={self.window}, "
+                f"capacity={self.capacity}, max_len={self.max_len}, head_dim={self.head_dim}, dtype={self.dtype}, "
+                f"length={self.length}, nbytes={self.nbytes})")
+
+    def check(self, module, *, batch_size: int, new_tokens: int) -> None:
+        if getattr(module, "sliding_window", None) != self.window:
+            raise ValueError(f"cache: this SlidingKVCache keeps a window of {self.window} tokens, but the module's "
+                             f"sliding_window is {getattr(module, 'sliding_window', None)}; make a new cache with "
+                             "the module's new_cache()")
+        super().check(module, batch_size=batch_size, new_tokens=new_tokens)
+
+    def _slots(self, positions: Tensor) -> Tensor:
+        return positions % self.capacity
+
+    def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The keys and values the new queries can see (see the class docstring for their order)."""
+        k, v, _ = self.append_held(k, v)
+        return k, v
+
+    def append_held(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, slice | Tensor | None]:
+        new = k.shape[2]
+        self._check_room(new)
+        start, end, cap = self.length, self.length + new, self.capacity
+        if end <= cap:  # nothing evicted yet: slot == position
+            return (*KVCache.append(self, k, v), None)
+        device = self.k.device
+        if new == 1:  # decoding: overwrite the oldest slot; every slot is inside this query's window
+            slot = start % cap
+            self.k[:, :, slot] = k[:, :, 0]
+            self.v[:, :, slot] = v[:, :, 0]
+            self.length = end
+            last = end - 1
+            positions = last - (last - torch.arange(cap, device=device)) % cap  # (cap,) slot -> position
+            return self.k, self.v, positions
+        keep = min(start, self.window - 1)  # the window before the first new query
+        old = self._slots(torch.arange(start - keep, start, device=device))
+        k_all = torch.cat([self.k.index_select(2, old), k], dim=2)  # (B, nkv, keep + T, dh), in order
+        v_all = torch.cat([self.v.index_select(2, old), v], dim=2)
+        stored = min(new, cap)  # gathered first: these writes may overwrite slots just read
+        slots = self._slots(torch.arange(end - stored, end, device=device))
+        self.k.index_copy_(2, slots, k[:, :, new - stored:].to(self.dtype))
+        self.v.index_copy_(2, slots, v[:, :, new - stored:].to(self.dtype))
+        self.length = end
+        return k_all, v_all, slice(start - keep, end)
+
+    def truncate(self, length: int) -> None:
+        """Roll back to `length` tokens, when the ring still holds the window that length needs."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"length: expected 0 <= length <= {self.length}, got {length}")
+        oldest_held = max(0, self.length - self.capacity)
+        if length and max(0, length - self.window + 1) < oldest_held:
+            raise ValueError(f"length: a SlidingKVCache of window {self.window} at {self.length} tokens no longer "
+                             f"holds the keys before position {oldest_held}; it can roll back to >= "
+                             f"{oldest_held + self.window - 1} tokens (or 0), got {length}")
         self.length = length

@@ -7,7 +7,7 @@ Removing a query head removes its Q rows from qkv_proj and its block of columns 
 input of W_O, where the head writes. A KV head goes once no remaining query head reads it. Uneven
 pruning across GQA groups (say group sizes 3, 2, 3) keeps an explicit query-head -> KV-head map
 (`kv_head_of`, and the `kv_index` buffer the kernels gather with); the uniform case stays on the
-fast path with no map.
+fast path with no map. q_norm / k_norm (per head_dim, shared by every head) are left unchanged.
 """
 
 from __future__ import annotations
@@ -80,6 +80,10 @@ def merge_kv_heads(attn, n_kv_heads: int) -> None:
     head j of the result is the mean of old KV heads j*r .. j*r + r - 1 (r = old / new), and query
     head i then reads i // (n_heads // n_kv_heads) as usual. Exact when the pooled heads are equal;
     otherwise it is an approximation whose cost is what the user measures.
+
+    With a k_norm (qk_norm_eps) the pooled K rows give the mean of the keys BEFORE the RMSNorm, which
+    is not the mean of the normalised keys the heads attended with: one more approximation (still exact
+    when the pooled heads are equal). k_norm, one weight shared by all heads, is kept as it is.
     """
     if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads <= 0:
         raise ValueError(f"n_kv_heads: expected a positive int, got {n_kv_heads!r}")

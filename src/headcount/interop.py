@@ -39,6 +39,12 @@ def to_torch(attn) -> nn.MultiheadAttention:
     if attn.n_kv_heads != attn.n_heads or not attn.is_uniform:
         raise ValueError(f"n_kv_heads: torch.nn.MultiheadAttention has no GQA/MQA; expected n_kv_heads == "
                          f"n_heads={attn.n_heads}, got {attn.n_kv_heads}")
+    if attn.q_norm is not None:
+        raise ValueError("qk_norm_eps: torch.nn.MultiheadAttention has no per-head q/k norm; expected a module "
+                         f"without one, got qk_norm_eps={attn.q_norm.eps:g}")
+    if attn.sliding_window is not None:
+        raise ValueError("sliding_window: torch.nn.MultiheadAttention has no sliding window; expected None, got "
+                         f"{attn.sliding_window} (pass the window as attn_mask instead)")
     if attn.n_heads * attn.head_dim != attn.d_model:
         raise ValueError(f"head_dim: torch.nn.MultiheadAttention needs n_heads * head_dim == d_model={attn.d_model}, "
                          f"got {attn.n_heads} x {attn.head_dim}")

@@ -4,6 +4,12 @@
   kernel (on CPU it does, for fp32/bf16/fp16). Weights are not available.
 - eager: explicit softmax(Q K^T * scale + mask) V, softmax in fp32 for fp16/bf16. Returns weights.
 
+Sliding window (`window=`): a band of keys around each query, bottom-right aligned like is_causal.
+The eager path folds it into its [T, S] mask. The fused path passes SDPA a boolean band mask; when the
+sequence is long against the window it walks the queries in chunks, each chunk attending only the
+keys its band can reach, so the mask is [chunk, chunk + window - 1] (not [T, S]) and the work is
+O(T * window) instead of O(T * S).
+
 Both: GQA grouping (query head i reads KV head kv_index[i]; uniform grouping i // (n_heads //
 n_kv_heads) never copies K/V), and a query row whose keys are all masked gives exactly 0 output and
 0 gradient, never NaN.
@@ -14,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from headcount.masks import causal_mask, combine
+from headcount.masks import causal_mask, combine, window_band, window_mask
 
 Tensor = torch.Tensor
 
@@ -42,16 +48,26 @@ def _expand_kv(k: Tensor, v: Tensor, n_heads: int, kv_index: Tensor | None) -> t
 
 def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
            need_weights: bool = False, dropout_p: float = 0.0, scale: float | None = None,
-           kv_index: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+           kv_index: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor | None]:
     """Attention for q [B, nh, T, dh] over k, v [B, nkv, S, dh] -> ([B, nh, T, dh], weights or None).
 
     mask: bool (True = may attend) or float (added), broadcastable to [B, nh, T, S].
     is_causal: bottom-right aligned (query t sits at position S - T + t), right for a KV cache.
     kv_index: [nh] long tensor mapping query head -> KV head when groups are uneven; None = uniform.
+    window: sliding window (masks.window_band): with is_causal, query p sees keys p - window < j <= p;
+        without, |p - j| < window. Key j sits at position j, query t at S - T + t.
     """
     tgt_len, src_len = q.shape[2], k.shape[2]
     if scale is None:
         scale = q.shape[-1] ** -0.5
+    if window is not None and window >= src_len:
+        window = None  # the band reaches every key: plain (causal) attention
+    if window is not None:
+        chunk = 0 if need_weights else _chunk_size(tgt_len, src_len, window, is_causal)
+        if chunk:
+            return _fused_windowed(q, k, v, mask, is_causal, dropout_p, scale, kv_index, window, chunk), None
+        mask = combine(mask, window_mask(tgt_len, src_len, window, causal=is_causal, device=q.device), dtype=q.dtype)
+        is_causal = False  # the band already holds causality
     if is_causal and tgt_len == 1:
         is_causal = False  # one query at the last position sees every key: no mask to build
     if is_causal and (mask is not None or tgt_len != src_len or need_weights):
@@ -72,6 +88,38 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index) -> Tensor:
     kwargs = {"enable_gqa": True} if gqa else {}
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                                           scale=scale, **kwargs)
+
+
+# Queries per chunk on the windowed fused path: at least the window, and never so few that the
+# per-call overhead of SDPA dominates.
+_MIN_CHUNK = 256
+
+
+def _chunk_size(tgt_len: int, src_len: int, window: int, causal: bool) -> int:
+    """Queries per chunk for the windowed fused path, or 0 when one call with a [T, S] mask is cheaper:
+    chunk only when it at least halves the keys each query scans."""
+    chunk = max(window, _MIN_CHUNK)
+    keys_per_chunk = chunk + (window - 1) * (1 if causal else 2)
+    return chunk if tgt_len > chunk and 2 * keys_per_chunk <= src_len else 0
+
+
+def _fused_windowed(q, k, v, mask, causal, dropout_p, scale, kv_index, window, chunk) -> Tensor:
+    """The fused path over query chunks: chunk [a, b) attends keys [lo, hi), the only ones its band
+    reaches, with a [b - a, hi - lo] band mask (and the matching slice of `mask`)."""
+    tgt_len, src_len = q.shape[2], k.shape[2]
+    offset = src_len - tgt_len  # position of query 0
+    outs = []
+    for a in range(0, tgt_len, chunk):
+        b = min(a + chunk, tgt_len)
+        lo = max(0, offset + a - window + 1)
+        hi = offset + b if causal else min(src_len, offset + b - 1 + window)
+        band = window_band(offset + a, b - a, lo, hi - lo, window, causal=causal, device=q.device)
+        part = None
+        if mask is not None:  # [..., T or 1, S]
+            part = mask[..., a:b, lo:hi] if mask.shape[-2] != 1 else mask[..., lo:hi]
+        outs.append(_fused(q[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], combine(part, band, dtype=q.dtype),
+                           False, dropout_p, scale, kv_index))
+    return torch.cat(outs, dim=2)  # (B, nh, T, dh)
 
 
 def _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index) -> tuple[Tensor, Tensor]:

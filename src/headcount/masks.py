@@ -83,6 +83,25 @@ def causal_mask(tgt_len: int, src_len: int, device: torch.device | None = None) 
     return k_pos <= q_pos
 
 
+def window_band(q_start: int, n_queries: int, k_start: int, n_keys: int, window: int, *, causal: bool,
+                device: torch.device | None = None) -> Tensor:
+    """Sliding-window mask [n_queries, n_keys] for queries at positions q_start.. and keys at k_start...
+
+    causal: p - window < j <= p (transformers' sliding_window_causal_mask_function: kv_idx > q_idx -
+        sliding_window AND kv_idx <= q_idx), so a query sees `window` keys, itself included.
+    not causal: |p - j| < window (Gemma 3's bidirectional overlay, `abs(q_idx - kv_idx) < sliding_window`).
+    """
+    dist = (torch.arange(q_start, q_start + n_queries, device=device)[:, None]
+            - torch.arange(k_start, k_start + n_keys, device=device)[None, :])  # query pos - key pos
+    return (dist >= 0) & (dist < window) if causal else dist.abs() < window
+
+
+def window_mask(tgt_len: int, src_len: int, window: int, *, causal: bool,
+                device: torch.device | None = None) -> Tensor:
+    """Bottom-right aligned sliding-window mask [T, S] (query i sits at position S - T + i), as causal_mask."""
+    return window_band(src_len - tgt_len, tgt_len, 0, src_len, window, causal=causal, device=device)
+
+
 def combine(*masks: Tensor | None, dtype: torch.dtype) -> Tensor | None:
     """Combine masks into one that SDPA accepts: AND of bool masks; float masks are summed in.
 

@@ -8,6 +8,10 @@ X on the left), j = the KV head query head i reads, and an explicit Concat. Writ
 with a Python loop over heads; nothing here is fused or clever. A row whose keys are all masked
 gives a zero head output (headcount's documented behaviour).
 
+Two options, written out the same way: a q/k RMSNorm per head (each row of Q_i and K_j divided by its
+root mean square, times a weight shared by the heads), and a sliding window (query at position p sees
+key j when p - window < j <= p, causal, or |p - j| < window, bidirectional; query t sits at S - T + t).
+
 `per_head_from_fused` / `fused_from_per_head` convert between these per-head matrices and the fused
 qkv_proj / o_proj layout.
 """
@@ -34,6 +38,9 @@ class PerHeadWeights:
     b_v: list[Tensor] | None = None
     b_o: Tensor | None = None
     kv_head_of: tuple[int, ...] | None = None  # None: i // (n_heads // n_kv_heads)
+    q_norm: Tensor | None = None  # [d_k] RMSNorm weight on every Q_i row (qk_norm_eps)
+    k_norm: Tensor | None = None  # [d_k] RMSNorm weight on every K_j row
+    norm_eps: float | None = None
 
     @property
     def n_heads(self) -> int:
@@ -68,9 +75,24 @@ def per_head_from_fused(qkv_weight: Tensor, qkv_bias: Tensor | None, o_weight: T
 def per_head(attn) -> PerHeadWeights:
     """The per-head matrices of a headcount.MultiHeadAttention (views of its weights)."""
     uneven = None if attn.is_uniform else tuple(attn.kv_head_of)
-    return per_head_from_fused(attn.qkv_proj.weight, attn.qkv_proj.bias, attn.o_proj.weight, attn.o_proj.bias,
-                               n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, head_dim=attn.head_dim,
-                               kv_head_of=uneven)
+    w = per_head_from_fused(attn.qkv_proj.weight, attn.qkv_proj.bias, attn.o_proj.weight, attn.o_proj.bias,
+                            n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads, head_dim=attn.head_dim,
+                            kv_head_of=uneven)
+    if getattr(attn, "q_norm", None) is not None:
+        w.q_norm, w.k_norm, w.norm_eps = attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps
+    return w
+
+
+def rms_norm(rows: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """Each row r (last dim) -> r / sqrt(mean(r^2) + eps) * weight."""
+    return rows / torch.sqrt((rows * rows).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def in_window(query_pos: int, key_pos: int, window: int, *, causal: bool) -> bool:
+    """May the query at query_pos see the key at key_pos, under a sliding window?"""
+    if causal:
+        return query_pos - window < key_pos <= query_pos
+    return abs(query_pos - key_pos) < window
 
 
 def fused_from_per_head(w: PerHeadWeights) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
@@ -82,11 +104,12 @@ def fused_from_per_head(w: PerHeadWeights) -> tuple[Tensor, Tensor | None, Tenso
 
 def multi_head(x: Tensor, w: PerHeadWeights, context: Tensor | None = None, *, attn_mask: Tensor | None = None,
                key_padding_mask: Tensor | None = None, is_causal: bool = False, head_gates: Tensor | None = None,
-               scale: float | None = None) -> tuple[Tensor, Tensor]:
+               scale: float | None = None, sliding_window: int | None = None) -> tuple[Tensor, Tensor]:
     """The chapter's MultiHead(X) for x [B, T, d_model] -> (output [B, T, d_model], weights [B, nh, T, S]).
 
     Masks: bool True = may attend, float added; attn_mask broadcastable to [B, nh, T, S];
     key_padding_mask [B, S] True = real token; is_causal aligned bottom-right.
+    sliding_window: see in_window(); w.q_norm / w.k_norm: see rms_norm().
     """
     ctx = x if context is None else context
     batch, tgt_len, src_len = x.shape[0], x.shape[1], ctx.shape[1]
@@ -107,7 +130,13 @@ def multi_head(x: Tensor, w: PerHeadWeights, context: Tensor | None = None, *, a
     if is_causal:
         offset = src_len - tgt_len
         for t in range(tgt_len):
-            blocked[:, :, t, offset + t + 1:] = True
+            blocked[:, :, t, max(0, offset + t + 1):] = True  # a negative start would wrap
+    if sliding_window is not None:
+        offset = src_len - tgt_len
+        for t in range(tgt_len):
+            for j in range(src_len):
+                if not in_window(offset + t, j, sliding_window, causal=is_causal):
+                    blocked[:, :, t, j] = True
 
     heads, all_weights = [], []
     for i in range(w.n_heads):
@@ -115,6 +144,8 @@ def multi_head(x: Tensor, w: PerHeadWeights, context: Tensor | None = None, *, a
         q = x @ w.W_q[i] + (w.b_q[i] if w.b_q is not None else 0)  # (B, T, d_k)
         k = ctx @ w.W_k[j] + (w.b_k[j] if w.b_k is not None else 0)  # (B, S, d_k)
         v = ctx @ w.W_v[j] + (w.b_v[j] if w.b_v is not None else 0)  # (B, S, d_v)
+        if w.q_norm is not None:
+            q, k = rms_norm(q, w.q_norm, w.norm_eps), rms_norm(k, w.k_norm, w.norm_eps)
         scores = (q @ k.transpose(1, 2)) * scale + add[:, i]  # (B, T, S)
         scores = scores.masked_fill(blocked[:, i], float("-inf"))
         dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # every key masked

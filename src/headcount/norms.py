@@ -1,0 +1,43 @@
+"""HeadRMSNorm: the per-head query/key RMSNorm of Qwen3 and Gemma 3 (MultiHeadAttention's qk_norm_eps).
+
+One weight of shape [head_dim], shared by every head, applied over the last dim of q [B, nh, T, dh] and
+k [B, nkv, T, dh] after the heads are split and before rotary. The statistics are taken in float32
+for half-precision inputs (float64 stays float64), then cast back to the input dtype.
+
+Gemma stores its norm weights as w and multiplies by (1 + w); the loaders store 1 + w here, so this
+module always multiplies by a plain weight.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+
+
+class HeadRMSNorm(nn.Module):
+    """x * rsqrt(mean(x^2, -1) + eps) * weight over the last dim (head_dim).
+
+    cast_before_weight: False (default, Gemma 3's order) multiplies by the weight in float32 and casts
+        the product; True (Qwen3's / Llama's order) casts the normalised x back first and multiplies in
+        the input dtype. Identical in float32; differs by rounding in bf16 / fp16.
+    """
+
+    def __init__(self, head_dim: int, *, eps: float, cast_before_weight: bool = False, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(head_dim, device=device, dtype=dtype))
+        self.eps = float(eps)
+        self.cast_before_weight = bool(cast_before_weight)
+
+    def forward(self, x: Tensor) -> Tensor:
+        compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+        x32 = x.to(compute)
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.cast_before_weight:
+            return self.weight * normed.to(x.dtype)
+        return (normed * self.weight.to(compute)).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        order = ", cast_before_weight=True" if self.cast_before_weight else ""
+        return f"head_dim={self.weight.shape[0]}, eps={self.eps:g}{order}"
