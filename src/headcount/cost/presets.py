@@ -101,7 +101,7 @@ _PRESETS: tuple[Preset, ...] = (
     _llama("mistral-7b", "Mistral 7B", d_model=4096, n_heads=32, n_kv_heads=8, n_layers=32, d_ff=14336, vocab=32000,
            max_positions=32768, source="mistralai/Mistral-7B-v0.1 config.json",
            note="v0.1 limits attention to a 4096-token sliding window (a rolling KV cache of 4096 tokens); the KV "
-                "numbers here assume full attention, as in v0.2 and later"),
+                "numbers here assume full attention, as in v0.2 and later (--sliding-window 4096 counts v0.1's)"),
     _bert("bert-base", "BERT-base (uncased)", d_model=768, n_heads=12, n_layers=12, d_ff=3072,
           source="google-bert/bert-base-uncased config.json", note="total includes the pooler, not the MLM head"),
     _bert("all-minilm-l6-v2", "all-MiniLM-L6-v2", d_model=384, n_heads=12, n_layers=6, d_ff=1536,
