@@ -2,13 +2,13 @@
 
 The truth is the same model in one process: logits, greedy tokens with the KV cache, and the gradients
 of the head gates and of a replicated weight, computed before sharding on every rank.
-Workers are module-level functions: headcount.parallel.runtime.spawn starts them in fresh processes.
+Workers are module-level functions: headcount.distributed.spawn starts them in fresh processes.
 """
 
 import pytest
 import torch
 
-from headcount.parallel import runtime
+from headcount import distributed as runtime
 from headcount.cost.head_split import head_plan, split_even, stored_kv_heads
 
 # ------------------------------------------------------------------------------------------ shapes

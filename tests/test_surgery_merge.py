@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from headcount.models import Decoder, DecoderConfig
 from headcount.models.rotary import RotaryEmbedding
 from headcount.surgery import MergeResult, merge_kv, merge_plan
-from headcount.surgery.merge_fit import pair_scale, reduce
-from headcount.surgery.merge_planner import MergePlan, _solve
+from headcount.surgery.merging.fit import pair_scale, reduce
+from headcount.surgery.merging.planner import MergePlan, _solve
 
 
 def _tiny(n_layers=2, n_heads=6, n_kv=3, head_dim=8, seed=0, position="rotary"):
@@ -202,7 +202,7 @@ def test_local_refinement_touches_only_the_layers_it_merges():
 
 def test_aware_beats_mean_on_smollm2_calibration_loss(smollm2):
     from headcount.analysis.batches import token_windows
-    from headcount.surgery.merge_stream import calibration_batches, calibration_loss
+    from headcount.surgery.merging.stream import calibration_batches, calibration_loss
 
     windows = token_windows(smollm2, window=96, max_windows=4)
     fit, evaluate = windows[:2], calibration_batches(smollm2, windows[2:])
@@ -282,13 +282,13 @@ def test_bad_types_and_budgets():
 def test_mixed_calibration_interleaves_prose_and_code_windows(smollm2):
     from headcount.analysis.batches import token_windows
     from headcount.data import code_corpus
-    from headcount.surgery.merge_stream import calibration_batches
+    from headcount.surgery.merging.stream import calibration_batches
 
     prose = token_windows(smollm2, None, window=64, max_windows=2)
     code = token_windows(smollm2, code_corpus().texts("calibration"), window=64, max_windows=2)
     batches = calibration_batches(smollm2, "mixed", n_windows=4, window=64, batch_size=4)
     assert len(batches) == 1
     assert torch.equal(batches[0].ids, torch.stack([prose[0], code[0], prose[1], code[1]]))
-    from headcount.surgery.pruning import calibration_batches as prune_batches
+    from headcount.surgery.pruning.removal import calibration_batches as prune_batches
     (ids, mask), = prune_batches(smollm2, "mixed", calibration_windows=4, window=64)
     assert mask is None and torch.equal(ids, batches[0].ids)  # pruning and merging read the same windows

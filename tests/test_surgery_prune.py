@@ -7,8 +7,8 @@ import torch
 
 from headcount.models.decoder import Decoder, DecoderConfig
 from headcount.surgery import prune, prune_to
-from headcount.surgery.plan import plan_fraction, random_scores
-from headcount.surgery.pruning import kv_bytes_per_token, n_params
+from headcount.surgery.pruning.plan import plan_fraction, random_scores
+from headcount.surgery.pruning.removal import kv_bytes_per_token, n_params
 
 
 def tiny(n_layers=3, n_heads=6, n_kv=2, o_bias=False, d_model=32):

@@ -7,7 +7,7 @@ import torch
 
 from headcount.models import Decoder, DecoderConfig
 from headcount.surgery import merge_kv, uptrain
-from headcount.surgery.merge_stream import calibration_batches, calibration_loss
+from headcount.surgery.merging.stream import calibration_batches, calibration_loss
 
 
 def _tiny():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Optional
 
 
 def check_png(path, flag: str = "--png") -> Path:
@@ -22,3 +23,13 @@ def check_png(path, flag: str = "--png") -> Path:
     if not os.access(parent, os.W_OK) or (png.exists() and not os.access(png, os.W_OK)):
         raise ValueError(f"{flag}: cannot write {png}: permission denied")
     return png
+
+
+def check_out_dir(out: Optional[Path], force: bool, flag: str = "--out") -> Path:
+    if out is None:
+        raise ValueError(f"{flag}: expected a directory to write the result to")
+    if out.exists() and not force:
+        raise ValueError(f"{flag}: {out} already exists; pass --force to replace it")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag}: {out} exists and is not a directory")
+    return out

@@ -11,7 +11,7 @@ them with part="held_out" or on a user's held-out text.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -108,3 +108,52 @@ def sentence_batches(model, sentences: Sequence[str], *, batch_size: int = 32,
         ids, mask = model.tokenizer.batch(list(sentences[i:i + batch_size]))
         batches.append((ids[:, :max_len].to(device), mask[:, :max_len].to(device)))
     return batches
+
+
+# ------------------------------------------------------------------------ the one calibration path
+class Batch(NamedTuple):
+    """One calibration batch: input_ids [B, T] and, for encoders, attention_mask [B, T] (1 = real token).
+    A tuple, so `for ids, mask in batches` works as well as `batch.ids`."""
+
+    ids: Tensor
+    mask: Tensor | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.ids.numel() if self.mask is None else self.mask.sum())
+
+
+def calibration_batches(model, calibration=None, *, n_windows: int = 8, window: int = 512, batch_size: int = 4,
+                        part: str = "calibration", n_sentences: int = 256) -> list[Batch]:
+    """THE calibration path: whatever a user passes as `calibration=` -> a list of Batch, for every step that
+    chooses (importance, roles, prune, merge, gates, uptrain).
+
+    calibration: None (that `part` of the default corpus), "mixed" (half prose, half code-like text,
+        interleaved: mixed_token_windows / mixed_texts), a string, a list of strings, a LongTensor [N, T]
+        of token windows, or a list of ready batches ((ids, mask) tuples or Batch).
+    Decoders get `n_windows` windows of `window` tokens (clamped to the model's context); encoders get up to
+    `n_sentences` sentences in batches of 32.
+    """
+    if isinstance(n_windows, bool) or not isinstance(n_windows, int) or n_windows < 1:
+        raise ValueError(f"n_windows: expected a positive int, got {n_windows!r}")
+    if isinstance(calibration, list) and calibration and all(isinstance(b, tuple) for b in calibration):
+        return [b if isinstance(b, Batch) else Batch(*b) for b in calibration]
+    device = model.embed.weight.device
+    decoder = is_decoder(model)
+    if isinstance(calibration, str) and calibration == "mixed":
+        calibration = (mixed_token_windows(model, n_windows, window=min(window, model.config.max_position), part=part)
+                       if decoder else mixed_texts(part))
+    if isinstance(calibration, Tensor):
+        if calibration.dim() != 2 or calibration.dtype != torch.long:
+            raise ValueError(f"calibration: expected token windows, a LongTensor [N, T]; got {calibration.dtype} "
+                             f"{list(calibration.shape)}")
+        ids = calibration.to(device)
+        return [Batch(ids[i:i + batch_size]) for i in range(0, ids.shape[0], batch_size)]
+    if decoder:
+        ids = token_windows(model, calibration, window=min(window, model.config.max_position), max_windows=n_windows,
+                            part=part)
+        return calibration_batches(model, ids, batch_size=batch_size)
+    sentences = split_sentences(calibration, part=part, max_sentences=n_sentences)
+    if not sentences:
+        raise ValueError("calibration: no sentences of at least 4 words in the calibration text")
+    return [Batch(ids, mask) for ids, mask in sentence_batches(model, sentences, batch_size=32)]

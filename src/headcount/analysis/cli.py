@@ -20,7 +20,7 @@ import typer
 
 
 def _errors(command: str):
-    from headcount.models.cli import _one_line_errors
+    from headcount.cli_errors import one_line_errors as _one_line_errors
     return _one_line_errors(command)
 
 

@@ -72,7 +72,7 @@ def _table(scores, top: int):
 
 def register(app, bench_app) -> None:
     """Add `headcount importance` and `headcount bench importance`."""
-    from headcount.models.cli import _one_line_errors
+    from headcount.cli_errors import one_line_errors as _one_line_errors
 
     @app.command("importance")
     def importance_cmd(
@@ -107,7 +107,7 @@ def register(app, bench_app) -> None:
 
             group, main = None, True
             if "WORLD_SIZE" in os.environ:  # under torchrun: each rank scores a shard of the text (issue 10)
-                from headcount.parallel import runtime
+                from headcount import distributed as runtime
                 group = runtime.init()
                 main = runtime.is_main(group)
             lm = load(model)

@@ -27,7 +27,7 @@ def _parse_heads(text: str) -> tuple[int, ...]:
 
 def register(app, bench_app) -> None:
     """Add this room's commands to the `headcount` app and its `bench` sub-app."""
-    from headcount.models.cli import _one_line_errors
+    from headcount.cli_errors import one_line_errors as _one_line_errors
 
     @app.command("experiment")
     def experiment_cmd(

@@ -7,28 +7,15 @@ line to stderr and exits with status 2, no traceback.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Optional
 
 import typer
 
-EXIT_BAD_INPUT = 2
-
-
-@contextlib.contextmanager
-def _one_line_errors(command: str) -> Iterator[None]:
-    try:
-        yield
-    except (ValueError, ImportError, OSError) as err:
-        msg = " ".join(str(err).split()) or type(err).__name__
-        typer.echo(f"headcount {command}: {msg}", err=True)
-        raise typer.Exit(EXIT_BAD_INPUT) from None
-    except KeyboardInterrupt:
-        typer.echo("", err=True)
-        raise typer.Exit(130) from None
+# the one-line error handler every room's CLI uses (headcount/cli_errors.py), under its old name too
+from headcount.cli_errors import EXIT_BAD_INPUT, one_line_errors as _one_line_errors  # noqa: E402,F401
 
 
 def _log(msg: str) -> None:
@@ -47,7 +34,17 @@ def _decoder(name: str):
     return model
 
 
+# `generate --tp` is provided by the parallel room, which sits above models: headcount.parallel.cli's
+# register() sets this to (model, *, seed, sample, log) -> (is rank 0, the seed every rank shares), so
+# this room never imports one above it.
+TP_SETUP = None
+
+
 def register(app, bench_app) -> None:
+    from headcount.models.formats import cli as formats_cli
+
+    formats_cli.register(app)
+
     @app.command("perplexity")
     def perplexity_cmd(
         model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2) or a checkpoint directory"),
@@ -105,11 +102,9 @@ def register(app, bench_app) -> None:
 
             lm = _decoder(model)
             if tp:  # issue 10: tensor parallel by heads; every rank generates the same tokens
-                from headcount.parallel.model import shared_seed, tensor_parallel_from_env
-
-                main = tensor_parallel_from_env(lm, log=_log)
-                if temperature > 0:
-                    seed = shared_seed(seed)
+                if TP_SETUP is None:
+                    raise ValueError("--tp: tensor parallelism is not available (headcount.parallel is not registered)")
+                main, seed = TP_SETUP(lm, seed=seed, sample=temperature > 0, log=_log)
             timings: dict = {}
             tokens = stream_tokens(lm, prompt, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
                                    stop_at_eos=not no_stop, timings=timings)

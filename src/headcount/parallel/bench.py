@@ -111,7 +111,7 @@ def run(prompt_tokens: int = 256, new_tokens: int = 32, repeats: int = 3, *, log
     from headcount.cost.parallel import per_rank
     from headcount.data import default_corpus
     from headcount.models import load
-    from headcount.parallel import runtime
+    from headcount import distributed as runtime
     from headcount.parallel.transfer import share
 
     log = log or (lambda m: None)

@@ -48,7 +48,7 @@ def run(name: str = "smollm2", *, prompt: str = DEFAULT_PROMPT, new_tokens: int 
 
     from headcount.models import generate, load
     from headcount.models.decoder import Decoder
-    from headcount.parallel import runtime
+    from headcount import distributed as runtime
     from headcount.parallel.model import tensor_parallel
 
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
@@ -121,7 +121,7 @@ def main(
     with rank_errors("parallel.check"):
         import torch.distributed as dist
 
-        from headcount.parallel import runtime
+        from headcount import distributed as runtime
 
         if new_tokens < 1:
             raise ValueError(f"--new-tokens: expected a positive number, got {new_tokens}")

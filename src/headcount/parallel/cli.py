@@ -24,7 +24,7 @@ def _rank_label(command: str) -> str:
 
 @contextlib.contextmanager
 def rank_errors(command: str) -> Iterator[None]:
-    from headcount.models.cli import _one_line_errors
+    from headcount.cli_errors import one_line_errors as _one_line_errors
 
     with _one_line_errors(_rank_label(command)):
         try:
@@ -42,8 +42,19 @@ def rank_errors(command: str) -> Iterator[None]:
             raise
 
 
+def _tp_setup(model, *, seed, sample: bool, log):
+    """`headcount generate --tp`: shard `model` over the torchrun ranks; (is rank 0, the shared seed)."""
+    from headcount.parallel.model import shared_seed, tensor_parallel_from_env
+
+    main = tensor_parallel_from_env(model, log=log)
+    return main, (shared_seed(seed) if sample else seed)
+
+
 def register(app, bench_app) -> None:
-    """Add `headcount bench parallel`."""
+    """Add `headcount bench parallel`, and `--tp` to `headcount generate` (models/cli.py's TP_SETUP)."""
+    from headcount.models import cli as models_cli
+
+    models_cli.TP_SETUP = _tp_setup
 
     @bench_app.command("parallel")
     def bench_parallel(

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from headcount.attention import MultiHeadAttention
-from headcount.parallel import runtime
+from headcount import distributed as runtime
 from headcount.cost.head_split import split_even
 from headcount.parallel.shard import install_collectives, plan_for, shard_heads
 

@@ -32,7 +32,7 @@ import torch
 import torch.distributed._functional_collectives as fc
 
 from headcount.attention import AttentionOutput, MultiHeadAttention
-from headcount.parallel import runtime
+from headcount import distributed as runtime
 from headcount.cost.head_split import RankHeads, head_plan
 
 Tensor = torch.Tensor

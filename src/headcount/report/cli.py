@@ -19,7 +19,7 @@ def run_report(model: str, *, text: Optional[Path] = None, out: Optional[Path] =
                seed: int = 0, quick: bool = False, use_cache: bool = True, sample: Optional[str] = None,
                command: str = "report") -> None:
     """Build the report and print where it is and what it found (shared by `report` and `demo`)."""
-    from headcount.models.cli import _one_line_errors
+    from headcount.cli_errors import one_line_errors as _one_line_errors
 
     start = time.perf_counter()
     with _one_line_errors(command):

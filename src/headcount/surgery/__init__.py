@@ -1,13 +1,13 @@
-"""Model-level head surgery (issue 7): WRITES a whole model. Sits above models and analysis.
+"""Model-level head surgery: WRITES a whole model. Sits above models and analysis.
 
-    prune(model, heads, *, mode, compensate, calibration)   pruning.py (plan.py, compensate.py)
-    prune_to(model, fraction, *, order, mode, compensate)   pruning.py
-    pruning_curve(model, *, fractions, orders, ...)         curve.py
-    merge_kv(model, n_kv_heads, *, layers, method)          merge.py
-    merge_plan(model, budget)                               merge.py
-    uptrain(model, steps, *, lr, trainable)                 uptraining.py
+    prune(model, heads, *, mode, compensate, calibration)   pruning/removal.py (plan.py, compensate.py)
+    prune_to(model, fraction, *, order, mode, compensate)   pruning/removal.py
+    pruning_curve(model, *, fractions, orders, ...)         pruning/curve.py
+    merge_kv(model, n_kv_heads, *, layers, method)          merging/kv_merge.py (fit.py, refine.py, stream.py)
+    merge_plan(model, budget)                               merging/planner.py
+    uptrain(model, steps, *, lr, trainable)                 merging/uptraining.py
     save(model, dir) / export_transformers(model, dir)      models/formats/ (native.py, hf.py), re-exported
-    export_gguf(model, path, *, dtype)                      models/formats/gguf_deci.py (llama.cpp `deci`, per-layer heads)
+    export_gguf(model, path, *, dtype)                      models/formats/gguf_deci.py (llama.cpp `deci`)
 
 Not to be confused with headcount.head_surgery (below attention): structural surgery on ONE
 MultiHeadAttention module (prune_heads, merge_kv_heads), which this package builds on.
@@ -17,12 +17,14 @@ from __future__ import annotations
 
 from headcount import lazy
 
+_P, _M = "headcount.surgery.pruning.", "headcount.surgery.merging."
 _EXPORTS = {
     # module names differ from the function names: an imported submodule `prune` would shadow prune()
-    "prune": "pruning", "prune_to": "pruning", "PruneResult": "pruning",
-    "pruning_curve": "curve", "PruningCurve": "curve",
-    "merge_kv": "merge", "merge_plan": "merge", "MergeResult": "merge",
-    "uptrain": "uptraining", "UptrainResult": "uptraining",
+    "prune": _P + "removal", "prune_to": _P + "removal", "PruneResult": _P + "removal",
+    "pruning_curve": _P + "curve", "PruningCurve": _P + "curve",
+    "merge_kv": _M + "kv_merge", "MergeResult": _M + "kv_merge",
+    "merge_plan": _M + "planner", "MergePlan": _M + "planner",
+    "uptrain": _M + "uptraining", "UptrainResult": _M + "uptraining",
     # writing a model is not surgery: these live with their formats (models/formats/), re-exported here
     "save": "headcount.models.formats.native", "export_transformers": "headcount.models.formats.hf",
     "export_gguf": "headcount.models.formats.gguf_deci",

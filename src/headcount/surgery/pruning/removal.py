@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from headcount.surgery import plan as _plan
-from headcount.surgery.compensate import COMPENSATIONS, DEFAULT_RIDGE, DEFAULT_TARGET, prune_sequential
+from headcount.surgery.pruning import plan as _plan
+from headcount.surgery.pruning.compensate import COMPENSATIONS, DEFAULT_RIDGE, DEFAULT_TARGET, prune_sequential
 
 Tensor = torch.Tensor
 
@@ -93,36 +93,16 @@ def count_heads(model) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------------- calibration
-def _is_decoder(model) -> bool:
-    return hasattr(model, "lm_head")
-
-
 def calibration_batches(model, calibration=DEFAULT_CALIBRATION, *, calibration_windows: int = CALIBRATION_WINDOWS,
                         window: int = WINDOW, batch_size: int = 4) -> list[tuple[Tensor, Tensor | None]]:
-    """Calibration inputs as [(input_ids [B, T], attention_mask [B, T] or None), ...] (see the module doc)."""
-    from headcount.analysis.batches import sentence_batches, split_sentences, token_windows
+    """Calibration inputs as [(input_ids [B, T], attention_mask [B, T] or None), ...]: prune's argument names
+    for the one calibration path, headcount.analysis.batches.calibration_batches."""
+    from headcount.analysis.batches import calibration_batches as batches
 
     if isinstance(calibration_windows, bool) or not isinstance(calibration_windows, int) or calibration_windows < 1:
         raise ValueError(f"calibration_windows: expected a positive int, got {calibration_windows!r}")
-    if isinstance(calibration, Tensor):
-        if calibration.dim() != 2 or calibration.dtype != torch.long:
-            raise ValueError(f"calibration: expected token windows, a LongTensor [N, T]; got {calibration.dtype} "
-                             f"{list(calibration.shape)}")
-        return [(calibration[i:i + batch_size], None) for i in range(0, calibration.shape[0], batch_size)]
-    if isinstance(calibration, list) and calibration and isinstance(calibration[0], tuple):
-        return list(calibration)
-    texts = calibration
-    if calibration == "mixed":
-        from headcount.analysis.batches import mixed_texts, mixed_token_windows
-        if _is_decoder(model):
-            ids = mixed_token_windows(model, calibration_windows, window=window)
-            return calibration_batches(model, ids, batch_size=batch_size)
-        texts = mixed_texts()
-    if _is_decoder(model):
-        ids = token_windows(model, texts, window=window, max_windows=calibration_windows)
-        return calibration_batches(model, ids, batch_size=batch_size)
-    sentences = split_sentences(texts, max_sentences=CALIBRATION_SENTENCES * calibration_windows // CALIBRATION_WINDOWS)
-    return sentence_batches(model, sentences, batch_size=32)
+    return batches(model, calibration, n_windows=calibration_windows, window=window, batch_size=batch_size,
+                   n_sentences=CALIBRATION_SENTENCES * calibration_windows // CALIBRATION_WINDOWS)
 
 
 # ---------------------------------------------------------------------------------------------- prune

@@ -21,7 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from headcount.surgery.merge_stream import Stream, calibration_batches, is_decoder, sentence_embeddings
+from headcount.surgery.merging.kv_merge import merge_layer
+from headcount.surgery.merging.stream import Stream, calibration_batches, is_decoder, sentence_embeddings
 
 
 @dataclass
@@ -78,8 +79,6 @@ def sensitivity(model, *, calibration=None, method: str = "aware", n_windows: in
                 window: int = 512, candidates=None, progress: bool = True, **merge_options) -> tuple[float, dict]:
     """(base loss, {layer: {n: loss increase when only this layer is merged to n KV heads}})."""
     from tqdm.auto import tqdm
-
-    from headcount.surgery.merge import merge_layer
 
     if method not in ("aware", "mean"):
         raise ValueError(f"method: expected 'aware' or 'mean', got {method!r}")

@@ -1,6 +1,6 @@
-"""Calibration inputs and a layer-by-layer walk through a model, for K/V merging (merge.py, merge_planner.py).
+"""A layer-by-layer walk through a model, for K/V merging (kv_merge.py, planner.py) and uptraining.
 
-    calibration_batches(model, calibration, n_windows, window) -> [Batch]   texts -> model inputs
+    calibration_batches, Batch, is_decoder     re-exported from headcount.analysis.batches (the one path)
     Stream(model, batches)            the residual stream at the input of one layer, batch by batch;
         .layer_io(l, ...)             run layer l, capture its attention's input / kwargs / output
         .advance(l)                   move the stream past layer l
@@ -15,64 +15,12 @@ layer 0 (the rotary hook `qk_transform`, the padding mask). No private attribute
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
+from headcount.analysis.batches import Batch, calibration_batches, is_decoder  # noqa: F401 (re-exported)
+
 Tensor = torch.Tensor
-
-
-@dataclass
-class Batch:
-    """One calibration batch: input_ids [B, T] and, for encoders, attention_mask [B, T] (1 = real)."""
-
-    ids: Tensor
-    mask: Tensor | None = None
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.ids.numel() if self.mask is None else self.mask.sum())
-
-
-def is_decoder(model) -> bool:
-    return hasattr(model, "lm_head")
-
-
-def calibration_batches(model, calibration=None, *, n_windows: int = 8, window: int = 512,
-                        batch_size: int = 4, part: str = "calibration", n_sentences: int = 256) -> list[Batch]:
-    """Calibration text -> batches. Decoders: `n_windows` windows of `window` tokens; encoders:
-    `n_sentences` sentences. `calibration` may be None (that part of the default corpus), "mixed" (half
-    prose, half code-like text: analysis.batches.mixed_token_windows), a string,
-    a list of strings, a LongTensor [N, T] of token windows (decoders), or a list of Batch."""
-    from headcount.analysis.batches import sentence_batches, split_sentences, token_windows
-
-    if isinstance(calibration, list) and calibration and all(isinstance(b, Batch) for b in calibration):
-        return calibration
-    device = model.embed.weight.device
-    if isinstance(calibration, str) and calibration == "mixed":  # half prose, half code-like text
-        from headcount.analysis.batches import mixed_texts, mixed_token_windows
-        if is_decoder(model):
-            calibration = mixed_token_windows(model, n_windows, window=min(window, model.config.max_position))
-        else:
-            calibration = mixed_texts()
-    if is_decoder(model):
-        if isinstance(calibration, Tensor):
-            if calibration.dim() != 2 or calibration.dtype != torch.long:
-                raise ValueError(f"calibration: expected a LongTensor [N, T] of token windows, got "
-                                 f"{calibration.dtype} {list(calibration.shape)}")
-            ids = calibration
-        else:
-            window = min(window, model.config.max_position)
-            ids = token_windows(model, calibration, window=window, max_windows=n_windows, part=part)
-        ids = ids.to(device)
-        return [Batch(ids[i:i + batch_size]) for i in range(0, ids.shape[0], batch_size)]
-    if isinstance(calibration, Tensor):
-        raise ValueError("calibration: an encoder takes text (a string or list of strings), not token windows")
-    sentences = split_sentences(calibration, part=part, max_sentences=n_sentences)
-    if not sentences:
-        raise ValueError("calibration: no sentences of at least 4 words in the calibration text")
-    return [Batch(ids, mask) for ids, mask in sentence_batches(model, sentences, batch_size=32)]
 
 
 class _Stop(Exception):

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 DEFAULT_TIMEOUT_S = 120.0
 TORCHRUN_HINT = ("start every rank with torchrun, e.g. `torchrun --nproc-per-node 2 -m headcount.parallel.check "
-                 "--model smollm2`, and call headcount.parallel.runtime.init() (or "
+                 "--model smollm2`, and call headcount.distributed.init() (or "
                  "torch.distributed.init_process_group) before sharding")
 
 

@@ -21,14 +21,12 @@ import copy
 import time
 from dataclasses import dataclass, field
 
-import torch
-
-from headcount.surgery import plan as _plan
-from headcount.surgery.pruning import CALIBRATION_WINDOWS, WINDOW, prune, prune_to, resolve_scores
+from headcount.analysis.batches import is_decoder
+from headcount.surgery.held_out import EVAL_WINDOWS, embed, evaluate, held_out_sets
+from headcount.surgery.pruning import plan as _plan
+from headcount.surgery.pruning.removal import CALIBRATION_WINDOWS, WINDOW, prune, prune_to, resolve_scores
 
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
-EVAL_WINDOWS = 8
-HELD_OUT_SENTENCES = 256
 
 
 @dataclass
@@ -52,74 +50,6 @@ class PruningCurve:
                    data.get("calibration", ""), list(data.get("held_out") or []), float(data.get("seconds", 0.0)))
 
 
-def _is_decoder(model) -> bool:
-    return hasattr(model, "lm_head")
-
-
-def held_out_sets(model, held_out, eval_windows: int, window: int, sentences: int = HELD_OUT_SENTENCES) -> dict:
-    """{name: LongTensor windows (decoder) | list of `sentences` sentences (encoder)}."""
-    from headcount.analysis.batches import split_sentences, token_windows
-
-    if held_out is None:
-        held_out = {"prose": None}
-    elif not isinstance(held_out, dict):
-        held_out = {"text": held_out}
-    out = {}
-    for name, texts in held_out.items():
-        if _is_decoder(model):
-            out[name] = token_windows(model, texts, window=window, max_windows=eval_windows, part="held_out")
-        else:
-            found = split_sentences(texts, part="held_out", max_sentences=sentences)
-            if len(found) < 3:
-                raise ValueError(f"held_out: {name!r} has {len(found)} sentences; at least 3 are needed")
-            out[name] = found
-    return out
-
-
-def _spearman(a: torch.Tensor, b: torch.Tensor) -> float:
-    from scipy.stats import spearmanr
-    return float(spearmanr(a.numpy(), b.numpy()).statistic)
-
-
-def embed(model, sentences: list[str]) -> torch.Tensor:
-    """L2-normalised mean-pooled sentence embeddings [N, d], in batches of 32 truncated at 128 tokens
-    (Encoder.embed_sentences pads everything to the longest sentence at once)."""
-    import torch.nn.functional as F
-
-    from headcount.analysis.batches import sentence_batches
-
-    out = []
-    with torch.no_grad():
-        for ids, mask in sentence_batches(model, sentences, batch_size=32, max_len=128):
-            hidden = model(ids, mask).last_hidden_state
-            m = mask.unsqueeze(-1).to(hidden.dtype)
-            out.append(F.normalize((hidden * m).sum(1) / m.sum(1).clamp(min=1e-9), dim=-1))
-    return torch.cat(out)
-
-
-def fidelity(model, reference: torch.Tensor, sentences: list[str]) -> tuple[float, float]:
-    """(mean cosine to the reference embeddings, Spearman of pairwise similarities)."""
-    emb = embed(model, sentences)
-    cos = float((emb * reference).sum(-1).mean())
-    iu = torch.triu_indices(len(sentences), len(sentences), 1)
-    sims, ref = (emb @ emb.T)[iu[0], iu[1]], (reference @ reference.T)[iu[0], iu[1]]
-    return cos, _spearman(sims, ref)
-
-
-def evaluate(model, sets: dict, references: dict | None = None) -> dict:
-    """{name: ppl} (decoder) or {name: (cosine, spearman)} (encoder)."""
-    from headcount.models.evaluation import evaluate_perplexity
-
-    out = {}
-    for name, data in sets.items():
-        if _is_decoder(model):
-            out[name] = evaluate_perplexity(model, data.reshape(-1).tolist(), data.shape[1],
-                                            batch_size=4).perplexity
-        else:
-            out[name] = fidelity(model, references[name], data)
-    return out
-
-
 def pruning_curve(model, *, fractions=FRACTIONS, orders=("gradient", "random"), compensations=("none", "mean", "lstsq"),
                   mode: str = "query", uniform: bool = False, calibration=None, held_out=None, seeds=(0, 1, 2),
                   eval_windows: int = EVAL_WINDOWS, window: int = WINDOW,
@@ -137,7 +67,7 @@ def pruning_curve(model, *, fractions=FRACTIONS, orders=("gradient", "random"), 
         raise ValueError("orders, compensations: expected at least one of each")
     sets = held_out_sets(model, held_out, eval_windows, window)
     references = None
-    if not _is_decoder(model):
+    if not is_decoder(model):
         references = {name: embed(model, s) for name, s in sets.items()}
     base = evaluate(model, sets, references)
     first = next(iter(sets))
@@ -163,7 +93,7 @@ def pruning_curve(model, *, fractions=FRACTIONS, orders=("gradient", "random"), 
                          "heads_removed": result.heads_removed}
                 if seed is not None:
                     point["seed"] = seed
-                if _is_decoder(model):
+                if is_decoder(model):
                     point["ppl"] = q[first]
                     point["ppl_by_text"] = q
                 else:
@@ -176,7 +106,7 @@ def pruning_curve(model, *, fractions=FRACTIONS, orders=("gradient", "random"), 
                 del pruned
     cal_name = calibration if isinstance(calibration, str) and len(calibration) < 40 else \
         ("default corpus: calibration" if calibration is None else "given calibration")
-    if _is_decoder(model):
+    if is_decoder(model):
         return PruningCurve(getattr(model, "name", None) or "model", base[first], points, base, cal_name, list(sets),
                             time.perf_counter() - start)
     return PruningCurve(getattr(model, "name", None) or "model", None, points,

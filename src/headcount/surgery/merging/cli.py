@@ -46,8 +46,8 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
               calibration_windows: int = 16, eval_windows: int = 8, local_steps: int = 100) -> dict:
     """Load, validate, measure, merge, (uptrain), measure, save: the command's work, as data."""
     from headcount.models import load
-    from headcount.surgery.cli import held_out_quality, calibration_and_held_out
-    from headcount.surgery.merge import _targets, merge_kv
+    from headcount.surgery.cli_common import calibration_and_held_out, held_out_quality
+    from headcount.surgery.merging.kv_merge import _targets, merge_kv
 
     calibration, held_out, source = calibration_and_held_out(text)
     model = load(model_name)
@@ -64,7 +64,7 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
                       n_windows=calibration_windows, local_steps=local_steps if method == "aware" else 0)
     trained = None
     if uptrain_steps:
-        from headcount.surgery.uptraining import uptrain
+        from headcount.surgery.merging.uptraining import uptrain
         trained = uptrain(model, uptrain_steps, lr=uptrain_lr, calibration=calibration, teacher=teacher)
     quality_after, _ = held_out_quality(model, held_out, eval_windows, 512, reference)
     if out is not None:
@@ -90,7 +90,7 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
 
 def register(app, bench_app) -> None:
     """Add `headcount merge-kv`."""
-    from headcount.models.cli import _one_line_errors
+    from headcount.cli_errors import one_line_errors as _one_line_errors
 
     @app.command("merge-kv")
     def merge_kv_cmd(
@@ -130,7 +130,7 @@ def register(app, bench_app) -> None:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
             layer_list = parse_layers(layers)
             if out is not None:
-                from headcount.surgery.cli import check_out_dir
+                from headcount.surgery.cli_common import check_out_dir
                 out = check_out_dir(out, force)
             result = run_merge(model, kv_heads, method=method, layers=layer_list, uptrain_steps=uptrain_steps,
                                uptrain_lr=uptrain_lr, out=out, force=force, text=text,
@@ -140,7 +140,7 @@ def register(app, bench_app) -> None:
         if json_out:
             typer.echo(json.dumps(data, indent=2))
             return
-        from headcount.surgery.cli import before_after_table
+        from headcount.surgery.cli_common import before_after_table
 
         rows = [("KV heads (all layers)", data["heads_before"], data["heads_after"]),
                 ("query heads (all layers)", extra["query_heads"], extra["query_heads"]),

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from headcount.surgery.merge_stream import calibration_batches, is_decoder
+from headcount.surgery.merging.stream import calibration_batches, is_decoder
 
 TRAINABLE = ("attention", "qkv", "o_proj", "all")
 

@@ -1,4 +1,5 @@
-"""The activation-aware K/V merge of ONE attention layer, in closed form (used by merge.py).
+"""The activation-aware K/V merge of ONE attention layer, in closed form (used by kv_merge.py; the layer's
+calibration statistics come from stats.py, the optional block-wise reconstruction is refine.py).
 
 Notation: the layer has n_heads query heads and n_kv old K/V heads of head_dim d; old KV head g is read by
 the query heads {i : kv_head_of[i] = g}. A new KV head m replaces a group S_m of old KV heads.
@@ -36,6 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
+from headcount.surgery.merging.stats import LayerStats, _causal_or_padding, split_qkv, to_complex
+
 Tensor = torch.Tensor
 
 EPS = 1e-6
@@ -62,120 +65,6 @@ def reduce(sigma: Tensor, g_metric: Tensor, r: int) -> tuple[Tensor, Tensor, flo
     return g_half @ u, g_ihalf @ u, kept
 
 
-@dataclass
-class LayerStats:
-    """Second moments of one layer on calibration tokens (float64 sums)."""
-
-    rotary: bool
-    n_tokens: int
-    k_sigma: Tensor  # rotary: [d/2, n_kv, n_kv] complex; else [n_kv*d, n_kv*d]
-    q_weight: Tensor  # rotary: [n_heads, d/2] (sum |q_f|^2); else [n_heads, d, d] (sum q q^T)
-    v_sigma: Tensor  # [n_heads, n_kv*d, n_kv*d]: per query head, sum of (A_i v_S)(A_i v_S)^T
-    k_energy: Tensor  # [n_kv]: sum |k_g|^2 (to keep the merged keys' scale)
-    k_sum: Tensor | None = None  # rotary: [d/2, n_kv] complex, sum of the (unrotated) keys
-    slow: Tensor | None = None  # rotary: [d/2] bool, pairs that turn less than 1 radian over the window
-
-
-def _causal_or_padding(kwargs: dict, t: int, s: int, device) -> Tensor | None:
-    mask = None
-    if kwargs.get("is_causal"):
-        mask = torch.ones(t, s, dtype=torch.bool, device=device).tril(s - t)
-    kpm = kwargs.get("key_padding_mask")
-    if kpm is not None:
-        kpm = kpm[:, None, None, :]  # (B, 1, 1, S)
-        mask = kpm if mask is None else (mask & kpm)
-    return mask
-
-
-def split_qkv(attn, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """q [B, nh, T, d], k [B, nkv, T, d], v [B, nkv, T, d] (before any position transform)."""
-    b, t, _ = x.shape
-    nh, nkv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    qkv = attn.qkv_proj(x).view(b, t, nh + 2 * nkv, d).transpose(1, 2)
-    return qkv[:, :nh], qkv[:, nh:nh + nkv], qkv[:, nh + nkv:]
-
-
-def to_complex(t: Tensor) -> Tensor:
-    """[..., d] real -> [..., d/2] complex128: pair (f, f + d/2) as k[f] + i k[f + d/2]."""
-    half = t.shape[-1] // 2
-    return torch.complex(t[..., :half].double(), t[..., half:].double())
-
-
-def layer_stats(attn, captures: list[dict], *, attention_weight: float = 0.0) -> LayerStats:
-    """Collect the second moments the merge needs from captured attention inputs (merge_stream.Stream).
-
-    attention_weight beta: each key token's weight in the key moments is (1 - beta) + beta * T * a(s),
-    a(s) = the share of all attention (over heads and queries) that key s receives (mean 1 over tokens):
-    keys the heads actually read (the attention sink first) count more."""
-    nh, nkv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    kv_of = torch.tensor(attn.kv_head_of, dtype=torch.long)
-    rotary = captures[0]["kwargs"].get("qk_transform") is not None
-    half = d // 2
-    if rotary:
-        k_sigma = torch.zeros(half, nkv, nkv, dtype=torch.complex128)
-        q_weight = torch.zeros(nh, half, dtype=torch.float64)
-    else:
-        k_sigma = torch.zeros(nkv * d, nkv * d, dtype=torch.float64)
-        q_weight = torch.zeros(nh, d, d, dtype=torch.float64)
-    v_sigma = torch.zeros(nh, nkv * d, nkv * d, dtype=torch.float64)
-    k_energy = torch.zeros(nkv, dtype=torch.float64)
-    k_sum = torch.zeros(half, nkv, dtype=torch.complex128) if rotary else None
-    slow = None
-    n_tokens = 0
-    with torch.no_grad():
-        for cap in captures:
-            x, kw, sel = cap["x"], cap["kwargs"], cap["mask"]
-            q, k, v = split_qkv(attn, x)
-            b, _, t, _ = q.shape
-            # token rows [B*T, heads, d], real tokens only
-            qf = q.transpose(1, 2).reshape(b * t, nh, d)
-            kf = k.transpose(1, 2).reshape(b * t, nkv, d)
-            if sel is not None:
-                qf, kf = qf[sel], kf[sel]
-            n_tokens += qf.shape[0]
-            k_energy += kf.double().pow(2).sum(dim=(0, 2))
-            # contexts of every query head over ALL old value heads: A_i [v_0 | v_1 | ...]
-            qt = kw.get("qk_transform")
-            qr, kr = qt(q, k) if qt is not None else (q, k)
-            if qt is not None and slow is None:  # how far each pair turns over the window: probe the hook
-                probe = torch.zeros(1, 1, t, d, dtype=q.dtype, device=q.device)
-                probe[..., :half] = 1.0
-                turned = qt(probe, probe)[1][0, 0]  # (T, d): (cos, sin) of each pair's angle per position
-                angle = torch.atan2(turned[:, half:], turned[:, :half]).abs().amax(0)
-                slow = (angle < 1.0).cpu()
-            scores = torch.einsum("bhtd,bhsd->bhts", qr, kr.index_select(1, kv_of)) * attn.softmax_scale
-            mask = _causal_or_padding(kw, t, kr.shape[2], x.device)
-            if mask is not None:
-                scores = scores.masked_fill(~mask, float("-inf"))
-            probs = torch.softmax(scores.float(), dim=-1).nan_to_num(0.0).to(v.dtype)
-            # key token weights: (1 - beta) + beta * (attention received, normalised to mean 1)
-            received = probs.sum(dim=2).mean(dim=1)  # (B, S): mean over heads of the attention each key gets
-            n_q = probs.shape[2]
-            tw = ((1 - attention_weight) + attention_weight * received / n_q * received.shape[1]).reshape(-1)
-            if sel is not None:
-                tw = tw[sel]
-            tw = tw.double()[:, None, None]
-            if rotary:
-                kc, qc = to_complex(kf), to_complex(qf)  # (N, nkv, d/2), (N, nh, d/2)
-                k_sigma += torch.einsum("ngf,njf->fgj", kc * tw, kc.conj())
-                k_sum += (kc * tw).sum(0).T
-                q_weight += qc.abs().pow(2).sum(0)
-            else:
-                kd = kf.reshape(-1, nkv * d).double()
-                k_sigma += (kd * tw[:, :, 0]).T @ kd
-                qd = qf.double()
-                q_weight += torch.einsum("nhd,nhe->hde", qd, qd)
-            v_all = v.transpose(1, 2).reshape(b, t, nkv * d)  # (B, S, nkv*d)
-            ctx = torch.einsum("bhts,bse->bhte", probs, v_all)  # (B, nh, T, nkv*d)
-            ctx = ctx.transpose(1, 2).reshape(b * t, nh, nkv * d)
-            if sel is not None:
-                ctx = ctx[sel]
-            ctx = ctx.double()
-            v_sigma += torch.einsum("nhe,nhf->hef", ctx, ctx)
-    return LayerStats(rotary, n_tokens, k_sigma, q_weight, v_sigma, k_energy, k_sum, slow)
-
-
-# ------------------------------------------------------------------------------------------ grouping
 def _readers(kv_head_of, g: int) -> list[int]:
     return [i for i, kv in enumerate(kv_head_of) if kv == g]
 
@@ -557,67 +446,3 @@ def refine_rotary_keys(attn, captures: list[dict], group: list[int], cs: Tensor,
     c = (c0 * (1 + torch.view_as_complex(dc_best))).to(torch.complex128)
     g = (g0 * (1 + torch.view_as_complex(dg_best))).to(torch.complex128)
     return c, {i: g[n] for n, i in enumerate(heads)}
-
-
-def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: int = 100, lr: float = 2e-3,
-                 validation: int = 1) -> dict:
-    """Local reconstruction of one merged layer: Adam on its own weights (qkv_proj, o_proj) so that the
-    layer's output reproduces `targets` on calibration tokens, starting from the closed-form merge.
-
-    Nothing outside the layer moves and no labels are used: this is the block-wise reconstruction of
-    post-training quantisation (BRECQ, Li et al. 2021), not fine-tuning. The loss sees the softmax, so
-    it can fix the attention patterns the closed form (which fits logits and values in mean square) gets
-    wrong. The last `validation` capture batches are held aside (still calibration text) and the
-    weights with the lowest error on them are kept, so the refinement cannot make the layer worse there
-    than the closed form. Returns {"fit": .., "validation": .., "closed_form_validation": .., "steps": ..}."""
-    if steps <= 0 or not captures:
-        return {}
-    if len(captures) <= validation:
-        validation = 0
-    fit = list(zip(captures, targets))[: len(captures) - validation] if validation else list(zip(captures, targets))
-    val = list(zip(captures, targets))[len(captures) - validation:] if validation else fit
-    params = [p for p in (attn.qkv_proj.weight, attn.qkv_proj.bias, attn.o_proj.weight, attn.o_proj.bias)
-              if p is not None]
-    flags = [p.requires_grad for p in params]
-
-    def err(pairs) -> float:
-        return output_error(attn, [c for c, _ in pairs], [y for _, y in pairs])
-
-    def snapshot() -> list[Tensor]:
-        return [p.detach().clone() for p in params]
-
-    best_val = err(val)
-    closed = best_val
-    best = snapshot()
-    den = [float((y.reshape(-1, y.shape[-1])[c["mask"]] if c["mask"] is not None else y).double().pow(2).sum())
-           for c, y in fit]
-    opt = torch.optim.Adam(params, lr=lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
-    check_every = max(1, steps // 10)
-    try:
-        for p in params:
-            p.requires_grad_(True)
-        with torch.enable_grad():
-            for step in range(steps):
-                j = step % len(fit)
-                cap, y = fit[j]
-                diff = attn(cap["x"], **cap["kwargs"]).output - y
-                diff = diff.reshape(-1, diff.shape[-1])
-                if cap["mask"] is not None:
-                    diff = diff[cap["mask"]]
-                loss = diff.pow(2).sum() / max(den[j], 1e-30)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                if (step + 1) % check_every == 0 or step + 1 == steps:
-                    value = err(val)
-                    if value < best_val:
-                        best_val, best = value, snapshot()
-    finally:
-        with torch.no_grad():
-            for p, saved, flag in zip(params, best, flags):
-                p.copy_(saved)
-                p.requires_grad_(flag)
-                p.grad = None
-    return {"fit": err(fit), "validation": best_val, "closed_form_validation": closed, "steps": steps}

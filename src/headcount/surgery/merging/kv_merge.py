@@ -30,10 +30,11 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-import torch
 
-from headcount.surgery import merge_fit
-from headcount.surgery.merge_stream import Stream, calibration_batches
+from headcount.surgery.merging import fit as merge_fit
+from headcount.surgery.merging.refine import refine_layer
+from headcount.surgery.merging.stats import layer_stats
+from headcount.surgery.merging.stream import Stream, calibration_batches
 
 METHODS = ("aware", "mean")
 TARGETS = ("local", "stream", "residual")
@@ -152,7 +153,7 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
                 local_lr: float = 2e-3) -> LayerMerge:
     """The aware merge of one attention module, from captured inputs and target outputs (in place)."""
     n_old, d = attn.n_kv_heads, attn.head_dim
-    stats = merge_fit.layer_stats(attn, captures)
+    stats = layer_stats(attn, captures)
     if isinstance(grouping, (list, tuple)):
         groups = [sorted(int(g) for g in grp) for grp in grouping]
         flat = sorted(g for grp in groups for g in grp)
@@ -169,7 +170,7 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
     merge_fit.install(attn, mw)
     before = merge_fit.output_error(attn, captures, targets)
     after = merge_fit.refit_o_proj(attn, captures, targets, ridge=ridge) if refit else before
-    local = merge_fit.refine_layer(attn, captures, targets, steps=local_steps, lr=local_lr) if local_steps else {}
+    local = refine_layer(attn, captures, targets, steps=local_steps, lr=local_lr) if local_steps else {}
     return LayerMerge(-1, n_old, n_new, groups, list(attn.kv_head_of), mw.k_kept, mw.v_kept, before, after,
                       local.get("validation"))
 
@@ -251,9 +252,3 @@ def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibrat
                 current.advance(i)
     finally:
         model.train(was_training)
-
-
-def merge_plan(model, budget, **kwargs):
-    """Choose which layers to merge (and to how many KV heads) for a KV-cache budget; see merge_planner."""
-    from headcount.surgery.merge_planner import merge_plan as plan
-    return plan(model, budget, **kwargs)

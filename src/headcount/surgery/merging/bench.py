@@ -64,9 +64,9 @@ def _log(msg: str) -> None:
 def _smollm2(s: dict) -> dict:
     from headcount.analysis.batches import token_windows
     from headcount.models import load
-    from headcount.surgery.merge import kv_bytes_per_token, merge_kv
-    from headcount.surgery.merge_planner import merge_plan
-    from headcount.surgery.uptraining import uptrain
+    from headcount.surgery.merging.kv_merge import kv_bytes_per_token, merge_kv
+    from headcount.surgery.merging.planner import merge_plan
+    from headcount.surgery.merging.uptraining import uptrain
 
     base_model = load("smollm2")
     sets = _held_out(base_model, s)
@@ -159,8 +159,8 @@ def _smollm2(s: dict) -> dict:
 def _minilm(s: dict) -> dict:
     from headcount.analysis.batches import split_sentences
     from headcount.models import load
-    from headcount.surgery.curve import fidelity
-    from headcount.surgery.merge import merge_kv
+    from headcount.surgery.pruning.curve import fidelity
+    from headcount.surgery.merging.kv_merge import merge_kv
 
     base_model = load("minilm")
     held = split_sentences(None, part="held_out", max_sentences=s["sentences"])

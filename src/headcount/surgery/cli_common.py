@@ -1,0 +1,53 @@
+"""What the surgery commands share (prune, merge-kv, prune --method l0): the --out check, --text split
+into calibration and held-out, held-out quality and the before/after table. Imported by each command
+family's cli.py; imports none of them (no cycle). No torch at module level."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from headcount.paths import check_out_dir  # noqa: F401 (the commands import it from here)
+
+
+def calibration_and_held_out(text: Optional[Path]):
+    """(calibration texts or None, held-out texts or None, source name) from --text FILE."""
+    if text is None:
+        return None, None, "default corpus"
+    from headcount.data import corpus_from_text, read_text
+
+    corpus = corpus_from_text(read_text(text), name=text.name)
+    if not corpus.calibration or not corpus.held_out:
+        raise ValueError(f"--text: {text} needs at least two paragraphs (blank-line separated): one to calibrate on, "
+                         "one held out to measure on")
+    return corpus.texts("calibration"), corpus.texts("held_out"), str(text)
+
+
+def held_out_quality(model, held_out, eval_windows: int, window: int, reference=None):
+    """Held-out perplexity (decoder) or (fidelity cosine, reference embeddings) for an encoder."""
+    from headcount.surgery.held_out import embed, evaluate, held_out_sets
+
+    sets = held_out_sets(model, held_out, eval_windows, window, sentences=16 * eval_windows)
+    if hasattr(model, "lm_head"):
+        return next(iter(evaluate(model, sets).values())), None
+    name = next(iter(sets))
+    if reference is None:
+        reference = embed(model, sets[name])
+    return evaluate(model, sets, {name: reference})[name], reference
+
+
+def before_after_table(rows: list[tuple[str, object, object]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("", "before", "after", "change"):
+        table.add_column(col, justify="right" if col else "left")
+    for name, before, after in rows:
+        if isinstance(before, float) or isinstance(after, float):
+            change = f"{(after / before - 1) * 100:+.1f}%" if before and after is not None else ""
+            table.add_row(name, f"{before:.3f}", f"{after:.3f}", change)
+        else:
+            change = f"{(after / before - 1) * 100:+.1f}%" if before else ""
+            table.add_row(name, f"{before:,}", f"{after:,}", change)
+    Console().print(table)

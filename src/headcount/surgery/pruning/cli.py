@@ -1,0 +1,120 @@
+"""`headcount prune` (one pruned model, or --curve). Registered through headcount.surgery.cli; shared helpers
+in surgery/cli_common.py; no torch import at module level. Bad input: one line on stderr, exit 2,
+nothing written (every check runs before the model is loaded or the output directory is touched).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+PRUNE_JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
+                   "kv_bytes_per_token_after", "ppl_before", "ppl_after")
+
+
+def register(app, bench_app) -> None:
+    """Add `headcount prune`."""
+    from headcount.cli_errors import one_line_errors as _one_line_errors
+    from headcount.surgery.cli_common import before_after_table, calibration_and_held_out, check_out_dir, \
+        held_out_quality
+
+    @app.command("prune")
+    def prune_cmd(
+        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or a saved / checkpoint directory"),
+        fraction: Optional[float] = typer.Option(None, "--fraction", help="share of query heads to remove, in (0, 1)"),
+        mode: str = typer.Option("query", "--mode", help="query (any heads) or group (whole GQA groups)"),
+        compensate: str = typer.Option("lstsq", "--compensate", help="none, mean or lstsq"),
+        order: str = typer.Option("reconstruction", "--order",
+                                  help="importance method (gradient, ablation, confidence, reconstruction) or random"),
+        uniform: bool = typer.Option(False, "--uniform", help="same number from every layer (and GQA group)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="directory to save the pruned model to"),
+        force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
+        text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text: its paragraphs are split into "
+                                            "calibration and held-out parts (default: the default corpus)"),
+        curve: bool = typer.Option(False, "--curve", help="the pruning curve instead of one pruned model"),
+        png: Optional[Path] = typer.Option(None, "--png", help="with --curve: write a plot"),
+        seed: int = typer.Option(0, "--seed", help="seed of --order random"),
+        calibration_windows: int = typer.Option(16, "--calibration-windows", help="calibration windows of 512 tokens"),
+        eval_windows: int = typer.Option(8, "--eval-windows", help="held-out windows of 512 tokens measured "
+                                         "(encoders: 16 sentences per window)"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Remove attention heads (retraining-free, with compensation); print before/after and save."""
+        with _one_line_errors("prune"):
+            for name, value, allowed in (("--mode", mode, ("query", "group")),
+                                         ("--compensate", compensate, ("none", "mean", "lstsq"))):
+                if value not in allowed:
+                    raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+            if calibration_windows < 1 or eval_windows < 1:
+                raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
+            if curve:
+                if png is not None:
+                    from headcount.paths import check_png
+                    check_png(png)
+                _curve(model, text, mode, uniform, png, json_out, calibration_windows, eval_windows)
+                return
+            if fraction is None or not 0 < fraction < 1:
+                raise ValueError(f"--fraction: expected a number in (0, 1), got {fraction}")
+            out = check_out_dir(out, force)
+            cal, held, source = calibration_and_held_out(text)
+            result = _prune_one(model, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
+                                calibration_windows, eval_windows)
+        if json_out:
+            typer.echo(json.dumps(result, indent=2))
+            return
+        before, after = result["ppl_before"], result["ppl_after"]
+        rows = [("query heads", result["heads_before"], result["heads_after"]),
+                ("KV heads", result["kv_heads_before"], result["kv_heads_after"]),
+                ("parameters", result["params_before"], result["params_after"]),
+                ("KV cache bytes / token", result["kv_bytes_per_token_before"], result["kv_bytes_per_token_after"])]
+        if before is not None:
+            rows.append((f"held-out perplexity ({source})", before, after))
+        else:
+            rows.append(("held-out embedding cosine", 1.0, result["fidelity_after"]["cosine"]))
+        before_after_table(rows, f"{model}: {result['prune']['heads_removed']} heads removed ({mode} mode, order "
+                     f"{result['prune']['order']}, compensate {compensate})")
+        typer.echo(f"saved to {out} (headcount.models.load / --model {out})")
+
+    def _prune_one(model_name, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
+                   calibration_windows, eval_windows) -> dict:
+        from headcount.models import load
+        from headcount.surgery import prune_to, save
+
+        model = load(model_name)
+        ppl_before, reference = held_out_quality(model, held, eval_windows, 512)
+        result = prune_to(model, fraction, order=order, mode=mode, compensate=compensate, uniform=uniform,
+                          calibration=cal, seed=seed, calibration_windows=calibration_windows)
+        ppl_after, _ = held_out_quality(model, held, eval_windows, 512, reference)
+        save(model, out, force=force)
+        data = {k: getattr(result, k) for k in PRUNE_JSON_KEYS if k.startswith(("heads", "params", "kv_bytes"))}
+        data["kv_heads_before"], data["kv_heads_after"] = result.kv_heads_before, result.kv_heads_after
+        if isinstance(ppl_before, float):
+            data["ppl_before"], data["ppl_after"] = ppl_before, ppl_after
+        else:
+            data["ppl_before"] = data["ppl_after"] = None
+            data["fidelity_after"] = {"cosine": ppl_after[0], "spearman": ppl_after[1]}
+        data["out"] = str(out)
+        data["prune"] = result.to_json()
+        return data
+
+    def _curve(model_name, text, mode, uniform, png, json_out, calibration_windows, eval_windows) -> None:
+        from headcount.models import load
+        from headcount.surgery import pruning_curve
+
+        cal, held, _ = calibration_and_held_out(text)
+        model = load(model_name)
+        curve = pruning_curve(model, mode=mode, uniform=uniform, calibration=cal, held_out=held,
+                              calibration_windows=calibration_windows, eval_windows=eval_windows,
+                              orders=("gradient", "reconstruction", "random"), seeds=(0,))
+        data = curve.to_json()
+        if png is not None:
+            from headcount.surgery.pruning.bench import plot_curve
+            plot_curve(data, png)
+        if json_out:
+            typer.echo(json.dumps(data, indent=2))
+        else:
+            from headcount.surgery.pruning.bench import render_curve
+            render_curve(data)
