@@ -318,3 +318,21 @@ def test_a_banded_kernel_holds_every_pair_of_the_band(n, w):
     slots = score_memory(s, 1, n, 1)["banded_per_local_layer"]
     per_query = [sum(1 for (i, _) in _band(n, w) if i == q) for q in range(n)]
     assert max(per_query) == min(n, w) and slots == n * min(n, w) >= len(_band(n, w))
+
+
+# ------------------------------------------------------------------------ against headcount's module
+def test_measured_module_matches_qk_norm_and_windowed_cache():
+    """MultiHeadAttention built from the preset: its parameters (q/k norm included) and its caches (a global
+    layer's KVCache, a local layer's SlidingKVCache of min(n, 512) positions) equal the formulas."""
+    pytest.importorskip("torch")
+    from headcount.cost import measure
+
+    shape, left_out = measure.buildable(GEMMA)
+    if left_out:
+        pytest.skip(f"MultiHeadAttention cannot build {left_out} here")
+    rows = measure.check_kv(shape, 2, 1000, "bf16", kv_heads=(1,))
+    assert [r["measured"] for r in rows] == [2 * 1 * 256 * 1000 * 2 * 2, 2 * 1 * 256 * 512 * 2 * 2]
+    assert all(r["ok"] for r in rows) and "local layer" in rows[1]["check"]
+    one = shape.replace(n_layers=1, layer_types=(FULL,))
+    params = measure.measure_params(one)
+    assert all(r["ok"] for r in params) and params[0]["measured"] == param_counts(GEMMA)["attention_per_layer"]

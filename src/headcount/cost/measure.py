@@ -7,7 +7,8 @@ torch is imported inside the functions only: `import headcount.cost` stays torch
   matmuls it can see) == attention_flops(shape, B, n), exactly. Its traps, shown rather than hidden:
   it never halves causal attention (the causal run counts the full formula), and on CPU it may count
   the fused SDPA kernel as 0 FLOPs.
-- KV cache: attn.new_cache(B, n, dtype).nbytes == kv_cache(one layer), exactly, for MHA, GQA and MQA.
+- KV cache: attn.new_cache(B, n, dtype).nbytes == kv_cache(one layer), exactly, for MHA, GQA and MQA; for a
+  model with sliding windows also on a local layer (a SlidingKVCache of min(n, window) positions).
 - score memory: the eager path's peak resident memory, each point in its own Python process (Linux
   /proc/self/clear_refs resets the high-water mark after warm-up; VmHWM - VmRSS is the peak the
   forward added; elsewhere ru_maxrss deltas), against 2 x B x n_heads x n^2 x 4 bytes (fp32 scores
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from headcount.cost.accounts import attention_flops, attention_params, kv_cache, score_memory
-from headcount.cost.shape import CostError, ModelShape, parse_dtype
+from headcount.cost.shape import FULL, LOCAL, CostError, ModelShape, parse_dtype
 
 MEMORY_TOLERANCE = 0.10
 # The score-memory grid: (n_heads, n) for the eager path with head_dim 8 (d_model = 8 n_heads, so the
@@ -38,11 +39,37 @@ def _row(check: str, measured, formula, ok, how: str = "") -> dict:
     return {"check": check, "measured": measured, "formula": formula, "ok": ok, "how": how}
 
 
+def _supports(keyword: str) -> bool:
+    """Whether headcount.MultiHeadAttention takes `keyword` (q/k norm: qk_norm_eps; windows: sliding_window)."""
+    import inspect
+
+    from headcount import MultiHeadAttention
+
+    return keyword in inspect.signature(MultiHeadAttention.__init__).parameters
+
+
+def buildable(shape: ModelShape) -> tuple[ModelShape, list[str]]:
+    """The shape as MultiHeadAttention can build it, and what had to be left out (counted by formula only)."""
+    left_out = []
+    if shape.qk_norm and not _supports("qk_norm_eps"):
+        left_out.append(f"q/k norm ({2 * shape.head_dim:,} parameters)")
+        shape = shape.replace(qk_norm=False)
+    if shape.sliding_window is not None and not _supports("sliding_window"):
+        left_out.append(f"the {shape.sliding_window}-token window of {shape.local_layers} local layers")
+        shape = shape.replace(sliding_window=None, layer_types=None)
+    return shape, left_out
+
+
 def build_attention(shape: ModelShape, **overrides):
-    """A headcount.MultiHeadAttention with the shape's heads, head_dim and biases (fp32, CPU)."""
+    """A headcount.MultiHeadAttention with the shape's heads, head_dim, biases and q/k norm (fp32, CPU); a
+    local layer (its sliding window) when the shape is one layer and that layer is local."""
     from headcount import MultiHeadAttention
 
     kwargs = dict(n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim, bias=shape.attn_bias, o_bias=shape.o_bias)
+    if shape.qk_norm:
+        kwargs["qk_norm_eps"] = 1e-6
+    if shape.n_layers == 1 and shape.is_local(0):
+        kwargs["sliding_window"] = shape.sliding_window
     kwargs.update(overrides)
     return MultiHeadAttention(shape.d_model, shape.n_heads, **kwargs)
 
@@ -133,13 +160,18 @@ def check_kv(shape: ModelShape, batch: int, seq: int, dtype: str = "bf16", *,
         gqa = [g for g in range(2, shape.n_heads) if shape.n_heads % g == 0]
         kv_heads = tuple(dict.fromkeys([shape.n_heads, shape.n_kv_heads] + gqa[:1] + [1]))
     rows = []
-    for n_kv in kv_heads:
-        variant = shape.replace(n_kv_heads=n_kv, n_layers=1)
-        attn = build_attention(variant)
-        measured = attn.new_cache(batch, seq, torch_dtype).nbytes
-        formula = kv_cache(variant, batch, seq, nbytes)["bytes_for_context"]
-        rows.append(_row(f"KV cache, {variant.attention_kind} ({n_kv} KV head{'s' if n_kv > 1 else ''}), one layer", measured, formula,
-                         measured == formula, f"KVCache.nbytes, B={batch}, max_len={seq}, {name}"))
+    kinds = [FULL] + ([LOCAL] if shape.local_layers else [])  # a global layer, and a local one if the model has them
+    for kind in kinds:
+        for n_kv in kv_heads:
+            variant = shape.replace(n_kv_heads=n_kv, n_layers=1, layer_types=(kind,) if shape.layer_types else None)
+            attn = build_attention(variant)
+            cache = attn.new_cache(batch, seq, torch_dtype)
+            measured = cache.nbytes
+            formula = kv_cache(variant, batch, seq, nbytes)["bytes_for_context"]
+            where = f", local layer (window {shape.sliding_window})" if kind == LOCAL else ""
+            rows.append(_row(f"KV cache, {variant.attention_kind} ({n_kv} KV head{'s' if n_kv > 1 else ''}), one "
+                             f"layer{where}", measured, formula, measured == formula,
+                             f"{type(cache).__name__}.nbytes, B={batch}, max_len={seq}, {name}"))
     return rows
 
 
@@ -238,15 +270,13 @@ def run_all(shape: ModelShape, batch: int, seq: int, dtype: str = "bf16", *, mem
         raise CostError(f"--measure runs one attention layer here: {shape.name} at batch {batch}, seq {seq} needs "
                         f"~{need / 1024**3:.1f} GiB; use a smaller --seq or shape (e.g. --seq 256)")
     rows = []
-    if shape.qk_norm or shape.sliding_window is not None:
-        # the module measured is a plain global MultiHeadAttention: no q/k norm, no window
-        skipped = ([f"q/k norm ({2 * shape.head_dim:,} parameters)"] if shape.qk_norm else []) + (
-            [f"the {shape.sliding_window}-token window of {shape.local_layers} local layers"]
-            if shape.sliding_window is not None else [])
-        rows.append(_row("measured as a global layer without q/k norm", 0, None, None,
-                         f"{' and '.join(skipped)}: counted by the formulas, not in the measured module"))
-        shape = shape.replace(qk_norm=False, sliding_window=None, layer_types=None)
-    rows += measure_params(shape) + check_flops(shape, batch, seq) + flop_traps(shape, batch, seq)
+    shape, left_out = buildable(shape)
+    if left_out:
+        rows.append(_row("left out of the measured module", 0, None, None,
+                         f"{' and '.join(left_out)}: MultiHeadAttention cannot build it here; counted by formula only"))
+    # FLOPs on a global layer: the eager path computes every pair (a window only masks), as the formula does
+    one_global = shape.replace(n_layers=1, layer_types=(FULL,) if shape.layer_types else None)
+    rows += measure_params(one_global) + check_flops(one_global, batch, seq) + flop_traps(one_global, batch, seq)
     rows += check_kv(shape, batch, seq, dtype)
     if memory:
         rows += check_score_memory(batch=1)
