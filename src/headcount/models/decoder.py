@@ -1,15 +1,27 @@
-"""The decoder family: Llama / Qwen2 / SmolLM2 (RMSNorm, rotary, gated SiLU MLP, GQA) and GPT-2
-(LayerNorm, learned positions, GELU MLP) on one class, built from headcount.MultiHeadAttention.
+"""The decoder family on one class, built from headcount.MultiHeadAttention: Llama / Qwen2 / Qwen3 /
+Mistral / SmolLM2 (RMSNorm, rotary, gated SiLU MLP, GQA), Gemma 3 (q/k norms, sliding-window layers,
+norms around attention and MLP, gated tanh-GELU) and GPT-2 (LayerNorm, learned positions, GELU MLP).
 
-    input_ids -> embed (+ learned positions) -> n_layers x [ x + attn(norm(x)) ; x + mlp(norm(x)) ]
+    input_ids -> embed (x embed_scale) (+ learned positions)
+              -> n_layers x [ x + post_attn_norm(attn(attn_norm(x))) ; x + post_mlp_norm(mlp(mlp_norm(x))) ]
               -> norm -> lm_head (tied to embed or its own)
 
+(post_attn_norm / post_mlp_norm only with `post_norms`, Gemma's "sandwich" norms.)
+
 Rotary position embedding enters each attention module through its `qk_transform` hook (one hook per
-forward call, shared by all layers): the attention module is used as is, never copied.
+forward call, shared by all layers): the attention module is used as is, never copied. A model whose
+sliding-window layers use their own rotary base (Gemma 3: 10k local, 1e6 global) hands every layer
+both hooks (`qk_transform`, `qk_transform_local`) and each layer picks by its type, so the keyword
+arguments a layer receives are the same for every layer (surgery calls each layer with the ones it
+captured on layer 0).
 
 Public hooks for head analysis: `model.layers[i].attn` is layer i's MultiHeadAttention;
 `forward(head_gates=...)` takes one gate tensor per layer ([n_layers, n_heads], or a list with None
 for ungated layers); `forward(need_weights=True)` returns every layer's weights [B, n_heads, T, S].
+
+Loss without logits: `chunked_nll(hidden, targets, lm_head)` (and `Decoder.token_nll` / `Decoder.loss`)
+runs lm_head over at most `chunk` positions at a time, so a 262,144-token vocabulary never costs a
+[T, vocab] tensor (with gradients, each chunk's logits are recomputed in backward).
 """
 
 from __future__ import annotations
@@ -20,6 +32,7 @@ from typing import NamedTuple, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from headcount.attention import MultiHeadAttention
 from headcount.cache import KVCache
@@ -27,14 +40,18 @@ from headcount.models.rotary import RotaryEmbedding
 
 Tensor = torch.Tensor
 
-NORMS = ("rms", "layer")
-MLPS = ("gated_silu", "gelu_tanh", "gelu")
+NORMS = ("rms", "rms_float", "layer")
+MLPS = ("gated_silu", "gated_gelu_tanh", "gelu_tanh", "gelu")
 POSITIONS = ("rotary", "learned")
+FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' spelling of config.layer_types
+LAYER_TYPES = (FULL, SLIDING)
+LOGIT_ELEMENTS = 1 << 25  # chunked_nll's default budget: chunk = LOGIT_ELEMENTS // vocab positions (128 MiB fp32)
 
 
 @dataclass
 class DecoderConfig:
-    """Everything the decoder's shape depends on. `family` is informational ("llama", "qwen2", "gpt2")."""
+    """Everything the decoder's shape depends on. `family` is informational ("llama", "qwen2", "qwen3",
+    "mistral", "gemma3", "gpt2")."""
 
     vocab_size: int
     d_model: int
@@ -44,9 +61,9 @@ class DecoderConfig:
     n_kv_heads: int | None = None  # None = n_heads (MHA)
     head_dim: int | None = None  # None = d_model // n_heads
     max_position: int = 2048
-    norm: str = "rms"  # "rms" (Llama) | "layer" (GPT-2)
+    norm: str = "rms"  # "rms" (Llama) | "rms_float" (Gemma: weight applied in float32) | "layer" (GPT-2)
     norm_eps: float = 1e-5
-    mlp: str = "gated_silu"  # "gated_silu" (Llama) | "gelu_tanh" (GPT-2's gelu_new) | "gelu"
+    mlp: str = "gated_silu"  # "gated_silu" (Llama) | "gated_gelu_tanh" (Gemma) | "gelu_tanh" (GPT-2) | "gelu"
     position: str = "rotary"  # "rotary" | "learned"
     rope_theta: float = 10000.0
     qkv_bias: bool = False
@@ -57,6 +74,16 @@ class DecoderConfig:
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     family: str = "llama"
+    # --- issue 14: what Gemma 3 / Qwen3 / Mistral add (the defaults change nothing) ---
+    rope_scaling: float = 1.0  # linear rotary scaling (angles / factor) on full-attention layers
+    rope_local_theta: float | None = None  # rotary base of sliding-window layers; None = rope_theta
+    qk_norm: bool = False  # RMSNorm of each head's q and k over head_dim (eps = norm_eps), before rotary
+    softmax_scale: float | None = None  # multiplies Q K^T; None = head_dim ** -0.5
+    sliding_window: int | None = None  # what MultiHeadAttention(sliding_window=) gets on sliding layers
+    layer_types: tuple[str, ...] | None = None  # per layer FULL | SLIDING; None with a window = all sliding
+    embed_scale: float | None = None  # embeddings x this, rounded to the weight dtype (Gemma: sqrt(d_model))
+    post_norms: bool = False  # norms after the attention and the MLP as well (Gemma)
+    causal: bool = True  # False: bidirectional attention (embedding models; see BidirectionalEncoder)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -68,9 +95,31 @@ class DecoderConfig:
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("position", POSITIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")
+        w = self.sliding_window
+        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+            raise ValueError(f"sliding_window: expected a positive int or None, got {w!r}")
+        if self.layer_types is not None:
+            types = tuple(self.layer_types)
+            if len(types) != self.n_layers or any(t not in LAYER_TYPES for t in types):
+                raise ValueError(f"layer_types: expected {self.n_layers} entries, each one of {LAYER_TYPES}; "
+                                 f"got {list(types)}")
+            if SLIDING in types and w is None:
+                raise ValueError("layer_types: sliding_attention layers need a sliding_window")
+            self.layer_types = types
+        if self.rope_scaling <= 0:
+            raise ValueError(f"rope_scaling: expected a positive factor, got {self.rope_scaling!r}")
+
+    def layer_type(self, i: int) -> str:
+        """FULL or SLIDING for layer i."""
+        if self.sliding_window is None:
+            return FULL
+        return SLIDING if self.layer_types is None else self.layer_types[i]
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        if d["layer_types"] is not None:
+            d["layer_types"] = list(d["layer_types"])
+        return d
 
 
 class DecoderOutput(NamedTuple):
@@ -80,35 +129,46 @@ class DecoderOutput(NamedTuple):
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as Llama does)."""
+    """x / sqrt(mean(x^2) + eps) * weight, the statistics in float32 (as Llama does).
 
-    def __init__(self, dim: int, eps: float = 1e-6, *, device=None, dtype=None):
+    weight_in_float32: in half precision, multiply by the weight in float32 and cast the product
+    (Gemma's order) instead of casting the normalised x first (Llama's). Identical in float32.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, *, weight_in_float32: bool = False, device=None, dtype=None):
         super().__init__()
         self.eps = eps
+        self.weight_in_float32 = weight_in_float32
         self.weight = nn.Parameter(torch.ones(dim, device=device, dtype=dtype))
 
     def forward(self, x: Tensor) -> Tensor:
         if x.dtype == torch.float32:
             return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         y = F.rms_norm(x.float(), self.weight.shape, None, self.eps)
+        if self.weight_in_float32:
+            return (y * self.weight.float()).to(x.dtype)
         return self.weight * y.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.weight.shape[0]}, eps={self.eps}"
+        return f"{self.weight.shape[0]}, eps={self.eps}" + (", weight_in_float32" if self.weight_in_float32 else "")
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)); gate and up fused in one Linear, rows [gate | up]."""
+    """down(act(gate(x)) * up(x)); gate and up fused in one Linear, rows [gate | up].
+    act: "silu" (Llama's SwiGLU) or "gelu_tanh" (Gemma's GeGLU, gelu_pytorch_tanh)."""
 
-    def __init__(self, d_model: int, d_ff: int, *, bias: bool = False, device=None, dtype=None):
+    def __init__(self, d_model: int, d_ff: int, *, bias: bool = False, act: str = "silu", device=None, dtype=None):
         super().__init__()
-        self.d_ff = d_ff
+        if act not in ("silu", "gelu_tanh"):
+            raise ValueError(f"act: expected 'silu' or 'gelu_tanh', got {act!r}")
+        self.d_ff, self.act = d_ff, act
         self.gate_up_proj = nn.Linear(d_model, 2 * d_ff, bias=bias, device=device, dtype=dtype)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias, device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).split(self.d_ff, dim=-1)
-        return self.down_proj(F.silu(gate).mul_(up))
+        gate = F.silu(gate) if self.act == "silu" else F.gelu(gate, approximate="tanh")
+        return self.down_proj(gate.mul_(up))
 
 
 class GeluMLP(nn.Module):
@@ -126,35 +186,48 @@ class GeluMLP(nn.Module):
 
 
 def _norm(cfg: DecoderConfig, factory: dict) -> nn.Module:
-    if cfg.norm == "rms":
-        return RMSNorm(cfg.d_model, cfg.norm_eps, **factory)
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, **factory)
+    if cfg.norm == "layer":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, **factory)
+    return RMSNorm(cfg.d_model, cfg.norm_eps, weight_in_float32=cfg.norm == "rms_float", **factory)
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm block: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x))."""
+    """Pre-norm block: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)); with post_norms the attention
+    and MLP outputs are normed again before the residual add (post_attn_norm, post_mlp_norm)."""
 
-    def __init__(self, cfg: DecoderConfig, *, device=None, dtype=None):
+    def __init__(self, cfg: DecoderConfig, index: int = 0, *, device=None, dtype=None):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
+        self.layer_type = cfg.layer_type(index)
+        self.causal = cfg.causal
         self.attn_norm = _norm(cfg, factory)
-        self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
-                                       bias=cfg.qkv_bias, o_bias=cfg.o_bias, **factory)
+        self.attn = MultiHeadAttention(
+            cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, bias=cfg.qkv_bias,
+            o_bias=cfg.o_bias, softmax_scale=cfg.softmax_scale, qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None,
+            sliding_window=cfg.sliding_window if self.layer_type == SLIDING else None, **factory)
+        self.post_attn_norm = _norm(cfg, factory) if cfg.post_norms else None
         self.mlp_norm = _norm(cfg, factory)
-        if cfg.mlp == "gated_silu":
-            self.mlp = GatedMLP(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias, **factory)
+        if cfg.mlp.startswith("gated_"):
+            self.mlp = GatedMLP(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias, act=cfg.mlp[len("gated_"):], **factory)
         else:
             self.mlp = GeluMLP(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias,
                                approximate="tanh" if cfg.mlp == "gelu_tanh" else "none", **factory)
+        self.post_mlp_norm = _norm(cfg, factory) if cfg.post_norms else None
 
     def forward(self, x: Tensor, *, cache: KVCache | None, key_padding_mask: Tensor | None,
-                qk_transform, head_gates: Tensor | None, need_weights: bool) -> tuple[Tensor, Tensor | None]:
-        out, weights = self.attn(self.attn_norm(x), cache=cache, is_causal=True,
-                                 key_padding_mask=key_padding_mask, qk_transform=qk_transform,
+                qk_transform, head_gates: Tensor | None, need_weights: bool,
+                qk_transform_local=None) -> tuple[Tensor, Tensor | None]:
+        rope = qk_transform_local if self.layer_type == SLIDING and qk_transform_local is not None else qk_transform
+        out, weights = self.attn(self.attn_norm(x), cache=cache, is_causal=self.causal,
+                                 key_padding_mask=key_padding_mask, qk_transform=rope,
                                  head_gates=head_gates, need_weights=need_weights)
+        if self.post_attn_norm is not None:
+            out = self.post_attn_norm(out)
         x = x + out
-        x = x + self.mlp(self.mlp_norm(x))
-        return x, weights
+        out = self.mlp(self.mlp_norm(x))
+        if self.post_mlp_norm is not None:
+            out = self.post_mlp_norm(out)
+        return x + out, weights
 
 
 def layer_gates(head_gates, n_layers: int) -> list:
@@ -173,11 +246,43 @@ def layer_gates(head_gates, n_layers: int) -> list:
     return gates
 
 
-class Decoder(nn.Module):
-    """A decoder-only language model (Llama / Qwen2 / SmolLM2 / GPT-2 families).
+def chunked_nll(hidden: Tensor, targets: Tensor, lm_head: nn.Module, *, chunk: int | None = None,
+                ignore_index: int = -100) -> Tensor:
+    """Per-position negative log-likelihood [..., T] (float32; 0 where targets == ignore_index) of
+    `targets` [..., T] under softmax(lm_head(hidden [..., T, d])), at most `chunk` positions at a time.
 
-    `layers[i].attn` is a headcount.MultiHeadAttention. `tokenizer` is set by the loaders.
+    No [T, vocab] tensor is ever built: each chunk of logits is consumed by cross_entropy and freed.
+    With gradients, each chunk is checkpointed (its logits recomputed in backward), so training through
+    it holds one chunk of logits too. chunk None = LOGIT_ELEMENTS // vocab positions (128 MiB of fp32).
+    Positions are independent, so the values do not depend on `chunk` (up to the matmul's blocking).
     """
+    if hidden.shape[:-1] != targets.shape:
+        raise ValueError(f"targets: expected shape {list(hidden.shape[:-1])} (hidden's without d_model), "
+                         f"got {list(targets.shape)}")
+    vocab = lm_head.weight.shape[0]
+    if chunk is None:
+        chunk = max(1, LOGIT_ELEMENTS // vocab)
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f"chunk: expected a positive int or None, got {chunk!r}")
+    flat_h = hidden.reshape(-1, hidden.shape[-1])
+    flat_t = targets.reshape(-1)
+
+    def piece(h: Tensor, t: Tensor) -> Tensor:
+        # [N, vocab] rows: log-softmax over the last dim (a non-last dim is less accurate in torch)
+        return F.cross_entropy(lm_head(h).float(), t, reduction="none", ignore_index=ignore_index)
+
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
+    parts = []
+    for start in range(0, flat_t.shape[0], chunk):
+        h, t = flat_h[start:start + chunk], flat_t[start:start + chunk]
+        parts.append(checkpoint(piece, h, t, use_reentrant=False) if grad else piece(h, t))
+    if not parts:
+        return hidden.new_zeros(targets.shape, dtype=torch.float32)
+    return torch.cat(parts).view(targets.shape)
+
+
+class _Stack(nn.Module):
+    """embed (x embed_scale) -> positions -> layers -> norm: what Decoder and BidirectionalEncoder share."""
 
     def __init__(self, config: DecoderConfig, *, device=None, dtype=None):
         super().__init__()
@@ -186,17 +291,18 @@ class Decoder(nn.Module):
         self.embed = nn.Embedding(config.vocab_size, config.d_model, **factory)
         self.pos_embed = (nn.Embedding(config.max_position, config.d_model, **factory)
                           if config.position == "learned" else None)
-        self.rotary = (RotaryEmbedding(config.head_dim, config.max_position, config.rope_theta, device=device)
-                       if config.position == "rotary" else None)
-        self.layers = nn.ModuleList(DecoderLayer(config, **factory) for _ in range(config.n_layers))
+        self.rotary = self.rotary_local = None
+        if config.position == "rotary":
+            self.rotary = RotaryEmbedding(config.head_dim, config.max_position, config.rope_theta,
+                                          linear_factor=config.rope_scaling, device=device)
+            local = config.rope_local_theta
+            if local is not None and SLIDING in {config.layer_type(i) for i in range(config.n_layers)}:
+                self.rotary_local = RotaryEmbedding(config.head_dim, config.max_position, local, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(config, i, **factory) for i in range(config.n_layers))
         self.norm = _norm(config, factory)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False, **factory)
-        if config.tie_embeddings:
-            self.lm_head.weight = self.embed.weight
         self.tokenizer = None  # a headcount.models.tokenizer.Tokenizer, set by the loaders
         self.name = None  # the zoo name or checkpoint path it was loaded from
 
-    # ---------------------------------------------------------------------------------- info
     @property
     def attentions(self) -> list[MultiHeadAttention]:
         """Each layer's attention module, in order (the same objects as layers[i].attn)."""
@@ -206,9 +312,62 @@ class Decoder(nn.Module):
     def max_position(self) -> int:
         return self.config.max_position
 
+    def _hidden(self, input_ids: Tensor, *, cache, attention_mask, position_ids, head_gates,
+                need_weights: bool) -> tuple[Tensor, list | None]:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids: expected shape [B, T], got {list(input_ids.shape)}")
+        batch, length = input_ids.shape
+        if cache is not None and len(cache) != len(self.layers):
+            raise ValueError(f"cache: expected {len(self.layers)} KVCaches (one per layer), got {len(cache)}")
+        start = cache[0].length if cache is not None else 0  # a SlidingKVCache's length counts every token too
+        if start + length > self.config.max_position:
+            raise ValueError(f"sequence of {start + length} tokens is past the model's context of "
+                             f"{self.config.max_position} tokens")
+        gates = layer_gates(head_gates, len(self.layers))
+        key_padding_mask = None
+        if attention_mask is not None:
+            key_padding_mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask.bool()
+
+        x = self.embed(input_ids)  # (B, T, d)
+        if self.config.embed_scale is not None:  # as transformers: a float32 scalar cast to the weight dtype
+            x = x * torch.tensor(self.config.embed_scale, dtype=torch.float32).to(x.dtype)
+        hooks = {"qk_transform": None}
+        if self.rotary is not None:
+            hooks["qk_transform"] = self.rotary.hook(start, length, position_ids=position_ids, dtype=x.dtype)
+            if self.rotary_local is not None:
+                hooks["qk_transform_local"] = self.rotary_local.hook(start, length, position_ids=position_ids,
+                                                                     dtype=x.dtype)
+        else:
+            pos = torch.arange(start, start + length, device=input_ids.device) if position_ids is None else position_ids
+            x = x + self.pos_embed(pos)
+        weights = [] if need_weights else None
+        for layer, cache_i, gate in zip(self.layers, cache if cache is not None else [None] * len(self.layers),
+                                        gates):
+            x, w = layer(x, cache=cache_i, key_padding_mask=key_padding_mask, head_gates=gate,
+                         need_weights=need_weights, **hooks)
+            if need_weights:
+                weights.append(w)
+        return self.norm(x), weights
+
+
+class Decoder(_Stack):
+    """A decoder-only language model (Llama / Qwen2 / Qwen3 / Mistral / Gemma 3 / SmolLM2 / GPT-2 families).
+
+    `layers[i].attn` is a headcount.MultiHeadAttention. `tokenizer` is set by the loaders.
+    """
+
+    def __init__(self, config: DecoderConfig, *, device=None, dtype=None):
+        if not config.causal:
+            raise ValueError("config.causal is False: a bidirectional model is a BidirectionalEncoder, not a Decoder")
+        super().__init__(config, device=device, dtype=dtype)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False, device=device, dtype=dtype)
+        if config.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+
     # ---------------------------------------------------------------------------------- cache
     def new_cache(self, batch_size: int = 1, max_len: int | None = None, dtype=None) -> list[KVCache]:
-        """One KVCache per layer, each [batch_size, n_kv_heads, max_len, head_dim]."""
+        """One KVCache per layer, each [batch_size, n_kv_heads, max_len, head_dim] (a sliding-window
+        layer's cache holds only its window)."""
         max_len = self.config.max_position if max_len is None else max_len
         if max_len > self.config.max_position:
             raise ValueError(f"max_len={max_len} is past the model's context of {self.config.max_position} tokens")
@@ -228,40 +387,57 @@ class Decoder(nn.Module):
         head_gates: [n_layers, n_heads], [n_layers, B, n_heads] or a list of per-layer tensors / None.
         need_weights: return every layer's attention weights (the eager path; slower).
         last_only: logits for the last position only ([B, 1, vocab]): what prefill needs.
+        compute_logits: False skips lm_head (use token_nll / loss on hidden_states for a loss).
         """
-        if input_ids.dim() != 2:
-            raise ValueError(f"input_ids: expected shape [B, T], got {list(input_ids.shape)}")
-        batch, length = input_ids.shape
-        if cache is not None and len(cache) != len(self.layers):
-            raise ValueError(f"cache: expected {len(self.layers)} KVCaches (one per layer), got {len(cache)}")
-        start = cache[0].length if cache is not None else 0
-        if start + length > self.config.max_position:
-            raise ValueError(f"sequence of {start + length} tokens is past the model's context of "
-                             f"{self.config.max_position} tokens")
-        gates = layer_gates(head_gates, len(self.layers))
-        key_padding_mask = None
-        if attention_mask is not None:
-            key_padding_mask = attention_mask if attention_mask.dtype == torch.bool else attention_mask.bool()
-
-        x = self.embed(input_ids)  # (B, T, d)
-        qk_transform = None
-        if self.rotary is not None:
-            qk_transform = self.rotary.hook(start, length, position_ids=position_ids, dtype=x.dtype)
-        else:
-            if position_ids is None:
-                pos = torch.arange(start, start + length, device=input_ids.device)
-            else:
-                pos = position_ids
-            x = x + self.pos_embed(pos)
-        weights = [] if need_weights else None
-        for layer, cache_i, gate in zip(self.layers, cache if cache is not None else [None] * len(self.layers),
-                                        gates):
-            x, w = layer(x, cache=cache_i, key_padding_mask=key_padding_mask,
-                         qk_transform=qk_transform, head_gates=gate, need_weights=need_weights)
-            if need_weights:
-                weights.append(w)
-        x = self.norm(x)
+        x, weights = self._hidden(input_ids, cache=cache, attention_mask=attention_mask, position_ids=position_ids,
+                                  head_gates=head_gates, need_weights=need_weights)
         logits = None
         if compute_logits:
             logits = self.lm_head(x[:, -1:] if last_only else x)
         return DecoderOutput(logits, x, tuple(weights) if need_weights else None)
+
+    # ---------------------------------------------------------------------------------- loss
+    def token_nll(self, hidden: Tensor, targets: Tensor, *, chunk: int | None = None,
+                  ignore_index: int = -100) -> Tensor:
+        """Per-position NLL [B, T] (float32) of targets [B, T] given hidden_states [B, T, d]: see chunked_nll.
+        For next-token prediction pass hidden[:, :-1] and input_ids[:, 1:]."""
+        return chunked_nll(hidden, targets, self.lm_head, chunk=chunk, ignore_index=ignore_index)
+
+    def loss(self, hidden: Tensor, targets: Tensor, *, chunk: int | None = None, ignore_index: int = -100) -> Tensor:
+        """Mean NLL over the positions whose target is not ignore_index (transformers' causal-LM loss
+        once the targets are shifted), without a [T, vocab] logits tensor."""
+        nll = self.token_nll(hidden, targets, chunk=chunk, ignore_index=ignore_index)
+        return nll.sum() / (targets != ignore_index).sum().clamp(min=1)
+
+
+class BidirectionalEncoder(_Stack):
+    """A decoder's stack run without the causal mask, as an encoder (transformers' Gemma 3 with
+    `use_bidirectional_attention`: EmbeddingGemma). No lm_head and no cache; its output is the last
+    hidden states, with the Encoder's contract: `model(input_ids, attention_mask).last_hidden_state`.
+
+    Sliding-window layers attend keys with |p - j| < config.sliding_window (both sides).
+    """
+
+    def __init__(self, config: DecoderConfig, *, device=None, dtype=None):
+        if config.causal:
+            raise ValueError("config.causal is True: a causal model is a Decoder")
+        super().__init__(config, device=device, dtype=dtype)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                *, head_gates=None, need_weights: bool = False):
+        """input_ids [B, T] -> EncoderOutput(last_hidden_state [B, T, d], None, weights).
+        token_type_ids is accepted for the Encoder's signature and must be None or all zeros."""
+        from headcount.models.encoder import EncoderOutput
+
+        if token_type_ids is not None and bool(token_type_ids.ne(0).any()):
+            raise ValueError("token_type_ids: this model has no token types (pass None)")
+        x, weights = self._hidden(input_ids, cache=None, attention_mask=attention_mask, position_ids=None,
+                                  head_gates=head_gates, need_weights=need_weights)
+        return EncoderOutput(x, None, tuple(weights) if need_weights else None)
+
+    def embed_sentences(self, texts, *, normalize: bool = True) -> Tensor:
+        """Sentence embeddings [N, d] by mean pooling the last hidden states over real tokens,
+        L2-normalised by default (sentence-transformers' projection layers, if any, are not applied)."""
+        from headcount.models.encoder import mean_pool_sentences
+
+        return mean_pool_sentences(self, texts, normalize=normalize)

@@ -141,12 +141,18 @@ class Encoder(nn.Module):
     def embed_sentences(self, texts, *, normalize: bool = True) -> Tensor:
         """Sentence embeddings [N, d] by mean pooling over real tokens (sentence-transformers' recipe
         for all-MiniLM-L6-v2), L2-normalised by default. Needs a tokenizer."""
-        if self.tokenizer is None:
-            raise ValueError("embed_sentences: this model has no tokenizer")
-        ids, mask = self.tokenizer.batch(list(texts))
-        ids, mask = ids.to(self.embed.weight.device), mask.to(self.embed.weight.device)
-        with torch.no_grad():
-            hidden = self(ids, mask).last_hidden_state
-        m = mask.unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-        return F.normalize(pooled, dim=-1) if normalize else pooled
+        return mean_pool_sentences(self, texts, normalize=normalize)
+
+
+def mean_pool_sentences(model, texts, *, normalize: bool = True) -> Tensor:
+    """Mean of `model(ids, mask).last_hidden_state` over each text's real tokens [N, d] (L2-normalised
+    by default): Encoder.embed_sentences and BidirectionalEncoder.embed_sentences. Needs a tokenizer."""
+    if model.tokenizer is None:
+        raise ValueError("embed_sentences: this model has no tokenizer")
+    ids, mask = model.tokenizer.batch(list(texts))
+    ids, mask = ids.to(model.embed.weight.device), mask.to(model.embed.weight.device)
+    with torch.no_grad():
+        hidden = model(ids, mask).last_hidden_state
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    return F.normalize(pooled, dim=-1) if normalize else pooled

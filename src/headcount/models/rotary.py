@@ -27,9 +27,13 @@ def inverse_frequencies(head_dim: int, theta: float) -> Tensor:
     return 1.0 / (theta ** exponents)
 
 
-def rotary_tables(head_dim: int, n_positions: int, theta: float, device=None) -> tuple[Tensor, Tensor]:
-    """(cos, sin_signed), each [n_positions, head_dim] float32; sin_signed = [-sin | sin] by halves."""
+def rotary_tables(head_dim: int, n_positions: int, theta: float, device=None, *,
+                  linear_factor: float = 1.0) -> tuple[Tensor, Tensor]:
+    """(cos, sin_signed), each [n_positions, head_dim] float32; sin_signed = [-sin | sin] by halves.
+    linear_factor: transformers' "linear" rope scaling (inv_freq / factor, i.e. positions / factor)."""
     inv_freq = inverse_frequencies(head_dim, theta)
+    if linear_factor != 1.0:
+        inv_freq /= linear_factor
     positions = torch.arange(n_positions, dtype=torch.int64).to(torch.float32)
     freqs = positions[:, None] * inv_freq[None, :]  # (P, d/2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (P, d)
@@ -52,17 +56,23 @@ class RotaryEmbedding(nn.Module):
 
     INITIAL_POSITIONS = 4096
 
-    def __init__(self, head_dim: int, max_position: int, theta: float = 10000.0, *, device=None):
+    def __init__(self, head_dim: int, max_position: int, theta: float = 10000.0, *, linear_factor: float = 1.0,
+                 device=None):
         super().__init__()
         if head_dim % 2:
             raise ValueError(f"head_dim: rotary embedding needs an even head_dim, got {head_dim}")
+        if not linear_factor > 0:
+            raise ValueError(f"linear_factor: expected a positive float, got {linear_factor!r}")
         self.head_dim, self.max_position, self.theta = head_dim, max_position, float(theta)
-        cos, sin_signed = rotary_tables(head_dim, min(max_position, self.INITIAL_POSITIONS), theta, device)
+        self.linear_factor = float(linear_factor)
+        cos, sin_signed = rotary_tables(head_dim, min(max_position, self.INITIAL_POSITIONS), theta, device,
+                                        linear_factor=self.linear_factor)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin_signed", sin_signed, persistent=False)
 
     def _rebuild(self, n_positions: int) -> None:
-        self.cos, self.sin_signed = rotary_tables(self.head_dim, n_positions, self.theta, self.cos.device)
+        self.cos, self.sin_signed = rotary_tables(self.head_dim, n_positions, self.theta, self.cos.device,
+                                                  linear_factor=self.linear_factor)
 
     def _apply(self, fn, recurse=True):
         # model.to(torch.bfloat16) must not round the tables: keep them float32, follow the device.
@@ -72,7 +82,8 @@ class RotaryEmbedding(nn.Module):
         return out
 
     def extra_repr(self) -> str:
-        return f"head_dim={self.head_dim}, max_position={self.max_position}, theta={self.theta:g}"
+        scaled = f", linear_factor={self.linear_factor:g}" if self.linear_factor != 1.0 else ""
+        return f"head_dim={self.head_dim}, max_position={self.max_position}, theta={self.theta:g}{scaled}"
 
     def _apply_rotary(self, cos: Tensor, sin: Tensor, x: Tensor) -> Tensor:
         rolled = torch.roll(x, shifts=self.head_dim // 2, dims=-1)  # [x2, x1]

@@ -1,7 +1,15 @@
 """transformers checkpoints <-> headcount models: the reader and the writer of one format.
 
 Supported: BertModel (and Bert* heads: only the encoder is kept), GPT2Model / GPT2LMHeadModel,
-LlamaForCausalLM (SmolLM2, Llama 2/3 with default rotary), Qwen2ForCausalLM (q/k/v biases, no o bias).
+LlamaForCausalLM (SmolLM2, Llama 2/3 with default or linear rotary), MistralForCausalLM (sliding window
+on every layer when set), Qwen2ForCausalLM (q/k/v biases, no o bias) and Qwen3ForCausalLM (q/k norms;
+both with their optional sliding-window layers), Gemma3ForCausalLM / Gemma3TextModel (`gemma3_text`;
+with use_bidirectional_attention an encoder: BidirectionalEncoder) and the language model of
+Gemma3ForConditionalGeneration (`gemma3`: the vision tower and projector are not read).
+
+Gemma's RMSNorms multiply by (1 + w) (in float32); headcount's norms multiply by a plain weight, so
+the reader stores 1 + w (computed in float32, as Gemma does) and the writer subtracts 1. This holds
+for the four norms of each block, the final norm and the per-head q_norm / k_norm.
 
 The separate q_proj / k_proj / v_proj weights become one fused `qkv_proj` by concatenation along
 the output dimension, in that order: headcount's rows are [all Q heads | all K heads | all V heads],
@@ -21,12 +29,13 @@ Every error names the file and, where one is at fault, the tensor. Nothing is ev
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Mapping
 
 import torch
 
-from headcount.models.decoder import Decoder, DecoderConfig
+from headcount.models.decoder import BidirectionalEncoder, Decoder, DecoderConfig
 from headcount.models.encoder import Encoder, EncoderConfig
 from headcount.models.formats.errors import CheckpointError
 from headcount.models.formats.hf_config import decoder_config, encoder_config, model_type, read_config
@@ -69,7 +78,12 @@ class _Tensors:
         return t
 
 
-def _decoder_values(cfg: DecoderConfig, t: _Tensors) -> dict[str, Tensor]:
+def _gemma_weight(w: Tensor) -> Tensor:
+    """Gemma's RMSNorm weight w -> the plain weight 1 + w (float32, as Gemma computes it)."""
+    return 1.0 + w.float()
+
+
+def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) -> dict[str, Tensor]:
     d, nh, nkv, hd, ff = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
     heads = f"d_model={d}, n_heads={nh}, n_kv_heads={nkv}, head_dim={hd}"
     out: dict[str, Tensor] = {}
@@ -93,12 +107,19 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors) -> dict[str, Tensor]:
         out["norm.weight"] = t.get("ln_f.weight", (d,))
         out["norm.bias"] = t.get("ln_f.bias", (d,))
         return out
-    # llama / qwen2
+    # llama / mistral / qwen2 / qwen3 / gemma3
+    gemma = cfg.family == "gemma3"
+    norm = _gemma_weight if gemma else (lambda w: w)
+    # headcount's norm <- transformers' (Llama's post_attention_layernorm is the norm BEFORE the MLP;
+    # Gemma's is the one after the attention, and its pre_feedforward_layernorm comes before the MLP)
+    norms = ({"attn_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+              "mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"} if gemma
+             else {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"})
     out["embed.weight"] = t.get("embed_tokens.weight", (cfg.vocab_size, d), "vocab_size x d_model")
     for i in range(cfg.n_layers):
         h, o = f"layers.{i}.", f"layers.{i}."
-        out[o + "attn_norm.weight"] = t.get(h + "input_layernorm.weight", (d,))
-        out[o + "mlp_norm.weight"] = t.get(h + "post_attention_layernorm.weight", (d,))
+        for ours, theirs in norms.items():
+            out[o + ours + ".weight"] = norm(t.get(h + theirs + ".weight", (d,)))
         q = t.get(h + "self_attn.q_proj.weight", (nh * hd, d), heads)
         k = t.get(h + "self_attn.k_proj.weight", (nkv * hd, d), heads)
         v = t.get(h + "self_attn.v_proj.weight", (nkv * hd, d), heads)
@@ -108,6 +129,9 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors) -> dict[str, Tensor]:
                 t.get(h + "self_attn.q_proj.bias", (nh * hd,), heads),
                 t.get(h + "self_attn.k_proj.bias", (nkv * hd,), heads),
                 t.get(h + "self_attn.v_proj.bias", (nkv * hd,), heads)])
+        if cfg.qk_norm:
+            for n in ("q_norm", "k_norm"):
+                out[o + f"attn.{n}.weight"] = norm(t.get(h + f"self_attn.{n}.weight", (hd,), f"head_dim={hd}"))
         out[o + "attn.o_proj.weight"] = t.get(h + "self_attn.o_proj.weight", (d, nh * hd), heads)
         if cfg.o_bias:
             out[o + "attn.o_proj.bias"] = t.get(h + "self_attn.o_proj.bias", (d,))
@@ -119,15 +143,16 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors) -> dict[str, Tensor]:
             out[o + "mlp.gate_up_proj.bias"] = torch.cat([t.get(h + "mlp.gate_proj.bias", (ff,)),
                                                           t.get(h + "mlp.up_proj.bias", (ff,))])
             out[o + "mlp.down_proj.bias"] = t.get(h + "mlp.down_proj.bias", (d,))
-    out["norm.weight"] = t.get("norm.weight", (d,))
-    if not cfg.tie_embeddings:
+    out["norm.weight"] = norm(t.get("norm.weight", (d,)))
+    if lm_head and not cfg.tie_embeddings:
         # lm_head sits outside the "model." prefix in *ForCausalLM checkpoints
-        name = "lm_head.weight"
-        if name not in t.tensors:
+        names = [n for n in ("lm_head.weight", "language_model.lm_head.weight") if n in t.tensors]
+        if not names:
             raise CheckpointError(f"{t.source}: tensor 'lm_head.weight' is missing (tie_word_embeddings is false)")
+        name = names[0]
         w = t.tensors[name]
         if tuple(w.shape) != (cfg.vocab_size, d):
-            raise CheckpointError(f"{t.source}: tensor 'lm_head.weight' has shape {list(w.shape)}, expected "
+            raise CheckpointError(f"{t.source}: tensor {name!r} has shape {list(w.shape)}, expected "
                                   f"{[cfg.vocab_size, d]}")
         check_finite(w, name, t.source)
         out["lm_head.weight"] = w
@@ -167,9 +192,13 @@ def _encoder_values(cfg: EncoderConfig, t: _Tensors) -> dict[str, Tensor]:
     return out
 
 
+_VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
 def from_state_dict(cfg: dict, tensors: Mapping[str, Tensor], *, source: str = "state_dict",
-                    dtype: torch.dtype = torch.float32) -> Decoder | Encoder:
-    """A transformers config dict and name -> tensor mapping -> a headcount Decoder or Encoder."""
+                    dtype: torch.dtype = torch.float32) -> Decoder | Encoder | BidirectionalEncoder:
+    """A transformers config dict and name -> tensor mapping -> a headcount Decoder or Encoder
+    (a BidirectionalEncoder for a gemma3_text config with use_bidirectional_attention)."""
     kind = model_type(cfg, source)
     if kind == "bert":
         ecfg = encoder_config(cfg, source)
@@ -180,17 +209,24 @@ def from_state_dict(cfg: dict, tensors: Mapping[str, Tensor], *, source: str = "
         values = _encoder_values(ecfg, t)
     else:
         dcfg = decoder_config(cfg, source)
-        t = _Tensors(tensors, source, ("transformer.", "model.", ""))
+        prefixes = ("transformer.", "model.", "")
+        if kind == "gemma3":  # Gemma3ForConditionalGeneration: the language model only
+            prefixes = ("model.language_model.", "language_model.model.", "language_model.")
+            vision = sum(1 for k in tensors if k.startswith(_VISION))
+            warnings.warn(f"{source}: gemma3 (image + text): loading the language model; the vision tower and "
+                          f"projector ({vision} tensors) are not read", stacklevel=2)
+        t = _Tensors(tensors, source, prefixes)
         with no_init():
-            model = Decoder(dcfg, dtype=dtype)
-        values = _decoder_values(dcfg, t)
+            model = Decoder(dcfg, dtype=dtype) if dcfg.causal else BidirectionalEncoder(dcfg, dtype=dtype)
+        values = _decoder_values(dcfg, t, lm_head=dcfg.causal)
     assign(model, values, source)
     return model.eval()
 
 
-def from_transformers(hf_model, *, dtype: torch.dtype = torch.float32) -> Decoder | Encoder:
-    """A live transformers model (BertModel, GPT2Model/GPT2LMHeadModel, LlamaForCausalLM,
-    Qwen2ForCausalLM) -> the headcount model with the same weights (copied: the two stay independent)."""
+def from_transformers(hf_model, *, dtype: torch.dtype = torch.float32) -> Decoder | Encoder | BidirectionalEncoder:
+    """A live transformers model (BertModel, GPT2Model/GPT2LMHeadModel, Llama / Mistral / Qwen2 / Qwen3 /
+    Gemma3 ForCausalLM, Gemma3TextModel, Gemma3ForConditionalGeneration) -> the headcount model with the
+    same weights (copied: the two stay independent)."""
     cfg = hf_model.config.to_dict()
     name = type(hf_model).__name__
     return from_state_dict(cfg, hf_model.state_dict(), source=name, dtype=dtype)
@@ -225,7 +261,8 @@ def read_checkpoint_tensors(directory: str | Path) -> tuple[dict[str, Tensor], s
     raise CheckpointError(f"{directory}: no model.safetensors, model.safetensors.index.json or pytorch_model.bin")
 
 
-def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32) -> Decoder | Encoder:
+def load_checkpoint(directory: str | Path, *,
+                    dtype: torch.dtype = torch.float32) -> Decoder | Encoder | BidirectionalEncoder:
     """A local transformers checkpoint directory -> a headcount model, with its tokenizer.json if present."""
     from headcount.models.tokenizer import Tokenizer
 
@@ -233,55 +270,128 @@ def load_checkpoint(directory: str | Path, *, dtype: torch.dtype = torch.float32
     if not directory.is_dir():
         raise CheckpointError(f"{directory}: not a directory")
     cfg = read_config(directory)
-    model_type(cfg, str(directory / "config.json"))  # fail on the architecture before reading weights
+    # fail on the architecture and on any unsupported field before reading weights
+    if model_type(cfg, str(directory / "config.json")) != "bert":
+        decoder_config(cfg, str(directory / "config.json"))
     tensors, source = read_checkpoint_tensors(directory)
     model = from_state_dict(cfg, tensors, source=source, dtype=dtype)
     tok_path = directory / "tokenizer.json"
     if tok_path.is_file():
+        c = model.config
         if isinstance(model, Encoder):
-            model.tokenizer = Tokenizer.from_file(tok_path, pad_token_id=model.config.pad_token_id,
-                                                  add_special_tokens=True)
+            model.tokenizer = Tokenizer.from_file(tok_path, pad_token_id=c.pad_token_id, add_special_tokens=True)
+        elif isinstance(model, BidirectionalEncoder):  # embedding models encode with their special tokens
+            model.tokenizer = Tokenizer.from_file(tok_path, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
+                                                  pad_token_id=c.pad_token_id, add_special_tokens=True)
         else:
-            c = model.config
             model.tokenizer = Tokenizer.from_file(tok_path, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
                                                   pad_token_id=c.pad_token_id,
-                                                  add_special_tokens=bool(cfg.get("add_bos_token", False)))
+                                                  add_special_tokens=_add_bos(directory, cfg))
     model.name = str(directory)
     return model
 
 
+def _add_bos(directory: Path, cfg: dict) -> bool:
+    """tokenizer_config.json's add_bos_token (Gemma: true), else config.json's, else False."""
+    path = directory / "tokenizer_config.json"
+    if path.is_file():
+        try:
+            tok_cfg = json.loads(path.read_text())
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise CheckpointError(f"{path}: not valid JSON") from None
+        if isinstance(tok_cfg, dict) and "add_bos_token" in tok_cfg:
+            return bool(tok_cfg["add_bos_token"])
+    return bool(cfg.get("add_bos_token", False))
+
 
 # ------------------------------------------------------------------------------------------ writing
-def to_transformers_state_dict(model: Decoder) -> tuple[dict, dict[str, Tensor]]:
-    """(config dict, state dict) in transformers' Llama / Qwen2 layout: the inverse of the converter,
-    used to write the SmolLM2 cache as an ordinary checkpoint and to build the reference model in tests."""
+# family -> (transformers config class, model class): what to_transformers builds and config.json names.
+HF_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM"),
+    "mistral": ("MistralConfig", "MistralForCausalLM"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),  # a BidirectionalEncoder: Gemma3TextModel
+}
+_MODEL_TYPE = {"gemma3": "gemma3_text"}
+
+
+def hf_classes(model) -> tuple[str, str]:
+    """(config class, model class) names in transformers for this headcount model."""
+    family = model.config.family
+    if family not in HF_CLASSES:
+        raise ValueError(f"to_transformers: writes {', '.join(HF_CLASSES)} decoders, not {family!r}")
+    cfg_cls, model_cls = HF_CLASSES[family]
+    return (cfg_cls, "Gemma3TextModel") if not model.config.causal else (cfg_cls, model_cls)
+
+
+def _qk_scalar(cfg: DecoderConfig) -> int | float:
+    """Gemma's query_pre_attn_scalar back from softmax_scale = scalar ** -0.5 (a whole number when it was one)."""
+    if cfg.softmax_scale is None:
+        return cfg.head_dim
+    scalar = cfg.softmax_scale ** -2
+    return int(round(scalar)) if abs(scalar - round(scalar)) < 1e-6 * scalar else scalar
+
+
+def _attention_biases(model, family: str) -> bool:
+    """The one attention_bias switch of llama / qwen3 / gemma3 (q, k, v and o together): True when any
+    layer has a bias (an lstsq refit or mean compensation gives o_proj one; the rest are written as zeros).
+    Qwen2 always has q/k/v biases and no o bias; Mistral has none: a bias they cannot hold is refused."""
+    qkv = any(layer.attn.qkv_proj.bias is not None for layer in model.layers)
+    o = any(layer.attn.o_proj.bias is not None for layer in model.layers)
+    if family == "mistral" and (qkv or o):
+        raise ValueError("model: a Mistral checkpoint has no attention biases, and this model has some "
+                         "(compensation adds an o_proj bias): transformers' MistralForCausalLM cannot hold them")
+    if family == "qwen2" and o:
+        raise ValueError("model: a Qwen2 checkpoint has no o_proj bias, and this model has one (compensation adds it): "
+                         "transformers' Qwen2ForCausalLM cannot hold it")
+    return (qkv or o) if family in ("llama", "qwen3", "gemma3") else family == "qwen2"
+
+
+def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[dict, dict[str, Tensor]]:
+    """(config dict, state dict) in transformers' layout for llama / mistral / qwen2 / qwen3 / gemma3
+    decoders: the inverse of the converter, used to write the SmolLM2 cache as an ordinary checkpoint,
+    to export, and to build the reference model in tests. Gemma's norms are written as w = weight - 1."""
     cfg = model.config
-    if cfg.family not in ("llama", "qwen2"):
-        raise ValueError(f"to_transformers_state_dict: only llama / qwen2 decoders, not {cfg.family!r}")
+    family = cfg.family
+    hf_classes(model)  # refuses other families
     # Head counts from the modules (a pruned or merged model's config keeps the original counts);
     # the caller checks that every layer has the same counts with even groups.
     nh, nkv = model.layers[0].attn.n_heads, model.layers[0].attn.n_kv_heads
     hd, ff = cfg.head_dim, cfg.d_ff
-    # Llama has one attention_bias switch for q, k, v and o: a bias any layer gained (lstsq refit,
-    # mean compensation) is written everywhere, zeros where a layer has none. Qwen2: q/k/v biases only.
-    llama_bias = cfg.family == "llama" and any(
-        layer.attn.qkv_proj.bias is not None or layer.attn.o_proj.bias is not None for layer in model.layers)
-    sd: dict[str, Tensor] = {"model.embed_tokens.weight": model.embed.weight.detach()}
+    bias = _attention_biases(model, family)
+    if cfg.mlp_bias and family != "llama":
+        raise ValueError(f"model: MLP biases; transformers' {family} has none")
+    gemma = family == "gemma3"
+
+    def norm(w: Tensor) -> Tensor:
+        w = w.detach()
+        return (w.float() - 1.0).to(w.dtype) if gemma else w
+
+    norms = ({"attn_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+              "mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"} if gemma
+             else {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"})
+    top = "model." if cfg.causal else ""  # Gemma3TextModel (the encoder) has no "model." prefix
+    sd: dict[str, Tensor] = {top + "embed_tokens.weight": model.embed.weight.detach()}
     for i, layer in enumerate(model.layers):
-        p = f"model.layers.{i}."
-        w = layer.attn.qkv_proj.weight.detach()
+        p = f"{top}layers.{i}."
+        attn = layer.attn
+        w = attn.qkv_proj.weight.detach()
         sd[p + "self_attn.q_proj.weight"] = w[: nh * hd]
         sd[p + "self_attn.k_proj.weight"] = w[nh * hd:(nh + nkv) * hd]
         sd[p + "self_attn.v_proj.weight"] = w[(nh + nkv) * hd:]
-        b = layer.attn.qkv_proj.bias
-        if b is not None or llama_bias:
+        b = attn.qkv_proj.bias
+        if bias:
             b = b.detach() if b is not None else w.new_zeros(w.shape[0])
             sd[p + "self_attn.q_proj.bias"] = b[: nh * hd]
             sd[p + "self_attn.k_proj.bias"] = b[nh * hd:(nh + nkv) * hd]
             sd[p + "self_attn.v_proj.bias"] = b[(nh + nkv) * hd:]
-        sd[p + "self_attn.o_proj.weight"] = layer.attn.o_proj.weight.detach()
-        ob = layer.attn.o_proj.bias
-        if ob is not None or llama_bias:
+        if cfg.qk_norm:
+            sd[p + "self_attn.q_norm.weight"] = norm(attn.q_norm.weight)
+            sd[p + "self_attn.k_norm.weight"] = norm(attn.k_norm.weight)
+        sd[p + "self_attn.o_proj.weight"] = attn.o_proj.weight.detach()
+        ob = attn.o_proj.bias
+        if bias and family != "qwen2":
             sd[p + "self_attn.o_proj.bias"] = ob.detach() if ob is not None else w.new_zeros(cfg.d_model)
         gu = layer.mlp.gate_up_proj.weight.detach()
         sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gu[:ff], gu[ff:]
@@ -290,27 +400,58 @@ def to_transformers_state_dict(model: Decoder) -> tuple[dict, dict[str, Tensor]]
             gub = layer.mlp.gate_up_proj.bias.detach()
             sd[p + "mlp.gate_proj.bias"], sd[p + "mlp.up_proj.bias"] = gub[:ff], gub[ff:]
             sd[p + "mlp.down_proj.bias"] = layer.mlp.down_proj.bias.detach()
-        sd[p + "input_layernorm.weight"] = layer.attn_norm.weight.detach()
-        sd[p + "post_attention_layernorm.weight"] = layer.mlp_norm.weight.detach()
-    sd["model.norm.weight"] = model.norm.weight.detach()
-    if not cfg.tie_embeddings:
+        for ours, theirs in norms.items():
+            sd[p + theirs + ".weight"] = norm(getattr(layer, ours).weight)
+    sd[top + "norm.weight"] = norm(model.norm.weight)
+    if cfg.causal and not cfg.tie_embeddings:
         sd["lm_head.weight"] = model.lm_head.weight.detach()
     hf = {
-        "architectures": ["LlamaForCausalLM" if cfg.family == "llama" else "Qwen2ForCausalLM"],
-        "model_type": cfg.family, "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": nh, "num_key_value_heads": nkv,
-        "head_dim": hd, "intermediate_size": ff, "max_position_embeddings": cfg.max_position,
-        "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta, "hidden_act": "silu",
-        "tie_word_embeddings": cfg.tie_embeddings, "attention_bias": llama_bias,
-        "mlp_bias": cfg.mlp_bias, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32",
+        "architectures": [hf_classes(model)[1]], "model_type": _MODEL_TYPE.get(family, family),
+        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd, "intermediate_size": ff,
+        "max_position_embeddings": cfg.max_position, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
+        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id,
+        "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32",
     }
+    if cfg.rope_scaling != 1.0:  # the older spelling, which transformers 4.x and 5.x both read
+        hf["rope_scaling"] = {"rope_type": "linear", "factor": cfg.rope_scaling}
+    types = [cfg.layer_type(i) for i in range(cfg.n_layers)]
+    if gemma:
+        window = cfg.sliding_window
+        if window is not None and not cfg.causal:
+            window = (window - 1) * 2  # transformers reads it back as window // 2 + 1
+        hf.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": _qk_scalar(cfg),
+                   "sliding_window": window if window is not None else 4096, "layer_types": types,
+                   "rope_local_base_freq": cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta,
+                   "attention_bias": bias, "use_bidirectional_attention": not cfg.causal,
+                   "final_logit_softcapping": None, "attn_logit_softcapping": None})
+        if cfg.embed_scale is not None and cfg.embed_scale != cfg.d_model ** 0.5:
+            raise ValueError(f"model: embed_scale {cfg.embed_scale} is not sqrt(d_model); Gemma 3 cannot hold it")
+        return hf, sd
+    hf["hidden_act"] = "silu"
+    if family == "llama":
+        hf.update({"attention_bias": bias, "mlp_bias": cfg.mlp_bias})
+    elif family == "mistral":
+        if cfg.sliding_window is not None and "full_attention" in types:
+            raise ValueError("model: Mistral applies its sliding window to every layer; this model has full layers")
+        hf["sliding_window"] = cfg.sliding_window
+    else:  # qwen2 / qwen3: sliding windows on the layers layer_types marks
+        if cfg.sliding_window is not None:
+            first = types.index("sliding_attention")
+            hf.update({"use_sliding_window": True, "sliding_window": cfg.sliding_window, "max_window_layers": first})
+        else:
+            hf.update({"use_sliding_window": False, "sliding_window": None})
+        hf["layer_types"] = types
+        if family == "qwen3":
+            hf["attention_bias"] = bias
     return hf, sd
 
 
-def to_transformers(model: Decoder, *, attn_implementation: str = "sdpa"):
-    """The transformers LlamaForCausalLM / Qwen2ForCausalLM with this decoder's weights (needs the
-    transformers package): the reference the tests and `headcount bench decode` compare against."""
+def to_transformers(model: Decoder | BidirectionalEncoder, *, attn_implementation: str = "sdpa"):
+    """The transformers model (LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM,
+    Gemma3ForCausalLM, or Gemma3TextModel for a bidirectional Gemma) with this model's weights (needs
+    the transformers package): the reference the tests and `headcount bench decode / exactness` compare
+    against."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built from a config and our weights: never the hub
@@ -319,23 +460,23 @@ def to_transformers(model: Decoder, *, attn_implementation: str = "sdpa"):
     except ImportError:
         raise ImportError("comparing against transformers needs it: pip install transformers") from None
     hf_cfg, sd = to_transformers_state_dict(model)
-    cls_cfg = transformers.LlamaConfig if model.config.family == "llama" else transformers.Qwen2Config
-    cls_model = transformers.LlamaForCausalLM if model.config.family == "llama" else transformers.Qwen2ForCausalLM
-    cfg = cls_cfg(**{k: v for k, v in hf_cfg.items() if k not in ("architectures", "model_type", "torch_dtype")})
+    cfg_name, model_name = hf_classes(model)
+    cfg = getattr(transformers, cfg_name)(
+        **{k: v for k, v in hf_cfg.items() if k not in ("architectures", "model_type", "torch_dtype")})
     cfg._attn_implementation = attn_implementation
-    hf = cls_model(cfg).to(model.embed.weight.dtype)
+    hf = getattr(transformers, model_name)(cfg).to(model.embed.weight.dtype)
     missing, unexpected = hf.load_state_dict({k: v.clone() for k, v in sd.items()}, strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
     if missing or unexpected:
         raise RuntimeError(f"to_transformers: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and hasattr(hf, "tie_weights"):
         hf.tie_weights()
     return hf.eval()
 
 
 # export_transformers: a checkpoint of a (pruned) model that transformers loads with no headcount code.
 # export_transformers: a plain transformers checkpoint that loads with no headcount code.
-#   Llama (LlamaForCausalLM): every layer must keep the same numbers of query and KV heads, in even
+#   Llama (LlamaForCausalLM; the same for Mistral, Qwen2, Qwen3 and Gemma 3): every layer must keep the same numbers of query and KV heads, in even
 #     groups (kv_head_of[i] == i // (n_heads // n_kv_heads)); head_dim stays 64, written explicitly
 #     (transformers honours `head_dim`, so num_attention_heads * head_dim may differ from hidden_size).
 #     transformers' LlamaConfig also insists hidden_size % num_attention_heads == 0 (checked at load), so
@@ -352,13 +493,12 @@ def _layouts(model) -> list[tuple[int, int, bool]]:
     return [(l.attn.n_heads, l.attn.n_kv_heads, l.attn.is_uniform) for l in model.layers]
 
 
-def llama_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
-    """(config.json dict, LlamaForCausalLM state dict) for a pruned Llama decoder with uniform layers."""
-    from headcount.models.decoder import Decoder
-
-    if not isinstance(model, Decoder) or model.config.family != "llama":
-        raise ValueError(f"model: export_transformers writes llama decoders and BERT encoders; this is "
-                         f"{type(model).__name__} ({getattr(model.config, 'family', '?')})")
+def decoder_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
+    """(config.json dict, state dict) of a (pruned) llama / mistral / qwen2 / qwen3 / gemma3 model with
+    uniform layers: what export_transformers writes."""
+    if not isinstance(model, (Decoder, BidirectionalEncoder)) or model.config.family not in HF_CLASSES:
+        raise ValueError(f"model: export_transformers writes {' / '.join(HF_CLASSES)} decoders and BERT encoders; "
+                         f"this is {type(model).__name__} ({getattr(model.config, 'family', '?')})")
     lay = _layouts(model)
     if len({(nh, nkv) for nh, nkv, _ in lay}) != 1:
         counts = ", ".join(f"{i}:{nh}/{nkv}" for i, (nh, nkv, _) in enumerate(lay))
@@ -379,6 +519,9 @@ def llama_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
     hf, sd = to_transformers_state_dict(model)
     hf["dtype"] = "float32"
     return hf, sd
+
+
+llama_state_dict = decoder_state_dict  # the name it had when only Llama was written
 
 
 def bert_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
@@ -435,12 +578,13 @@ def bert_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
 
 def export_transformers(model, directory, *, force: bool = False) -> Path:
     """Write a transformers checkpoint (config.json, model.safetensors, tokenizer.json) that
-    LlamaForCausalLM / BertModel.from_pretrained loads with no headcount code (see the module doc)."""
+    LlamaForCausalLM (Mistral / Qwen2 / Qwen3 / Gemma3ForCausalLM, Gemma3TextModel) or
+    BertModel.from_pretrained loads with no headcount code (see the notes above)."""
     from headcount.models.encoder import Encoder
 
     directory = Path(directory).expanduser()
     check_out(directory, force)
-    hf, sd = bert_state_dict(model) if isinstance(model, Encoder) else llama_state_dict(model)
+    hf, sd = bert_state_dict(model) if isinstance(model, Encoder) else decoder_state_dict(model)
     files: dict[str, object] = {"config.json": hf, "model.safetensors": sd}
     writer = tokenizer_writer(model)
     if writer is not None:

@@ -12,20 +12,65 @@ from headcount.models.decoder import DecoderConfig
 from headcount.models.encoder import EncoderConfig
 from headcount.models.formats.errors import CheckpointError
 
-SUPPORTED = ("bert", "gpt2", "llama", "qwen2")
+SUPPORTED = ("bert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gemma3")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 
+# transformers' Gemma3TextConfig defaults: config.json files written by older versions (and the
+# text_config of a gemma3 multimodal config) leave out whatever equals them.
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "pad_token_id": 0, "eos_token_id": 1,
+    "bos_token_id": 2, "tie_word_embeddings": True, "attention_bias": False, "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "final_logit_softcapping": None, "attn_logit_softcapping": None,
+    "use_bidirectional_attention": False,
+}
+GEMMA3_THETA = {"full_attention": 1_000_000.0, "sliding_attention": 10_000.0}
+
+# Fields that change the computation in some transformers model, refused by name wherever they are set
+# (their "off" value in the middle): headcount never drops one silently.
+_REFUSED = {"final_logit_softcapping": None, "attn_logit_softcapping": None, "partial_rotary_factor": 1.0,
+            "attention_chunk_size": None, "no_rope_layers": None, "logits_scaling": 1.0,
+            "embedding_multiplier": 1.0, "residual_multiplier": 1.0, "attention_multiplier": None}
 
 
 # --------------------------------------------------------------------------------------- configs
-def _rope_theta(cfg: dict, source: str) -> float:
-    params = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    for block in (params, scaling):
-        kind = block.get("rope_type", block.get("type", "default"))
-        if kind not in (None, "default"):
-            raise CheckpointError(f"{source}: rotary scaling {kind!r} is not supported (only the default rotary)")
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    return float(theta)
+_ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "partial_rotary_factor"}
+
+
+def _rope_block(block: dict, theta: float, source: str, where: str) -> tuple[float, float]:
+    """(base, linear factor) from one rope_parameters / rope_scaling block; refuses what is not implemented."""
+    if not isinstance(block, dict):
+        raise CheckpointError(f"{source}: {where} is {block!r}, expected a dict")
+    kind = block.get("rope_type", block.get("type", "default")) or "default"
+    if kind not in ("default", "linear"):
+        raise CheckpointError(f"{source}: {where}: rotary scaling {kind!r} is not supported "
+                              f"(headcount implements the default rotary and 'linear')")
+    extra = sorted(set(block) - _ROPE_KEYS)
+    if extra:
+        raise CheckpointError(f"{source}: {where}: field(s) {', '.join(extra)} are not supported")
+    if block.get("partial_rotary_factor", 1.0) != 1.0:
+        raise CheckpointError(f"{source}: {where}: partial_rotary_factor={block['partial_rotary_factor']} is not "
+                              f"supported (rotary on the whole head)")
+    factor = 1.0
+    if kind == "linear":
+        factor = block.get("factor")
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+            raise CheckpointError(f"{source}: {where}: linear rotary scaling needs a positive 'factor', got {factor!r}")
+    return float(block.get("rope_theta", theta)), float(factor)
+
+
+def _rope(cfg: dict, source: str) -> tuple[float, float]:
+    """(rope_theta, linear factor) of a one-rotary model, from rope_parameters (transformers 5) or the
+    older rope_theta + rope_scaling."""
+    theta = float(cfg.get("rope_theta", 10000.0))
+    factor = 1.0
+    if cfg.get("rope_parameters"):
+        theta, factor = _rope_block(cfg["rope_parameters"], theta, source, "rope_parameters")
+    if cfg.get("rope_scaling"):
+        _, factor2 = _rope_block(cfg["rope_scaling"], theta, source, "rope_scaling")
+        factor = factor2 if factor2 != 1.0 else factor
+    return theta, factor
 
 
 def _get(cfg: dict, key: str, source: str):
@@ -34,31 +79,159 @@ def _get(cfg: dict, key: str, source: str):
     return cfg[key]
 
 
+def _refuse_unsupported(cfg: dict, source: str) -> None:
+    for key, off in _REFUSED.items():
+        if cfg.get(key, off) != off:
+            raise CheckpointError(f"{source}: {key}={cfg[key]!r} is not supported (headcount does not implement it "
+                                  f"and will not ignore it)")
+
+
+def _common(cfg: dict, source: str, *, tie_default: bool) -> dict:
+    """The DecoderConfig fields every rotary family reads the same way."""
+    d_model, n_heads = _get(cfg, "hidden_size", source), _get(cfg, "num_attention_heads", source)
+    return dict(
+        vocab_size=_get(cfg, "vocab_size", source), d_model=d_model, n_layers=_get(cfg, "num_hidden_layers", source),
+        n_heads=n_heads, n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
+        head_dim=cfg.get("head_dim") or d_model // n_heads, d_ff=_get(cfg, "intermediate_size", source),
+        max_position=cfg.get("max_position_embeddings", 2048), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        position="rotary", tie_embeddings=bool(cfg.get("tie_word_embeddings", tie_default)),
+        bos_token_id=cfg.get("bos_token_id"), eos_token_id=_first(cfg.get("eos_token_id")),
+        pad_token_id=cfg.get("pad_token_id"))
+
+
+def _qwen_layers(cfg: dict, n_layers: int, source: str) -> tuple[int | None, tuple[str, ...] | None]:
+    """Qwen2 / Qwen3 sliding windows: on when use_sliding_window, on the layers config.layer_types marks
+    (or, without it, layers >= max_window_layers), as transformers builds them."""
+    if not cfg.get("use_sliding_window"):
+        return None, None
+    window = cfg.get("sliding_window")
+    if window is None:
+        return None, None
+    types = cfg.get("layer_types")
+    if types is None:
+        first = cfg.get("max_window_layers", 28)
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    return int(window), _layer_types(types, n_layers, source)
+
+
+def _layer_types(types, n_layers: int, source: str) -> tuple[str, ...]:
+    if not isinstance(types, (list, tuple)) or len(types) != n_layers:
+        raise CheckpointError(f"{source}: layer_types has {len(types) if isinstance(types, (list, tuple)) else types!r}"
+                              f" entries for num_hidden_layers={n_layers}")
+    bad = sorted({str(t) for t in types} - {"full_attention", "sliding_attention"})
+    if bad:
+        raise CheckpointError(f"{source}: layer_types: unsupported layer type(s) {', '.join(bad)} "
+                              "(supported: full_attention, sliding_attention)")
+    return tuple(types)
+
+
+def _llama_like(cfg: dict, kind: str, source: str) -> DecoderConfig:
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for {kind} (only 'silu')")
+    if cfg.get("use_bidirectional_attention"):
+        raise CheckpointError(f"{source}: use_bidirectional_attention is not supported for {kind}")
+    fields = _common(cfg, source, tie_default=False)
+    theta, factor = _rope(cfg, source)
+    attention_bias = bool(cfg.get("attention_bias", False))
+    window, types = None, None
+    if kind in ("qwen2", "qwen3"):
+        window, types = _qwen_layers(cfg, fields["n_layers"], source)
+    elif kind == "mistral":
+        # MistralModel puts every layer in the window (it ignores layer_types, as transformers warns)
+        window = cfg.get("sliding_window", 4096)
+        window = int(window) if window is not None else None
+    return DecoderConfig(
+        **fields, norm="rms", mlp="gated_silu", rope_theta=theta, rope_scaling=factor,
+        qkv_bias={"qwen2": True, "mistral": False}.get(kind, attention_bias),
+        o_bias={"qwen2": False, "mistral": False}.get(kind, attention_bias),
+        mlp_bias=bool(cfg.get("mlp_bias", False)) if kind == "llama" else False,
+        qk_norm=kind == "qwen3", sliding_window=window, layer_types=types, family=kind)
+
+
+def gemma3_text_config(cfg: dict) -> dict:
+    """A gemma3_text config (or a gemma3 config's text_config) with transformers' defaults filled in."""
+    return {**GEMMA3_TEXT_DEFAULTS, **cfg}
+
+
+def _gemma3(cfg: dict, source: str) -> DecoderConfig:
+    cfg = gemma3_text_config(cfg)
+    act = cfg.get("hidden_activation") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_new"):
+        raise CheckpointError(f"{source}: hidden_activation {act!r} is not supported for gemma3 "
+                              f"(only gelu_pytorch_tanh)")
+    fields = _common(cfg, source, tie_default=True)
+    n_layers = fields["n_layers"]
+    types = cfg.get("layer_types")
+    if types is None:
+        pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
+    types = _layer_types(types, n_layers, source)
+    # rotary: rope_parameters per layer type (transformers 5), or rope_theta / rope_local_base_freq /
+    # rope_scaling (the global layers') in older files
+    params = cfg.get("rope_parameters") or {}
+    if params and not set(params) <= set(GEMMA3_THETA):
+        raise CheckpointError(f"{source}: rope_parameters: expected entries per layer type "
+                              f"(full_attention, sliding_attention), got {sorted(params)}")
+    full = dict(params.get("full_attention") or {})
+    local = dict(params.get("sliding_attention") or {})
+    full.setdefault("rope_theta", cfg.get("rope_theta", GEMMA3_THETA["full_attention"]))
+    local.setdefault("rope_theta", cfg.get("rope_local_base_freq", GEMMA3_THETA["sliding_attention"]))
+    if cfg.get("rope_scaling"):
+        full.update(cfg["rope_scaling"])
+    theta, factor = _rope_block(full, GEMMA3_THETA["full_attention"], source, "rope_parameters.full_attention")
+    local_theta, local_factor = _rope_block(local, GEMMA3_THETA["sliding_attention"], source,
+                                            "rope_parameters.sliding_attention")
+    if local_factor != 1.0:
+        raise CheckpointError(f"{source}: rope_parameters.sliding_attention: linear scaling on the sliding-window "
+                              "layers is not supported")
+    window = cfg.get("sliding_window")
+    causal = not cfg.get("use_bidirectional_attention")
+    if "sliding_attention" in types:
+        if window is None:
+            raise CheckpointError(f"{source}: layer_types has sliding_attention layers but sliding_window is null")
+        # transformers' bidirectional Gemma 3 uses |p - j| < sliding_window // 2 + 1 (Gemma3TextConfig)
+        window = int(window) if causal else int(window) // 2 + 1
+    else:
+        window, types = None, None
+    bias = bool(cfg.get("attention_bias", False))
+    return DecoderConfig(
+        **fields, norm="rms_float", mlp="gated_gelu_tanh", rope_theta=theta, rope_scaling=factor,
+        rope_local_theta=local_theta, qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True,
+        softmax_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5, sliding_window=window, layer_types=types,
+        embed_scale=cfg["hidden_size"] ** 0.5, post_norms=True, causal=causal, family="gemma3")
+
+
+def text_config(cfg: dict, source: str) -> dict:
+    """The language model's config: a gemma3 multimodal config's text_config (with its token ids and
+    tie_word_embeddings from the outer config where the text part has none), else cfg itself."""
+    if cfg.get("model_type") != "gemma3":
+        return cfg
+    text = cfg.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointError(f"{source}: model_type 'gemma3' without a text_config")
+    text = dict(text)
+    if text.get("model_type", "gemma3_text") != "gemma3_text":
+        raise CheckpointError(f"{source}: text_config.model_type {text['model_type']!r}, expected 'gemma3_text'")
+    text["model_type"] = "gemma3_text"
+    for key in ("tie_word_embeddings", "bos_token_id", "eos_token_id", "pad_token_id"):
+        if key in cfg and key not in text:
+            text[key] = cfg[key]
+    if "tie_word_embeddings" in cfg:  # Gemma3ForConditionalGeneration ties by the outer config's switch
+        text["tie_word_embeddings"] = cfg["tie_word_embeddings"]
+    return text
+
+
 def decoder_config(cfg: dict, source: str = "config") -> DecoderConfig:
-    """A transformers config dict (llama / qwen2 / gpt2) -> DecoderConfig."""
+    """A transformers config dict (llama / mistral / qwen2 / qwen3 / gemma3_text / gemma3 / gpt2) -> DecoderConfig.
+    For gemma3 (multimodal) the text_config is read; bidirectional gemma3 gives causal=False."""
+    cfg = text_config(cfg, source)
     kind = cfg.get("model_type")
-    if kind in ("llama", "qwen2"):
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for {kind} (only 'silu')")
-        if kind == "qwen2" and cfg.get("use_sliding_window"):
-            raise CheckpointError(f"{source}: Qwen2 sliding-window attention is not supported")
-        d_model, n_heads = _get(cfg, "hidden_size", source), _get(cfg, "num_attention_heads", source)
-        attention_bias = bool(cfg.get("attention_bias", False))
-        return DecoderConfig(
-            vocab_size=_get(cfg, "vocab_size", source), d_model=d_model,
-            n_layers=_get(cfg, "num_hidden_layers", source), n_heads=n_heads,
-            n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
-            head_dim=cfg.get("head_dim") or d_model // n_heads, d_ff=_get(cfg, "intermediate_size", source),
-            max_position=cfg.get("max_position_embeddings", 2048), norm="rms",
-            norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), mlp="gated_silu", position="rotary",
-            rope_theta=_rope_theta(cfg, source),
-            qkv_bias=True if kind == "qwen2" else attention_bias,
-            o_bias=False if kind == "qwen2" else attention_bias,
-            mlp_bias=bool(cfg.get("mlp_bias", False)),
-            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            bos_token_id=cfg.get("bos_token_id"), eos_token_id=_first(cfg.get("eos_token_id")),
-            pad_token_id=cfg.get("pad_token_id"), family=kind)
+    _refuse_unsupported(cfg, source)
+    if kind in LLAMA_LIKE:
+        return _llama_like(cfg, kind, source)
+    if kind == "gemma3_text":
+        return _gemma3(cfg, source)
     if kind == "gpt2":
         if cfg.get("scale_attn_by_inverse_layer_idx"):
             raise CheckpointError(f"{source}: scale_attn_by_inverse_layer_idx is not supported")
@@ -78,7 +251,7 @@ def decoder_config(cfg: dict, source: str = "config") -> DecoderConfig:
             bos_token_id=cfg.get("bos_token_id"), eos_token_id=_first(cfg.get("eos_token_id")),
             pad_token_id=cfg.get("pad_token_id"), family="gpt2")
     raise CheckpointError(f"{source}: model_type {kind!r} is not a decoder headcount supports "
-                          f"(supported: llama, qwen2, gpt2)")
+                          f"(supported: {', '.join(k for k in SUPPORTED if k != 'bert')})")
 
 
 def encoder_config(cfg: dict, source: str = "config") -> EncoderConfig:
