@@ -205,6 +205,8 @@ class DecoderLayer(nn.Module):
             cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, bias=cfg.qkv_bias,
             o_bias=cfg.o_bias, softmax_scale=cfg.softmax_scale, qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None,
             sliding_window=cfg.sliding_window if self.layer_type == SLIDING else None, **factory)
+        if cfg.qk_norm and cfg.norm == "rms":  # Qwen3's q/k norms cast before the weight, like its other norms
+            self.attn.q_norm.cast_before_weight = self.attn.k_norm.cast_before_weight = True
         self.post_attn_norm = _norm(cfg, factory) if cfg.post_norms else None
         self.mlp_norm = _norm(cfg, factory)
         if cfg.mlp.startswith("gated_"):
