@@ -393,3 +393,41 @@ def test_smollm2_pruned_unevenly_round_trips_with_its_own_tokenizer_fields(tmp_p
     want = logits(rounded, x)  # the same float32 weights: measured bit-identical here (diff 0.0)
     assert (logits(back, x) - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
     assert back.tokenizer.encode("Hello 2024 world") == model.tokenizer.encode("Hello 2024 world")
+
+
+# ------------------------------------------------------------------- what the target runtime will hold
+def test_plan_gguf_export_counts_copied_kv_heads_before_writing():
+    """Layer 0 pruned to groups of 3, 2, 3 query heads: llama.cpp needs equal contiguous groups, so with
+    g = gcd(3, 2, 3) = 1 every query head gets its own KV head (8 written, 3 held); layer 1 is untouched."""
+    from headcount.models.formats.gguf_deci import plan_gguf_export
+
+    model = tiny()
+    prune(model, {0: [4]}, compensate="none")  # query head 4 reads KV head 1: groups 3, 2, 3
+    plan = plan_gguf_export(model)
+    assert plan["kv_heads_model"] == [3, 3] and plan["kv_heads_written"] == [8, 3]
+    assert plan["kv_heads_copied"] == 5 and plan["grows"] is True
+    assert plan["kv_bytes_per_token_llama_cpp"] == 2 * (8 + 3) * HD * 2  # K and V, f16
+    assert plan["kv_bytes_per_token_model"] == 2 * (3 + 3) * HD * 2
+    assert plan["params_written"] - plan["params_model"] == 2 * 5 * HD * model.config.d_model
+
+
+def test_plan_gguf_export_uniform_prune_keeps_the_cache():
+    from headcount.models.formats.gguf_deci import plan_gguf_export
+
+    model = tiny()
+    prune(model, {0: [0, 3, 6]}, compensate="none")  # one head of every group: groups 2, 2, 2
+    plan = plan_gguf_export(model)
+    assert plan["kv_heads_written"] == plan["kv_heads_model"] == [3, 3] and plan["grows"] is False
+
+
+def test_general_name_is_the_model_name_not_a_local_path(tmp_path, vocab_gguf):
+    from headcount.models.formats.gguf_deci import display_name
+
+    model = tiny()
+    model.name = str(tmp_path / "deep" / "saves" / "pruned-20")
+    assert display_name(model) == "pruned-20"
+    model.name = str(tmp_path / "model.gguf")
+    assert display_name(model) == "model"
+    path = export_gguf(model, tmp_path / "out.gguf", tokenizer_from=vocab_gguf)
+    reader = gguf.GGUFReader(str(path))
+    assert reader.fields["general.name"].contents() == "model"

@@ -57,7 +57,11 @@ def test_merge_one_layer_json_save_and_reload(tmp_path):
                                  "--local-steps", "10", "--eval-windows", "1", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output[result.output.index("{"):])
-    assert set(data) == KEYS
+    # issue 7's keys, plus issue 15's cost (forward_equivalents, seconds) and issue 16's held-out domains
+    assert set(data) == KEYS | {"forward_equivalents", "seconds", "ppl_by_domain_before", "ppl_by_domain_after"}
+    assert set(data["ppl_by_domain_before"]) == {"prose", "code", "source"}
+    assert data["ppl_by_domain_before"]["prose"] == data["ppl_before"]
+    assert data["forward_equivalents"] > 0 and data["seconds"] > 0
     assert data["heads_before"] == 90 and data["heads_after"] == 89
     assert data["kv_bytes_per_token_after"] * 90 == data["kv_bytes_per_token_before"] * 89
     assert data["params_before"] - data["params_after"] == 2 * 64 * 576  # one K and one V head fewer

@@ -23,7 +23,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Corpus", "Document", "default_corpus", "corpus_from_text", "read_text", "clean_topic", "code_corpus"]
+__all__ = ["Corpus", "Document", "default_corpus", "corpus_from_text", "read_text", "clean_topic", "code_corpus",
+           "source_corpus", "held_out_domains"]
 
 HELD_OUT_MODULUS = 5  # one topic (or paragraph) in five is held out
 
@@ -319,3 +320,54 @@ def code_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
     if not docs:
         raise ValueError("code_corpus: neither torch nor numpy sources were found")
     return Corpus(tuple(d for d in docs if not _held_out(d.name)), tuple(d for d in docs if _held_out(d.name)))
+
+
+# ------------------------------------------------------------------ a domain nothing calibrates on
+# Python source code (code, comments and docstrings verbatim) of standard-library modules that no other
+# corpus here reads. The WHOLE domain is held out: no calibration part, and no default, order, ridge or
+# fraction in the project is chosen on it. It answers "does an edit calibrated on our text hold on text
+# nobody calibrated on?" (issue 16).
+SOURCE_MODULES = ("argparse", "configparser", "csv", "difflib", "email._header_value_parser", "http.client",
+                  "logging.__init__", "shutil", "tarfile", "textwrap", "zipfile.__init__", "fractions")
+SOURCE_MAX_CHARS = 600_000
+
+
+def source_corpus(max_chars: int = SOURCE_MAX_CHARS) -> Corpus:
+    """Standard-library Python source as one held-out domain: Corpus(calibration=(), held_out=files).
+
+    One document per module of SOURCE_MODULES (found by path under the running interpreter's stdlib,
+    never imported), each file's text as it is, blank-line runs kept, at most `max_chars` in all.
+    Deterministic for a given Python version."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    docs: list[Document] = []
+    total = 0
+    for module in SOURCE_MODULES:
+        parts = module.split(".")
+        path = root.joinpath(*parts[:-1], parts[-1] + ".py") if parts[-1] != "__init__" else \
+            root.joinpath(*parts[:-1], "__init__.py")
+        if not path.is_file():
+            path = root.joinpath(*parts, "__init__.py")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        text = text[: max(0, max_chars - total)]
+        if len(text) < 200:
+            continue
+        docs.append(Document(module, text))
+        total += len(text)
+        if total >= max_chars:
+            break
+    if not docs:
+        raise ValueError(f"source_corpus: no standard-library source found under {root}")
+    return Corpus((), tuple(docs))
+
+
+def held_out_domains() -> dict[str, list[str]]:
+    """The three held-out texts every edit reports: {"prose": the default corpus's held-out topics,
+    "code": held-out torch / numpy docstrings and comments, "source": standard-library Python source, a
+    domain no calibration and no choice ever sees}."""
+    return {"prose": default_corpus().texts("held_out"), "code": code_corpus().texts("held_out"),
+            "source": source_corpus().texts("held_out")}

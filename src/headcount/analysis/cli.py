@@ -18,6 +18,8 @@ from typing import Optional
 
 import typer
 
+from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
+
 
 def _errors(command: str):
     from headcount.cli_errors import one_line_errors as _one_line_errors
@@ -54,9 +56,9 @@ def _ints(flag: str, spec: Optional[str]):
         raise ValueError(f"{flag}: expected comma-separated integers, got {spec!r}") from None
 
 
-def _load(name: str):
-    from headcount.models import load
-    return load(name)
+def _load(name: str, dtype: str = "fp32", device: str = "cpu"):
+    from headcount.models.options import load_model
+    return load_model(name, dtype, device)
 
 
 def register(app, bench_app) -> None:
@@ -66,7 +68,9 @@ def register(app, bench_app) -> None:
 
     @app.command("roles")
     def roles_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or checkpoint directory"),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file (default: calibration corpus)"),
         max_tokens: int = typer.Option(2048, "--max-tokens", help="tokens of windows for the pattern roles"),
         max_sentences: int = typer.Option(96, "--max-sentences", help="sentences parsed for syntactic/rare-word"),
@@ -85,7 +89,7 @@ def register(app, bench_app) -> None:
             if png is not None:
                 check_png(png)
             texts = _texts(text)
-            lm = _load(model)
+            lm = _load(model, dtype, device)
             result = roles(lm, texts, max_tokens=max_tokens, max_sentences=max_sentences, seed=seed,
                            progress=sys.stderr.isatty())
             if png is not None:
@@ -118,7 +122,9 @@ def register(app, bench_app) -> None:
 
     @app.command("faithfulness")
     def faithfulness_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or checkpoint directory (a decoder)"),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP + " (a decoder)"),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file (default: held-out corpus)"),
         layers: Optional[str] = typer.Option(None, "--layers", help="comma-separated layers (default: 3 spread)"),
         examples: int = typer.Option(3, "--examples", help="examples (windows) to average over"),
@@ -137,7 +143,7 @@ def register(app, bench_app) -> None:
 
             layer_list = _layers(layers)
             texts = _texts(text)
-            lm = _load(model)
+            lm = _load(model, dtype, device)
             result = faithfulness(lm, texts, layer_list, epsilon=epsilon, n_examples=examples, length=length,
                                   steps=steps, seed=seed, progress=sys.stderr.isatty())
         if json_out:
@@ -162,7 +168,9 @@ def register(app, bench_app) -> None:
 
     @app.command("rank")
     def rank_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or checkpoint directory"),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file (default: calibration corpus)"),
         lengths: Optional[str] = typer.Option(None, "--lengths", help="comma-separated lengths "
                                               "(default: head_dim / 2 and 2 x head_dim)"),
@@ -180,7 +188,7 @@ def register(app, bench_app) -> None:
                 check_png(png)
             length_list = _ints("--lengths", lengths)
             texts = _texts(text)
-            lm = _load(model)
+            lm = _load(model, dtype, device)
             result = rank(lm, texts, lengths=length_list, max_windows=windows, progress=sys.stderr.isatty())
             if png is not None:
                 rank_png(result.to_json(), png, title=f"{model}: rank of Q K^T per head")

@@ -17,6 +17,8 @@ from typing import Optional
 
 import typer
 
+from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
+
 from headcount.paths import check_png
 
 METHOD_NAMES = ("gradient", "ablation", "confidence", "reconstruction")  # = importance.METHODS (no torch here)
@@ -76,7 +78,9 @@ def register(app, bench_app) -> None:
 
     @app.command("importance")
     def importance_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2, minilm) or a saved directory"),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         method: str = typer.Option("gradient", "--method", help="gradient | ablation | confidence | reconstruction"),
         text: Optional[Path] = typer.Option(None, "--text", help="a UTF-8 calibration text file "
                                             "(default: the calibration part of the default corpus)"),
@@ -103,14 +107,14 @@ def register(app, bench_app) -> None:
                 from headcount.data import read_text
                 texts, source = read_text(text), str(text)
             from headcount.analysis.head_importance import importance
-            from headcount.models import load
+            from headcount.models.options import load_model
 
             group, main = None, True
             if "WORLD_SIZE" in os.environ:  # under torchrun: each rank scores a shard of the text (issue 10)
                 from headcount import distributed as runtime
                 group = runtime.init()
                 main = runtime.is_main(group)
-            lm = load(model)
+            lm = load_model(model, dtype, device)
             scores = importance(lm, texts, method, window=window, max_windows=windows, max_sentences=16 * windows,
                                 normalize=normalize, progress=main, source=source, group=group)
             if not main:  # every rank holds the same scores; rank 0 prints
@@ -128,7 +132,9 @@ def register(app, bench_app) -> None:
 
     @bench_app.command("importance")
     def bench_importance_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or a saved directory"),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         window: int = typer.Option(256, "--window", help="tokens per window"),
         windows: int = typer.Option(2, "--windows", help="calibration windows for the agreement (encoder: x16 "
                                     "sentences)"),
@@ -140,10 +146,10 @@ def register(app, bench_app) -> None:
             import torch
 
             from headcount.analysis.head_importance import agreement, cost_ratio
-            from headcount.models import load
+            from headcount.models.options import load_model
 
             torch.set_num_threads(min(2, torch.get_num_threads()))
-            lm = load(model)
+            lm = load_model(model, dtype, device)
             cost = cost_ratio(lm, window=window)
             agree = agreement(lm, window=window, max_windows=windows, max_sentences=16 * windows)
             out = {"cost": cost, "spearman_vs_ablation": agree["spearman"], "n_heads": agree["n_heads"],

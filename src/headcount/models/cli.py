@@ -14,6 +14,8 @@ from typing import Optional
 
 import typer
 
+from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
+
 # the one-line error handler every room's CLI uses (headcount/cli_errors.py), under its old name too
 from headcount.cli_errors import EXIT_BAD_INPUT, one_line_errors as _one_line_errors  # noqa: E402,F401
 
@@ -22,11 +24,11 @@ def _log(msg: str) -> None:
     typer.echo(f"headcount: {msg}", err=True)
 
 
-def _decoder(name: str):
-    from headcount.models import load
+def _decoder(name: str, dtype: str = "fp32", device: str = "cpu"):
     from headcount.models.decoder import Decoder
+    from headcount.models.options import load_model
 
-    model = load(name)
+    model = load_model(name, dtype, device)
     if not isinstance(model, Decoder):
         raise ValueError(f"model {name!r} is an encoder; this command needs a decoder (causal LM) such as smollm2")
     if model.tokenizer is None:
@@ -47,7 +49,9 @@ def register(app, bench_app) -> None:
 
     @app.command("perplexity")
     def perplexity_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2) or a checkpoint directory"),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         text: Optional[Path] = typer.Option(None, "--text", help="a UTF-8 text file to measure on, whole "
                                             "(default: the held-out part of the default corpus)"),
         window: int = typer.Option(1024, "--window", help="tokens per non-overlapping window"),
@@ -72,7 +76,7 @@ def register(app, bench_app) -> None:
                 source, texts = str(text), read_text(text)
             else:
                 source, texts = f"default corpus, {part.replace('_', '-')} part", default_corpus().texts(part)
-            lm = _decoder(model)
+            lm = _decoder(model, dtype, device)
             progress = None
             if sys.stderr.isatty() and not json_out:
                 progress = lambda done, total: typer.echo(f"\r  window {done}/{total}", nl=done == total, err=True)  # noqa: E731
@@ -86,7 +90,9 @@ def register(app, bench_app) -> None:
     @app.command("generate")
     def generate_cmd(
         prompt: str = typer.Argument(..., help="the text to continue"),
-        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2) or a checkpoint directory"),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
         temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy; > 0 samples"),
         top_k: Optional[int] = typer.Option(None, "--top-k", help="sample among the k most likely tokens"),
@@ -100,7 +106,7 @@ def register(app, bench_app) -> None:
         with _one_line_errors("generate"):
             from headcount.models.generation import TextStreamer, stream_tokens
 
-            lm = _decoder(model)
+            lm = _decoder(model, dtype, device)
             if tp:  # issue 10: tensor parallel by heads; every rank generates the same tokens
                 if TP_SETUP is None:
                     raise ValueError("--tp: tensor parallelism is not available (headcount.parallel is not registered)")

@@ -36,6 +36,29 @@ def held_out_quality(model, held_out, eval_windows: int, window: int, reference=
     return evaluate(model, sets, {name: reference})[name], reference
 
 
+def held_out_report(model, held_out, eval_windows: int, window: int, reference=None):
+    """(quality, reference, {domain: perplexity} or None): held_out_quality, and for a decoder measured on the
+    default corpus, the three held-out domains (headcount.data.held_out_domains: prose, code and
+    standard-library source, which nothing calibrates on), so a user sees the spread, not one number."""
+    if held_out is not None or not hasattr(model, "lm_head"):
+        quality, reference = held_out_quality(model, held_out, eval_windows, window, reference)
+        return quality, reference, None
+    from headcount.data import held_out_domains
+    from headcount.surgery.held_out import evaluate, held_out_sets
+
+    texts = held_out_domains()
+    texts["prose"] = None  # the default corpus's held-out part, exactly as held_out_quality measures it
+    by_domain = evaluate(model, held_out_sets(model, texts, eval_windows, window))
+    return by_domain["prose"], None, by_domain
+
+
+def domain_rows(before: dict | None, after: dict | None) -> list[tuple[str, object, object]]:
+    """Before/after table rows, one per held-out domain."""
+    if not before or not after:
+        return []
+    return [(f"held-out perplexity: {name}", before[name], after[name]) for name in before]
+
+
 def before_after_table(rows: list[tuple[str, object, object]], title: str) -> None:
     from rich.console import Console
     from rich.table import Table

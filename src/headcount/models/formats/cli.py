@@ -8,6 +8,8 @@ from typing import Optional
 
 import typer
 
+from headcount.models.options import DTYPE_HELP, MODEL_HELP
+
 from headcount.paths import check_out_dir
 
 EXPORT_TARGETS = ("transformers", "gguf", "gguf-f16")
@@ -19,7 +21,8 @@ def register(app) -> None:
 
     @app.command("export")
     def export_cmd(
-        model: str = typer.Option(..., "--model", "-m", help="a saved directory (or zoo name)"),
+        model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
         to: str = typer.Option("transformers", "--to", help="target format: transformers (a checkpoint directory), "
                                "gguf or gguf-f16 (a llama.cpp `deci` file, per-layer head counts)"),
         out: Optional[Path] = typer.Option(None, "--out", help="directory (transformers) or FILE.gguf to write"),
@@ -35,17 +38,62 @@ def register(app) -> None:
             else:
                 from headcount.models.formats.gguf_deci import check_gguf_path
                 out = check_gguf_path(out, force, "--out")
-            from headcount.models import load
+            from headcount.models.options import load_model
 
+            lm = load_model(model, dtype)
             if to == "transformers":
                 from headcount.models.formats.hf import export_transformers
 
-                export_transformers(load(model), out, force=force)
+                export_transformers(lm, out, force=force)
+                summary = _transformers_summary(lm, out)
             else:
-                from headcount.models.formats.gguf_deci import export_gguf
+                from headcount.models.formats.gguf_deci import export_gguf, plan_gguf_export
 
-                export_gguf(load(model), out, dtype="f16" if to == "gguf-f16" else "f32", force=force)
-        if to == "transformers":
-            typer.echo(f"wrote {out} (transformers from_pretrained)")
-        else:
-            typer.echo(f"wrote {out} (llama.cpp deci GGUF; headcount.models.load reads it back)")
+                summary = plan_gguf_export(lm, "f16" if to == "gguf-f16" else "f32")
+                export_gguf(lm, out, dtype=summary["dtype"], force=force)
+        _print_summary(to, out, summary)
+
+
+def _transformers_summary(model, out: Path) -> dict:
+    """What transformers will see: its config's attention_bias switch and the parameters it will count."""
+    import json
+    import math
+
+    from safetensors import safe_open
+
+    cfg = json.loads((out / "config.json").read_text())
+    params = 0
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        for name in f.keys():
+            params += math.prod(f.get_slice(name).get_shape())
+    tied = bool(cfg.get("tie_word_embeddings"))
+    model_params = sum(p.numel() for p in model.parameters())
+    note = None
+    if cfg.get("attention_bias") and all(l.attn.qkv_proj.bias is None for l in model.layers):
+        note = ("attention_bias is on because a refit gave o_proj a bias and Llama has ONE switch for q, k, v and o: "
+                "q/k/v biases are written as zeros (exact, but transformers counts them)")
+    return {"format": "transformers", "model_type": cfg.get("model_type"), "params_model": model_params,
+            "params_transformers": params, "tied_embeddings": tied, "note": note,
+            "file_bytes": sum(p.stat().st_size for p in out.iterdir() if p.is_file())}
+
+
+def _print_summary(to: str, out: Path, summary: dict) -> None:
+    if to == "transformers":
+        typer.echo(f"wrote {out} (transformers from_pretrained): {summary['params_transformers']:,} parameters as "
+                   f"transformers counts them (headcount: {summary['params_model']:,}), "
+                   f"{summary['file_bytes'] / 2**20:,.1f} MiB")
+        if summary["note"]:
+            typer.echo(f"note: {summary['note']}")
+        return
+    size = out.stat().st_size
+    typer.echo(f"wrote {out} (llama.cpp {summary['architecture']} GGUF, {summary['dtype']}, {size / 2**20:,.1f} MiB; "
+               "headcount.models.load reads it back)")
+    before, after = summary["kv_bytes_per_token_model"], summary["kv_bytes_per_token_llama_cpp"]
+    typer.echo(f"  llama.cpp will hold: KV cache {after:,} bytes/token in f16 (this model's own: {before:,}, "
+               f"{(after / before - 1) * 100:+.1f}%), "
+               f"{sum(summary['kv_heads_written'])} KV heads (model: {sum(summary['kv_heads_model'])}), "
+               f"{summary['params_written']:,} parameters (model: {summary['params_model']:,})")
+    if summary["grows"]:
+        typer.echo(f"warning: llama.cpp needs contiguous equal GQA groups, so {summary['kv_heads_copied']} KV heads are "
+                   "written as copies: the exported KV cache is LARGER than the model's. Prune with --mode group or "
+                   "--uniform (equal groups) to keep the export compact.", err=True)

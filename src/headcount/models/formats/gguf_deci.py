@@ -413,6 +413,41 @@ def _tensors(model, dtype: str) -> tuple[dict[str, np.ndarray], list[int], list[
     return out, heads, kv_heads
 
 
+def display_name(model) -> str:
+    """A name for general.name: the zoo name, or the last part of the path it was loaded from (a local
+    directory layout is nobody else's business)."""
+    name = getattr(model, "name", None)
+    if not name:
+        return "headcount export"
+    path = Path(str(name))
+    return path.stem if path.suffix == ".gguf" else path.name or str(name)
+
+
+def plan_gguf_export(model, dtype: str = "f32") -> dict:
+    """What llama.cpp will hold for this model once exported, against what headcount holds now, computed
+    before writing: per-layer query / KV heads as written (uneven groups cost copied KV heads), KV-cache
+    bytes per token (both in f16, llama.cpp's default cache type, so the two compare), and parameters.
+    `grows` is True when the exported KV cache per token is larger than the model's (a warning to print)."""
+    dh = model.config.head_dim
+    heads, kv_written, kv_model = [], [], []
+    for layer in model.layers:
+        attn = layer.attn
+        _, slots = group_layout(attn.kv_head_of)
+        heads.append(attn.n_heads)
+        kv_written.append(len(slots))
+        kv_model.append(attn.n_kv_heads)
+    kv_model_bytes = sum(2 * n * dh * 2 for n in kv_model)
+    kv_llama_bytes = sum(2 * n * dh * 2 for n in kv_written)  # llama.cpp caches K and V in f16 by default
+    extra = sum(2 * (w - m) * dh * model.config.d_model for w, m in zip(kv_written, kv_model))  # copied K/V rows
+    params = sum(p.numel() for p in model.parameters())
+    return {"architecture": ARCH, "dtype": dtype, "query_heads": heads, "kv_heads_model": kv_model,
+            "kv_heads_written": kv_written, "kv_bytes_per_token_model": kv_model_bytes,
+            "kv_bytes_per_token_llama_cpp": kv_llama_bytes,
+            "kv_heads_copied": sum(kv_written) - sum(kv_model), "params_model": params,
+            "params_written": params + extra,
+            "grows": sum(kv_written) > sum(kv_model)}
+
+
 def check_gguf_path(path, force: bool, flag: str = "out") -> Path:
     """The path export_gguf will write: a .gguf file name, not a directory, not existing unless force."""
     if path is None:
@@ -455,7 +490,7 @@ def export_gguf(model, path, *, dtype: str = "f32", force: bool = False, tokeniz
 
     cfg = model.config
     writer = gguf.GGUFWriter(None, ARCH)
-    writer.add_name(str(model.name) if model.name else "headcount export")
+    writer.add_name(display_name(model))  # the model's name, never a local path
     writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_context_length(cfg.max_position)

@@ -20,6 +20,8 @@ from typing import Optional
 
 import typer
 
+from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
+
 JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
              "kv_bytes_per_token_after", "ppl_before", "ppl_after")
 
@@ -43,14 +45,15 @@ def parse_layers(text: Optional[str]) -> Optional[list[int]]:
 
 def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=None, uptrain_steps: int = 0,
               uptrain_lr: float = 1e-4, out: Optional[Path] = None, force: bool = False, text: Optional[Path] = None,
-              calibration_windows: int = 16, eval_windows: int = 8, local_steps: int = 100) -> dict:
+              calibration_windows: int = 16, eval_windows: int = 8, local_steps: int = 100, dtype: str = "fp32",
+              device: str = "cpu") -> dict:
     """Load, validate, measure, merge, (uptrain), measure, save: the command's work, as data."""
-    from headcount.models import load
-    from headcount.surgery.cli_common import calibration_and_held_out, held_out_quality
+    from headcount.models.options import check_finite, load_model
+    from headcount.surgery.cli_common import calibration_and_held_out, held_out_report
     from headcount.surgery.merging.kv_merge import _targets, merge_kv
 
     calibration, held_out, source = calibration_and_held_out(text)
-    model = load(model_name)
+    model = load_model(model_name, dtype, device)
     _targets(model, kv_heads, layers, method)  # every check before any measurement or change
     heads_before = sum(layer.attn.n_kv_heads for layer in model.layers)
     q_heads = sum(layer.attn.n_heads for layer in model.layers)
@@ -59,14 +62,16 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     if uptrain_steps:
         import copy
         teacher = copy.deepcopy(model)
-    quality_before, reference = held_out_quality(model, held_out, eval_windows, 512)
+    quality_before, reference, by_domain_before = held_out_report(model, held_out, eval_windows, 512)
     result = merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
                       n_windows=calibration_windows, local_steps=local_steps if method == "aware" else 0)
     trained = None
     if uptrain_steps:
         from headcount.surgery.merging.uptraining import uptrain
         trained = uptrain(model, uptrain_steps, lr=uptrain_lr, calibration=calibration, teacher=teacher)
-    quality_after, _ = held_out_quality(model, held_out, eval_windows, 512, reference)
+    quality_after, _, by_domain_after = held_out_report(model, held_out, eval_windows, 512, reference)
+    for value in ([quality_after] if isinstance(quality_after, float) else list(quality_after)):
+        check_finite(value, "the merged model's held-out quality", model.embed.weight.dtype)
     if out is not None:
         from headcount.surgery import save
         save(model, out, force=force)
@@ -80,6 +85,8 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
         "kv_bytes_per_token_after": result.kv_bytes_per_token_after,
         "ppl_before": quality_before if decoder else None,
         "ppl_after": quality_after if decoder else None,
+        "ppl_by_domain_before": by_domain_before, "ppl_by_domain_after": by_domain_after,
+        "forward_equivalents": round(result.forward_equivalents, 2), "seconds": round(result.seconds, 1),
     }
     extra = {"query_heads": q_heads, "source": source, "merge": result.to_json(),
              "uptrain": trained.to_json() if trained is not None else None, "out": str(out) if out else None}
@@ -94,7 +101,9 @@ def register(app, bench_app) -> None:
 
     @app.command("merge-kv")
     def merge_kv_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or a saved / checkpoint directory"),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         kv_heads: int = typer.Option(..., "--kv-heads", help="KV heads per merged layer (1 = MQA)"),
         method: str = typer.Option("aware", "--method", help="aware (activation-aware, rotary-respecting) or mean "
                                    "(GQA paper mean-pooling; needs a divisor of the current count)"),
@@ -135,7 +144,7 @@ def register(app, bench_app) -> None:
             result = run_merge(model, kv_heads, method=method, layers=layer_list, uptrain_steps=uptrain_steps,
                                uptrain_lr=uptrain_lr, out=out, force=force, text=text,
                                calibration_windows=calibration_windows, eval_windows=eval_windows,
-                               local_steps=local_steps)
+                               local_steps=local_steps, dtype=dtype, device=device)
         data, extra = result["json"], result["extra"]
         if json_out:
             typer.echo(json.dumps(data, indent=2))
@@ -146,7 +155,10 @@ def register(app, bench_app) -> None:
                 ("query heads (all layers)", extra["query_heads"], extra["query_heads"]),
                 ("parameters", data["params_before"], data["params_after"]),
                 ("KV cache bytes / token", data["kv_bytes_per_token_before"], data["kv_bytes_per_token_after"])]
-        if data["ppl_before"] is not None:
+        if data["ppl_by_domain_before"]:
+            from headcount.surgery.cli_common import domain_rows
+            rows += domain_rows(data["ppl_by_domain_before"], data["ppl_by_domain_after"])
+        elif data["ppl_before"] is not None:
             rows.append((f"held-out perplexity ({extra['source']})", data["ppl_before"], data["ppl_after"]))
         else:
             rows.append(("held-out embedding cosine", 1.0, extra["fidelity_after"]["cosine"]))

@@ -68,6 +68,8 @@ class MergeResult:
     calibration_tokens: int = 0
     seconds: float = 0.0
     options: dict = field(default_factory=dict)
+    # cost in forward passes over the calibration tokens, by construction (see _forward_equivalents)
+    forward_equivalents: float = 0.0
 
     @property
     def merged_layers(self) -> list[int]:
@@ -212,7 +214,28 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     result.kv_heads_after = [layer.attn.n_kv_heads for layer in model.layers]
     result.kv_bytes_per_token_after = kv_bytes_per_token(model)
     result.seconds = time.perf_counter() - start
+    result.forward_equivalents = _forward_equivalents(model, result) if method == "aware" else 0.0
     return result
+
+
+def _forward_equivalents(model, result: MergeResult) -> float:
+    """Forward passes over the calibration tokens, counting a backward as two forwards: the stream walk
+    runs each merged layer twice on the merged stream (capture, then advance) and, for targets "stream" /
+    "residual", once on the original stream; each local-reconstruction step is a forward and a backward of
+    one attention module on one calibration batch (attention's share of a layer taken by parameters),
+    plus ten validation checks per layer."""
+    n_layers = len(model.layers)
+    passes = 2.0 + (0.0 if result.options.get("target") == "local" else 1.0)
+    steps = int(result.options.get("local_steps") or 0)
+    n_batches = max(1, -(-int(result.options.get("n_windows") or 1) // 4))  # calibration_batches: 4 windows
+    local = 0.0
+    if steps:
+        for info in result.layers:
+            layer = model.layers[info.layer]
+            attn = sum(p.numel() for p in layer.attn.parameters())
+            share = attn / max(1, sum(p.numel() for p in layer.parameters()))
+            local += (3.0 * steps + 10.0) * share / n_batches / n_layers
+    return passes * len(result.layers) / n_layers + local
 
 
 def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibration, n_windows, window,

@@ -33,6 +33,15 @@ WINDOW = 512
 CALIBRATION_SENTENCES = 256
 DEFAULT_CALIBRATION = None  # the default corpus's calibration prose
 
+# Forward-pass equivalents per calibration token, counting a backward pass as two forwards:
+# gradient and reconstruction run one forward and one backward (to the o_proj inputs / the layer outputs);
+# confidence one forward with weights; random none. Ablation runs one forward per head per layer group
+# (heads_per_forward at a time) and is not a default anywhere; it is counted by its batches' repeats.
+SCORING_PASSES = {"gradient": 3.0, "reconstruction": 3.0, "confidence": 1.0, "random": 0.0}
+# The sequential refit calls each layer on the pruned stream twice (unpruned to capture, pruned to move on)
+# and, for targets that need it, once on the original stream: 3 (output / residual) or 2 (local).
+REFIT_PASSES = {"output": 3.0, "residual": 3.0, "local": 2.0}
+
 
 @dataclass
 class PruneResult:
@@ -57,6 +66,11 @@ class PruneResult:
     order: str | None = None
     fraction: float | None = None
     uniform: bool | None = None
+    # cost in forward passes over the calibration tokens, by construction (machine-independent): scoring
+    # (SCORING_PASSES[order] x its tokens / calibration tokens) + the refit's layer calls (REFIT_PASSES)
+    forward_equivalents: float = 0.0
+    method: str | None = None  # "retraining-free" (prune_to's order), "l0" (trained gates, gates.py), None: given heads
+    gates: object | None = None  # the GateResult of method "l0"
 
     @property
     def heads_removed(self) -> int:
@@ -73,8 +87,10 @@ class PruneResult:
             "kv_bytes_per_token_before": self.kv_bytes_per_token_before,
             "kv_bytes_per_token_after": self.kv_bytes_per_token_after,
             "calibration_tokens": self.calibration_tokens, "seconds": round(self.seconds, 3),
+            "forward_equivalents": round(self.forward_equivalents, 2),
             "ridge": self.ridge, "target": self.target,
-            "layer_fits": [f.to_json() for f in self.layer_fits],
+            "layer_fits": [f.to_json() for f in self.layer_fits], "method": self.method,
+            **({"gates": self.gates.to_json()} if self.gates is not None else {}),
         }
 
 
@@ -141,23 +157,37 @@ def prune(model, heads, *, mode: str = "query", compensate: str = "lstsq", calib
             model.train(was_training)
         tokens = fits[0].tokens if fits else 0
     heads_after, kv_after = count_heads(model)
+    refit = 0.0 if not removed or compensate == "none" else (REFIT_PASSES.get(target, 3.0) if compensate == "lstsq"
+                                                             else 2.0)
     return PruneResult(mode, compensate, removed, heads_before, heads_after, kv_before, kv_after, params_before,
                        n_params(model), kv_bytes_before, kv_bytes_per_token(model), tokens,
                        time.perf_counter() - start, ridge if compensate == "lstsq" else None,
-                       target if compensate == "lstsq" else None, fits)
+                       target if compensate == "lstsq" else None, fits, forward_equivalents=refit)
 
 
 def resolve_scores(model, order, *, calibration=DEFAULT_CALIBRATION, seed: int = 0,
-                   calibration_windows: int = CALIBRATION_WINDOWS) -> tuple[dict, str]:
-    """({(layer, original head): score}, a name) from a HeadScores, a method name, or "random"."""
+                   calibration_windows: int = CALIBRATION_WINDOWS, window: int = WINDOW) -> tuple[dict, str]:
+    """({(layer, original head): score}, a name) from a HeadScores, a method name, or "random".
+
+    A method is scored on the SAME calibration inputs the refit uses (the one calibration path), so
+    `calibration="mixed"` or a user's text chooses the heads as well as fitting o_proj."""
     if isinstance(order, str):
         if order == "random":
             return _plan.random_scores(model, seed), f"random(seed={seed})"
         from headcount.analysis import importance
-        texts = None if calibration is None or not isinstance(calibration, (str, list)) or calibration == "mixed" \
-            else calibration
-        return _plan.head_scores(model, importance(model, texts, method=order)), order
+        return _plan.head_scores(model, importance(model, method=order, progress=False, **scoring_inputs(
+            model, calibration, calibration_windows=calibration_windows, window=window))), order
     return _plan.head_scores(model, order), getattr(order, "method", "scores")
+
+
+def scoring_inputs(model, calibration, *, calibration_windows: int = CALIBRATION_WINDOWS,
+                   window: int = WINDOW) -> dict:
+    """importance() keywords for the calibration batches: windows [N, T] for a decoder, batches for an encoder."""
+    batches = calibration_batches(model, calibration, calibration_windows=calibration_windows, window=window)
+    if hasattr(model, "lm_head"):
+        ids = torch.cat([ids for ids, _ in batches])
+        return {"windows": ids, "max_windows": None, "window": ids.shape[1]}
+    return {"windows": [(ids, mask) for ids, mask in batches], "max_sentences": 10**9}
 
 
 def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "query", compensate: str = "lstsq",
@@ -171,8 +201,17 @@ def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "que
     _plan.check_mode(mode)
     _check_choice("compensate", compensate, COMPENSATIONS)
     _plan._check_fraction(fraction)
-    scores, name = resolve_scores(model, order, calibration=calibration, seed=seed)
+    calibration_windows = kwargs.get("calibration_windows", CALIBRATION_WINDOWS)
+    window = kwargs.get("window", WINDOW)
+    ready = isinstance(calibration, Tensor) or (isinstance(calibration, list) and calibration
+                                                and isinstance(calibration[0], tuple))
+    if not ready:  # texts (or None, "mixed"): batch once, then score and refit on the same batches
+        calibration = calibration_batches(model, calibration, calibration_windows=calibration_windows, window=window)
+    scores, name = resolve_scores(model, order, calibration=calibration, seed=seed,
+                                  calibration_windows=calibration_windows, window=window)
     chosen = _plan.plan_fraction(model, fraction, scores, mode=mode, uniform=bool(uniform))
     result = prune(model, chosen, mode=mode, compensate=compensate, calibration=calibration, **kwargs)
     result.order, result.fraction, result.uniform = name, float(fraction), bool(uniform)
+    result.method = "retraining-free"
+    result.forward_equivalents += SCORING_PASSES.get(order if isinstance(order, str) else "", 0.0)
     return result
