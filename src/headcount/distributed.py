@@ -249,3 +249,41 @@ def spawn(fn: Callable, world_size: int, *args, threads: int = 1, timeout_s: flo
     if raise_errors and not all(o.ok for o in result):
         raise RanksFailed(result)
     return [o.value for o in result] if raise_errors else result
+
+
+# ------------------------------------------------------------------------- data-parallel statistics
+class DataParallel:
+    """The process group a statistic is split over (or none): which calibration items this rank takes, and
+    float64 all-reduced sums, so every rank ends with the single-process result (to summation order).
+
+    group: None (one process), "auto" (the default group when torch.distributed is initialised, else one
+    process) or a process group."""
+
+    def __init__(self, group=None):
+        self.group, self.rank, self.world = None, 0, 1
+        if group is None:
+            return
+        if isinstance(group, str):
+            if group != "auto":
+                raise ValueError(f"group: expected None, 'auto' or a torch.distributed process group, got {group!r}")
+            if not (dist.is_available() and dist.is_initialized()):
+                return
+            group = dist.group.WORLD
+        self.group = group
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+
+    def shard(self, items, what: str = "calibration windows"):
+        """This rank's items: items[rank::world]; a clear error when there are fewer items than ranks."""
+        if self.world > 1 and len(items) < self.world:
+            raise ValueError(f"torchrun: {self.world} ranks but only {len(items)} {what}; use at most "
+                             f"{len(items)} ranks or more calibration (--calibration-windows)")
+        return items[self.rank::self.world]
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        """The sum of `t` over the ranks, accumulated in float64 (returned in float64)."""
+        t = t.double()
+        if self.world == 1:
+            return t
+        t = t.clone()
+        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
+        return t

@@ -78,29 +78,17 @@ class _Batch:
 
 
 class _Group:
-    """The data-parallel process group (or none): shard items, all-reduce float64 sums."""
+    """The data-parallel process group (or none): shard items, all-reduce float64 sums
+    (headcount.distributed.DataParallel, keeping importance's summation dtype)."""
 
     def __init__(self, group):
-        self.group, self.rank, self.world = None, 0, 1
-        if group is None:
-            return
-        import torch.distributed as dist
-        if isinstance(group, str):
-            if group != "auto":
-                raise ValueError(f"group: expected None, 'auto' or a torch.distributed process group, got {group!r}")
-            if not (dist.is_available() and dist.is_initialized()):
-                return
-            group = dist.group.WORLD
-        self.group = group
-        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        from headcount.distributed import DataParallel
+
+        self._dp = DataParallel(group)
+        self.group, self.rank, self.world = self._dp.group, self._dp.rank, self._dp.world
 
     def sum(self, t: Tensor) -> Tensor:
-        if self.world == 1:
-            return t
-        import torch.distributed as dist
-        t = t.clone()
-        dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
-        return t
+        return self._dp.sum(t).to(t.dtype) if self.world > 1 else t
 
 
 def _check_int(name: str, value, minimum: int = 1) -> int:

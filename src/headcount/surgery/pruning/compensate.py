@@ -124,11 +124,16 @@ def _set_o_proj(attn, weight: Tensor, bias: Tensor) -> None:
 
 def prune_sequential(model, plan: dict[int, list[int]], batches: list[tuple[Tensor, Tensor | None]], *,
                      compensate: str, ridge: float = DEFAULT_RIDGE, target: str = DEFAULT_TARGET,
-                     prior: str = "original", progress: bool = True) -> list[LayerFit]:
+                     prior: str = "original", progress: bool = True, group=None) -> list[LayerFit]:
     """Remove plan[layer] (ORIGINAL head indices) layer by layer, compensating; returns one LayerFit per
-    pruned layer. batches: [(input_ids [B, T], attention_mask [B, T] or None)]."""
+    pruned layer. batches: [(input_ids [B, T], attention_mask [B, T] or None)], THIS rank's share when
+    `group` is a process group: each layer's sums are all-reduced in float64 before the solve, so every
+    rank computes the same o_proj (equal to one process's to float64 summation order)."""
     from tqdm.auto import tqdm
 
+    from headcount.distributed import DataParallel
+
+    dp = DataParallel(group)
     if compensate not in ("mean", "lstsq"):
         raise ValueError(f"compensate: expected 'mean' or 'lstsq' here, got {compensate!r}")
     if target not in TARGETS:
@@ -209,6 +214,11 @@ def prune_sequential(model, plan: dict[int, list[int]], batches: list[tuple[Tens
             finally:
                 h_pre.remove()
                 h_post.remove()
+            if dp.world > 1:  # float64 sums over every rank's tokens
+                stats = GramStats(dp.sum(stats.xtx), dp.sum(stats.xty), dp.sum(stats.yty),
+                                  int(dp.sum(torch.tensor(float(stats.n_tokens)))))
+                zsum = dp.sum(zsum)
+                n_tok = stats.n_tokens
             w_keep = w_full.index_select(1, keep_cols)
             sol_none = torch.cat([w_keep.T, b_full[None]], dim=0)
             if compensate == "mean":

@@ -129,7 +129,7 @@ def _check_choice(name: str, value, allowed) -> None:
 
 def prune(model, heads, *, mode: str = "query", compensate: str = "lstsq", calibration=DEFAULT_CALIBRATION,
           calibration_windows: int = CALIBRATION_WINDOWS, window: int = WINDOW, ridge: float = DEFAULT_RIDGE,
-          target: str = DEFAULT_TARGET, prior: str = "original", progress: bool = True) -> PruneResult:
+          target: str = DEFAULT_TARGET, prior: str = "original", progress: bool = True, group=None) -> PruneResult:
     """Remove `heads` (original indices) from `model` in place, compensating; see the module doc.
 
     Everything is checked before the first weight changes: a bad head list leaves the model as it was.
@@ -148,11 +148,12 @@ def prune(model, heads, *, mode: str = "query", compensate: str = "lstsq", calib
             model.layers[layer].attn.prune_heads(current)
     elif removed:
         batches = calibration_batches(model, calibration, calibration_windows=calibration_windows, window=window)
+        batches = _shard(model, batches, group)
         was_training = model.training
         model.eval()
         try:
             fits = prune_sequential(model, removed, batches, compensate=compensate, ridge=ridge, target=target,
-                                    prior=prior, progress=progress)
+                                    prior=prior, progress=progress, group=group)
         finally:
             model.train(was_training)
         tokens = fits[0].tokens if fits else 0
@@ -165,8 +166,23 @@ def prune(model, heads, *, mode: str = "query", compensate: str = "lstsq", calib
                        target if compensate == "lstsq" else None, fits, forward_equivalents=refit)
 
 
+def _shard(model, batches, group):
+    """This rank's calibration batches under data parallelism: windows r::world (decoders, re-batched by 4)
+    or sentence batches r::world (encoders)."""
+    from headcount.distributed import DataParallel
+
+    dp = DataParallel(group)
+    if dp.world == 1:
+        return batches
+    if hasattr(model, "lm_head") and all(mask is None for _, mask in batches):
+        ids = dp.shard(torch.cat([ids for ids, _ in batches]))
+        return [(ids[i:i + 4], None) for i in range(0, ids.shape[0], 4)]
+    return dp.shard(batches, "calibration sentence batches")
+
+
 def resolve_scores(model, order, *, calibration=DEFAULT_CALIBRATION, seed: int = 0,
-                   calibration_windows: int = CALIBRATION_WINDOWS, window: int = WINDOW) -> tuple[dict, str]:
+                   calibration_windows: int = CALIBRATION_WINDOWS, window: int = WINDOW,
+                   group=None) -> tuple[dict, str]:
     """({(layer, original head): score}, a name) from a HeadScores, a method name, or "random".
 
     A method is scored on the SAME calibration inputs the refit uses (the one calibration path), so
@@ -175,7 +191,7 @@ def resolve_scores(model, order, *, calibration=DEFAULT_CALIBRATION, seed: int =
         if order == "random":
             return _plan.random_scores(model, seed), f"random(seed={seed})"
         from headcount.analysis import importance
-        return _plan.head_scores(model, importance(model, method=order, progress=False, **scoring_inputs(
+        return _plan.head_scores(model, importance(model, method=order, progress=False, group=group, **scoring_inputs(
             model, calibration, calibration_windows=calibration_windows, window=window))), order
     return _plan.head_scores(model, order), getattr(order, "method", "scores")
 
@@ -208,7 +224,7 @@ def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "que
     if not ready:  # texts (or None, "mixed"): batch once, then score and refit on the same batches
         calibration = calibration_batches(model, calibration, calibration_windows=calibration_windows, window=window)
     scores, name = resolve_scores(model, order, calibration=calibration, seed=seed,
-                                  calibration_windows=calibration_windows, window=window)
+                                  calibration_windows=calibration_windows, window=window, group=kwargs.get("group"))
     chosen = _plan.plan_fraction(model, fraction, scores, mode=mode, uniform=bool(uniform))
     result = prune(model, chosen, mode=mode, compensate=compensate, calibration=calibration, **kwargs)
     result.order, result.fraction, result.uniform = name, float(fraction), bool(uniform)
