@@ -22,7 +22,11 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
 
 def resolve_texts(texts: str | Sequence[str] | None, part: str = "calibration") -> list[str]:
-    """texts as a list of strings; None = that part of the default corpus."""
+    """texts as a list of strings; None = that part of the default corpus; "mixed" = that part of the
+    default corpus's prose followed by the code-like text (mixed_texts): the text half of the one
+    calibration path (calibration_batches), for steps that build their own probes from text (roles)."""
+    if isinstance(texts, str) and texts == "mixed":
+        return mixed_texts(part)
     if texts is None:
         if part not in PARTS:
             raise ValueError(f"part: expected one of {PARTS}, got {part!r}")

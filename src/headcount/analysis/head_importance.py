@@ -102,8 +102,10 @@ def _inputs(model, texts, windows, *, window: int, max_windows: int | None, max_
     """Shard the items r::world, then batch them. Returns (batches, total items over all ranks)."""
     device = model.embed.weight.device
     if objectives.is_decoder(model):
-        if windows is None:
-            windows = token_windows(model, texts, window=window, max_windows=max_windows, part=part)
+        if windows is None:  # the one calibration path: None, "mixed", a text or texts -> windows
+            from headcount.analysis.batches import calibration_batches
+            windows = torch.cat([b.ids.cpu() for b in calibration_batches(
+                model, texts, n_windows=max_windows or 10**9, window=window, part=part)])
         if not isinstance(windows, Tensor) or windows.dim() != 2 or windows.dtype != torch.long:
             raise ValueError("windows: expected a LongTensor [N, T] of token windows for a decoder")
         if windows.shape[1] < 2 or windows.shape[0] == 0:
