@@ -155,3 +155,12 @@ def test_linear_rope_scaling_is_implemented():
     ids = _ids(1, 40)
     with torch.no_grad():
         assert (ours(ids).logits - hf(ids).logits).abs().max().item() <= 1e-4
+
+
+def test_bench_exactness_family_row():
+    """`headcount bench exactness`'s random-family rows (one family here; the bench runs them all)."""
+    from headcount.models.exactness import random_family_vs_transformers, render
+
+    row = random_family_vs_transformers("qwen3", new_tokens=12)
+    assert row["max_abs_diff"] <= 1e-4 and row["greedy_equal"] and row["sliding_windows"].count(16) == 4
+    render({"families": [row]})

@@ -115,6 +115,12 @@ class DecoderConfig:
             return FULL
         return SLIDING if self.layer_types is None else self.layer_types[i]
 
+    def attention_kwargs(self, i: int) -> dict:
+        """What layer i's MultiHeadAttention gets beyond its head layout: softmax_scale, qk_norm_eps and
+        sliding_window (for code that rebuilds a layer's attention, e.g. from a saved per-layer layout)."""
+        return {"softmax_scale": self.softmax_scale, "qk_norm_eps": self.norm_eps if self.qk_norm else None,
+                "sliding_window": self.sliding_window if self.layer_type(i) == SLIDING else None}
+
     def to_dict(self) -> dict:
         d = asdict(self)
         if d["layer_types"] is not None:
@@ -201,10 +207,8 @@ class DecoderLayer(nn.Module):
         self.layer_type = cfg.layer_type(index)
         self.causal = cfg.causal
         self.attn_norm = _norm(cfg, factory)
-        self.attn = MultiHeadAttention(
-            cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim, bias=cfg.qkv_bias,
-            o_bias=cfg.o_bias, softmax_scale=cfg.softmax_scale, qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None,
-            sliding_window=cfg.sliding_window if self.layer_type == SLIDING else None, **factory)
+        self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
+                                       bias=cfg.qkv_bias, o_bias=cfg.o_bias, **cfg.attention_kwargs(index), **factory)
         if cfg.qk_norm and cfg.norm == "rms":  # Qwen3's q/k norms cast before the weight, like its other norms
             self.attn.q_norm.cast_before_weight = self.attn.k_norm.cast_before_weight = True
         self.post_attn_norm = _norm(cfg, factory) if cfg.post_norms else None

@@ -16,7 +16,8 @@ Definition (what `perplexity(model, texts, window)` computes, exactly):
 
 This is what transformers' causal-LM loss gives per window (labels = input_ids: the logits at
 position j - 1 predict token j), so the two agree on the same windows. NLLs are summed in float64.
-The logits are computed chunk by chunk so a 1024-token window never holds [1024, vocab] floats at once.
+The logits are computed chunk by chunk (decoder.chunked_nll) so a 1024-token window never holds
+[1024, vocab] floats at once: Gemma 3's vocabulary of 262,144 would make that 1 GiB.
 """
 
 from __future__ import annotations
@@ -26,14 +27,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 
+from headcount.models.decoder import chunked_nll
 from headcount.models.packing import packed
 
 Tensor = torch.Tensor
-
-LOGIT_CHUNK = 256  # positions per lm_head call (bounds memory at LOGIT_CHUNK x vocab floats)
-
 
 @dataclass(frozen=True)
 class PerplexityResult:
@@ -65,20 +63,14 @@ def windows(ids: Sequence[int], window: int) -> list[list[int]]:
     return [w for w in out if len(w) >= 2]
 
 
-def window_nll(model, input_ids: Tensor) -> Tensor:
-    """Summed NLL (float64) of tokens 1..L-1 of each row of input_ids [B, L] given the tokens before."""
+def window_nll(model, input_ids: Tensor, *, chunk: int | None = None) -> Tensor:
+    """Summed NLL (float64) of tokens 1..L-1 of each row of input_ids [B, L] given the tokens before.
+
+    The loss comes from the final hidden states through lm_head `chunk` positions at a time
+    (decoder.chunked_nll; None = a 128 MiB budget of fp32 logits): never a [B, L, vocab] tensor."""
     hidden = model(input_ids, compute_logits=False).hidden_states  # (B, L, d)
-    total = torch.zeros(input_ids.shape[0], dtype=torch.float64, device=input_ids.device)
-    length = input_ids.shape[1]
-    for start in range(0, length - 1, LOGIT_CHUNK):
-        end = min(start + LOGIT_CHUNK, length - 1)
-        logits = model.lm_head(hidden[:, start:end]).float()  # predicts tokens start+1 .. end
-        targets = input_ids[:, start + 1:end + 1]
-        # [B*T, vocab] rows, not the [B, vocab, T] layout: torch's log-softmax over a non-last dim
-        # is less accurate (5e-5 relative on SmolLM2 windows), enough to miss transformers' loss.
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-        total += nll.view(targets.shape).double().sum(dim=1)
-    return total
+    nll = chunked_nll(hidden[:, :-1], input_ids[:, 1:], model.lm_head, chunk=chunk)  # (B, L-1) float32
+    return nll.double().sum(dim=1)
 
 
 def evaluate_perplexity(model, texts: str | Sequence[str] | Sequence[int] | Tensor, window: int = 1024, *,
