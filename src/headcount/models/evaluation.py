@@ -33,6 +33,7 @@ from headcount.models.packing import packed
 
 Tensor = torch.Tensor
 
+
 @dataclass(frozen=True)
 class PerplexityResult:
     perplexity: float
