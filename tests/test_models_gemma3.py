@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
 from headcount.models import CheckpointError, Decoder, from_transformers, generate, load_checkpoint  # noqa: E402
-from headcount.models.decoder import BidirectionalEncoder  # noqa: E402
+from headcount.models.encoder import BidirectionalEncoder  # noqa: E402
 from headcount.models.formats.hf import (export_transformers, from_state_dict, to_transformers,  # noqa: E402
                                          to_transformers_state_dict)
 

@@ -2,7 +2,7 @@
 
     load("minilm") / load("smollm2") / load(path)      the zoo (zoo.py)
     Decoder, DecoderConfig                             Llama / Qwen2 / Qwen3 / Mistral / Gemma 3 / GPT-2 (decoder.py)
-    BidirectionalEncoder                               a decoder stack without the causal mask (EmbeddingGemma)
+    BidirectionalEncoder                               a decoder stack without the causal mask (encoder.py)
     chunked_nll                                        the loss from hidden states, never a [T, vocab] tensor
     Encoder, EncoderConfig                             BERT / MiniLM (encoder.py)
     from_transformers, load_checkpoint, save, export_*  every format in and out (formats/)
@@ -20,7 +20,7 @@ from headcount import lazy
 _EXPORTS = {
     "load": "zoo", "known_models": "zoo", "ModelNotFoundError": "zoo",
     "Decoder": "decoder", "DecoderConfig": "decoder", "DecoderOutput": "decoder",
-    "BidirectionalEncoder": "decoder", "chunked_nll": "decoder",
+    "BidirectionalEncoder": "encoder", "chunked_nll": "decoder",
     "Encoder": "encoder", "EncoderConfig": "encoder", "EncoderOutput": "encoder",
     "from_transformers": "headcount.models.formats.hf", "from_state_dict": "headcount.models.formats.hf", "load_checkpoint": "headcount.models.formats.hf",
     "to_transformers": "headcount.models.formats.hf", "export_transformers": "headcount.models.formats.hf",

@@ -83,7 +83,7 @@ class DecoderConfig:
     layer_types: tuple[str, ...] | None = None  # per layer FULL | SLIDING; None with a window = all sliding
     embed_scale: float | None = None  # embeddings x this, rounded to the weight dtype (Gemma: sqrt(d_model))
     post_norms: bool = False  # norms after the attention and the MLP as well (Gemma)
-    causal: bool = True  # False: bidirectional attention (embedding models; see BidirectionalEncoder)
+    causal: bool = True  # False: bidirectional attention (embedding models: encoder.BidirectionalEncoder)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -287,8 +287,8 @@ def chunked_nll(hidden: Tensor, targets: Tensor, lm_head: nn.Module, *, chunk: i
     return torch.cat(parts).view(targets.shape)
 
 
-class _Stack(nn.Module):
-    """embed (x embed_scale) -> positions -> layers -> norm: what Decoder and BidirectionalEncoder share."""
+class DecoderStack(nn.Module):
+    """embed (x embed_scale) -> positions -> layers -> norm: what Decoder and encoder.BidirectionalEncoder share."""
 
     def __init__(self, config: DecoderConfig, *, device=None, dtype=None):
         super().__init__()
@@ -356,7 +356,7 @@ class _Stack(nn.Module):
         return self.norm(x), weights
 
 
-class Decoder(_Stack):
+class Decoder(DecoderStack):
     """A decoder-only language model (Llama / Qwen2 / Qwen3 / Mistral / Gemma 3 / SmolLM2 / GPT-2 families).
 
     `layers[i].attn` is a headcount.MultiHeadAttention. `tokenizer` is set by the loaders.
@@ -364,7 +364,8 @@ class Decoder(_Stack):
 
     def __init__(self, config: DecoderConfig, *, device=None, dtype=None):
         if not config.causal:
-            raise ValueError("config.causal is False: a bidirectional model is a BidirectionalEncoder, not a Decoder")
+            raise ValueError("config.causal is False: a bidirectional model is an encoder.BidirectionalEncoder, "
+                             "not a Decoder")
         super().__init__(config, device=device, dtype=dtype)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False, device=device, dtype=dtype)
         if config.tie_embeddings:
@@ -414,36 +415,3 @@ class Decoder(_Stack):
         once the targets are shifted), without a [T, vocab] logits tensor."""
         nll = self.token_nll(hidden, targets, chunk=chunk, ignore_index=ignore_index)
         return nll.sum() / (targets != ignore_index).sum().clamp(min=1)
-
-
-class BidirectionalEncoder(_Stack):
-    """A decoder's stack run without the causal mask, as an encoder (transformers' Gemma 3 with
-    `use_bidirectional_attention`: EmbeddingGemma). No lm_head and no cache; its output is the last
-    hidden states, with the Encoder's contract: `model(input_ids, attention_mask).last_hidden_state`.
-
-    Sliding-window layers attend keys with |p - j| < config.sliding_window (both sides).
-    """
-
-    def __init__(self, config: DecoderConfig, *, device=None, dtype=None):
-        if config.causal:
-            raise ValueError("config.causal is True: a causal model is a Decoder")
-        super().__init__(config, device=device, dtype=dtype)
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
-                *, head_gates=None, need_weights: bool = False):
-        """input_ids [B, T] -> EncoderOutput(last_hidden_state [B, T, d], None, weights).
-        token_type_ids is accepted for the Encoder's signature and must be None or all zeros."""
-        from headcount.models.encoder import EncoderOutput
-
-        if token_type_ids is not None and bool(token_type_ids.ne(0).any()):
-            raise ValueError("token_type_ids: this model has no token types (pass None)")
-        x, weights = self._hidden(input_ids, cache=None, attention_mask=attention_mask, position_ids=None,
-                                  head_gates=head_gates, need_weights=need_weights)
-        return EncoderOutput(x, None, tuple(weights) if need_weights else None)
-
-    def embed_sentences(self, texts, *, normalize: bool = True) -> Tensor:
-        """Sentence embeddings [N, d] by mean pooling the last hidden states over real tokens,
-        L2-normalised by default (sentence-transformers' projection layers, if any, are not applied)."""
-        from headcount.models.encoder import mean_pool_sentences
-
-        return mean_pool_sentences(self, texts, normalize=normalize)

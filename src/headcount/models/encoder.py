@@ -1,4 +1,6 @@
-"""The BERT-family encoder (MiniLM, BERT): post-norm blocks on headcount.MultiHeadAttention.
+"""The BERT-family encoder (MiniLM, BERT): post-norm blocks on headcount.MultiHeadAttention; and
+BidirectionalEncoder, a decoder's stack without the causal mask (Gemma 3's use_bidirectional_attention:
+EmbeddingGemma), with the same output contract (`model(ids, mask).last_hidden_state`).
 
     input_ids, token_type_ids -> word + position + token-type embeddings -> LayerNorm
       -> n_layers x [ x = norm(x + attn(x)) ; x = norm(x + mlp(x)) ]      (post-norm, GELU MLP)
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headcount.attention import MultiHeadAttention
-from headcount.models.decoder import layer_gates
+from headcount.models.decoder import DecoderConfig, DecoderStack, layer_gates
 
 Tensor = torch.Tensor
 
@@ -156,3 +158,32 @@ def mean_pool_sentences(model, texts, *, normalize: bool = True) -> Tensor:
     m = mask.unsqueeze(-1).to(hidden.dtype)
     pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
     return F.normalize(pooled, dim=-1) if normalize else pooled
+
+
+class BidirectionalEncoder(DecoderStack):
+    """A decoder's stack run without the causal mask, as an encoder (transformers' Gemma 3 with
+    `use_bidirectional_attention`: EmbeddingGemma). No lm_head and no cache; its output is the last
+    hidden states, with the Encoder's contract: `model(input_ids, attention_mask).last_hidden_state`.
+
+    Sliding-window layers attend keys with |p - j| < config.sliding_window (both sides).
+    """
+
+    def __init__(self, config: DecoderConfig, *, device=None, dtype=None):
+        if config.causal:
+            raise ValueError("config.causal is True: a causal model is a Decoder")
+        super().__init__(config, device=device, dtype=dtype)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, token_type_ids: Tensor | None = None,
+                *, head_gates=None, need_weights: bool = False) -> EncoderOutput:
+        """input_ids [B, T] -> EncoderOutput(last_hidden_state [B, T, d], None, weights).
+        token_type_ids is accepted for the Encoder's signature and must be None or all zeros."""
+        if token_type_ids is not None and bool(token_type_ids.ne(0).any()):
+            raise ValueError("token_type_ids: this model has no token types (pass None)")
+        x, weights = self._hidden(input_ids, cache=None, attention_mask=attention_mask, position_ids=None,
+                                  head_gates=head_gates, need_weights=need_weights)
+        return EncoderOutput(x, None, tuple(weights) if need_weights else None)
+
+    def embed_sentences(self, texts, *, normalize: bool = True) -> Tensor:
+        """Sentence embeddings [N, d] by mean pooling the last hidden states over real tokens,
+        L2-normalised by default (sentence-transformers' projection layers, if any, are not applied)."""
+        return mean_pool_sentences(self, texts, normalize=normalize)

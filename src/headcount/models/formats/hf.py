@@ -35,8 +35,8 @@ from typing import Mapping
 
 import torch
 
-from headcount.models.decoder import BidirectionalEncoder, Decoder, DecoderConfig
-from headcount.models.encoder import Encoder, EncoderConfig
+from headcount.models.decoder import Decoder, DecoderConfig
+from headcount.models.encoder import BidirectionalEncoder, Encoder, EncoderConfig
 from headcount.models.formats.errors import CheckpointError
 from headcount.models.formats.hf_config import decoder_config, encoder_config, model_type, read_config
 from headcount.models.formats.native import check_out, tokenizer_writer, write_dir
