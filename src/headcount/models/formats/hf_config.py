@@ -1,6 +1,20 @@
 """transformers config.json -> headcount DecoderConfig / EncoderConfig.
 
 Every field that changes the computation is read or refused by name; nothing is silently ignored.
+
+- llama / mistral / qwen2 / qwen3: rotary default or "linear" (rope_parameters, or the older rope_theta +
+  rope_scaling); other rope types (llama3, yarn, dynamic, ...) and partial_rotary_factor are refused.
+  mistral: `sliding_window` on every layer (null = full attention; a missing field is transformers'
+  default 4096; `layer_types` is ignored, as MistralModel ignores it). qwen2 / qwen3: sliding windows are
+  implemented: with use_sliding_window, on the layers `layer_types` marks (else layers >= max_window_layers).
+- gemma3_text: transformers' Gemma3TextConfig defaults fill what a file leaves out; layer_types (or
+  sliding_window_pattern, default 6); rope per layer type (rope_parameters.{full,sliding}_attention, or
+  rope_theta / rope_local_base_freq / rope_scaling, the last on global layers only); softmax scale
+  query_pre_attn_scalar ** -0.5; embeddings x hidden_size ** 0.5. use_bidirectional_attention gives
+  causal=False with the window transformers uses, |p - j| < sliding_window // 2 + 1.
+- gemma3 (image + text): its text_config (tie_word_embeddings and token ids from the outer config).
+- Refused wherever set: final_logit_softcapping, attn_logit_softcapping, partial_rotary_factor,
+  attention_chunk_size, no_rope_layers, and the Granite-style multipliers.
 """
 
 from __future__ import annotations
