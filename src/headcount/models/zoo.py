@@ -189,8 +189,10 @@ def load(name: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir: str
         elif ZOO[key].packaged is not None:
             path, sha = packaged_gguf(key, cache_dir=cache_dir)
             model = load_gguf(path, dtype=dtype, cache_dir=cache_dir, sha256=sha)
+            model.source_gguf = path  # export_gguf copies the tokenizer fields from it
         else:
             model = load_gguf(smollm2_gguf(), dtype=dtype, cache_dir=cache_dir)
+            model.source_gguf = smollm2_gguf()
         model.name = key
         return model
     path = Path(key).expanduser()
@@ -200,6 +202,7 @@ def load(name: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir: str
     if path.is_file() and path.suffix == ".gguf":
         model = load_gguf(path, dtype=dtype, cache_dir=cache_dir)
         model.name = str(path)
+        model.source_gguf = path
         return model
     if path.is_file():
         raise ModelNotFoundError(f"{path}: a file, not a checkpoint directory or a .gguf file")

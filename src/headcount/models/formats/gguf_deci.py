@@ -307,19 +307,23 @@ def _json(path: Path) -> dict | None:
 
 
 def source_gguf(model) -> Path | None:
-    """The GGUF file `model` was loaded from, followed through headcount saves and GGUF caches, or None."""
+    """The GGUF file `model` was loaded from (`model.source_gguf`, which headcount.models.load sets on models
+    born from a GGUF and headcount saves keep), else followed through `model.name` to a .gguf file, a save or
+    a GGUF cache directory; None when there is none."""
+    given = getattr(model, "source_gguf", None)
+    if given is not None and Path(given).is_file():
+        return Path(given)
     name, seen = getattr(model, "name", None), set()
     while name is not None and str(name) not in seen and len(seen) < 16:
         seen.add(str(name))
-        if str(name) == "smollm2":
-            from headcount.models.zoo import smollm2_gguf
-            return smollm2_gguf()
         path = Path(str(name)).expanduser()
         if path.is_file() and path.suffix == ".gguf":
             return path
         meta = _json(path / "headcount.json") if path.is_dir() else None
         if meta is None:
             return None
+        if meta.get("format") == "headcount" and meta.get("source_gguf"):
+            return Path(meta["source_gguf"])
         # a headcount save records the model's name; a GGUF cache directory its source file
         name = meta.get("name") if meta.get("format") == "headcount" else meta.get("source")
     return None

@@ -134,6 +134,8 @@ def write(model, directory: str | Path, *, force: bool = False) -> Path:
     tok = model.tokenizer
     meta = {
         "format": FORMAT, "version": VERSION, "kind": kind, "name": model.name, "config": config,
+        # the GGUF file the model came from (export_gguf copies its tokenizer fields), when there is one
+        "source_gguf": str(getattr(model, "source_gguf", None) or "") or None,
         "layers": [layer_layout(layer.attn) for layer in model.layers],
         "tokenizer": None if tok is None else {
             "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
@@ -229,6 +231,8 @@ def read(directory: str | Path, *, dtype: torch.dtype = torch.float32):
             raise CheckpointError(f"{tok_path}: missing ({CONFIG_FILE} records a tokenizer)")
         model.tokenizer = Tokenizer.from_file(tok_path, **tok_meta)
     model.name = str(directory)
+    if meta.get("source_gguf"):
+        model.source_gguf = Path(meta["source_gguf"])
     return model.eval()
 
 
