@@ -55,12 +55,14 @@ def _layout_error(source: str, i: int, msg: str) -> CheckpointError:
 
 
 def attention_from_layout(layout: dict, *, d_model: int, head_dim: int, source: str, index: int,
-                          dtype=None) -> MultiHeadAttention:
+                          dtype=None, **attention_kwargs) -> MultiHeadAttention:
     """A MultiHeadAttention with exactly this layout (weights uninitialised).
 
     Uniform groups are built directly. Uneven groups (what pruning leaves) are built the way they
     arose: a module with n_kv_heads groups of the largest group size, then prune_heads removes the
     surplus query heads, so kv_head_of (and the kernels' kv_index) come out as the pruner made them.
+    attention_kwargs: what the layer's attention gets beyond its heads (DecoderConfig.attention_kwargs(i):
+    softmax_scale, qk_norm_eps, sliding_window), so q/k norms and windows survive a reload.
     """
     try:
         nh, nkv = int(layout["n_heads"]), int(layout["n_kv_heads"])
@@ -80,7 +82,7 @@ def attention_from_layout(layout: dict, *, d_model: int, head_dim: int, source: 
     if len(set(kept)) != nh:
         raise _layout_error(source, index, f"kept_heads={kept} has duplicates")
     uniform = nh % nkv == 0 and all(k == i // (nh // nkv) for i, k in enumerate(kv_of))
-    factory = {"dtype": dtype}
+    factory = {"dtype": dtype, **attention_kwargs}
     if uniform:
         attn = MultiHeadAttention(d_model, nh, n_kv_heads=nkv, head_dim=head_dim, bias=qkv_bias, o_bias=o_bias,
                                   **factory)
@@ -102,8 +104,9 @@ def attention_from_layout(layout: dict, *, d_model: int, head_dim: int, source: 
 def _config_dict(model) -> tuple[str, dict]:
     from headcount.models.encoder import Encoder
 
-    kind = "encoder" if isinstance(model, Encoder) else "decoder"
-    return kind, model.config.to_dict()
+    if isinstance(model, Encoder):
+        return "encoder", model.config.to_dict()
+    return ("decoder" if getattr(model.config, "causal", True) else "bidirectional"), model.config.to_dict()
 
 
 def _tensors(model) -> dict[str, torch.Tensor]:
@@ -207,8 +210,13 @@ def read(directory: str | Path, *, dtype: torch.dtype = torch.float32):
             cfg = EncoderConfig(**meta["config"])
             with no_init():
                 model = Encoder(cfg, dtype=dtype)
+        elif kind == "bidirectional":  # a decoder's stack without the causal mask (EmbeddingGemma)
+            from headcount.models.encoder import BidirectionalEncoder
+            cfg = DecoderConfig(**meta["config"])
+            with no_init():
+                model = BidirectionalEncoder(cfg, dtype=dtype)
         else:
-            raise CheckpointError(f"{source}: kind {kind!r}; expected 'decoder' or 'encoder'")
+            raise CheckpointError(f"{source}: kind {kind!r}; expected 'decoder', 'bidirectional' or 'encoder'")
     except TypeError as e:
         raise CheckpointError(f"{source}: config does not fit a {kind} ({e})") from None
     layers = meta["layers"]
@@ -217,8 +225,13 @@ def read(directory: str | Path, *, dtype: torch.dtype = torch.float32):
                               f"{len(layers) if isinstance(layers, list) else type(layers).__name__}")
     with no_init():
         for i, (layer, layout) in enumerate(zip(model.layers, layers)):
+            extra = cfg.attention_kwargs(i) if hasattr(cfg, "attention_kwargs") else {}
+            old = layer.attn
             layer.attn = attention_from_layout(layout, d_model=cfg.d_model, head_dim=_head_dim(cfg), source=source,
-                                               index=i, dtype=dtype)
+                                               index=i, dtype=dtype, **extra)
+            for name in ("q_norm", "k_norm"):  # the norm's rounding order (Qwen3 vs Gemma) as the model built it
+                if getattr(old, name, None) is not None:
+                    getattr(layer.attn, name).cast_before_weight = getattr(old, name).cast_before_weight
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
