@@ -55,3 +55,20 @@ def test_minilm_rank_against_the_bound(minilm):
                for s in j["summary"])
     with pytest.raises(ValueError, match="lengths"):
         rank(minilm, text, lengths=[1000], progress=False)
+
+
+def test_scores_include_the_qk_norms():
+    """With q/k RMSNorm (Gemma 3, Qwen3) the recomputed scores still reproduce the module's own weights."""
+    torch.manual_seed(0)
+    attn = MultiHeadAttention(32, 4, n_kv_heads=1, head_dim=8, qk_norm_eps=1e-6).eval()
+    with torch.no_grad():
+        attn.q_norm.weight.uniform_(0.5, 2.0)
+        attn.k_norm.weight.uniform_(0.5, 2.0)
+    rot = RotaryEmbedding(8, 64)
+    x = torch.randn(1, 10, 32)
+    s = score_matrices(attn, x, rot.hook(0, 10))
+    with torch.no_grad():
+        w = attn(x, is_causal=True, need_weights=True, qk_transform=rot.hook(0, 10)).weights
+    causal = torch.ones(10, 10, dtype=torch.bool).tril()
+    want = torch.softmax((s * attn.softmax_scale).masked_fill(~causal, float("-inf")), -1)
+    torch.testing.assert_close(w.double(), want, atol=1e-5, rtol=1e-4)

@@ -67,7 +67,8 @@ def rank_from_singular_values(s: Tensor, rtol: float) -> int:
 
 
 def score_matrices(attn, x: Tensor, qk_transform=None) -> Tensor:
-    """[B, n_heads, T, T] float64 Q K^T per query head (after qk_transform), recomputed from qkv_proj."""
+    """[B, n_heads, T, T] float64 Q K^T per query head (after the q/k norms and qk_transform), recomputed from
+    qkv_proj."""
     nh, nkv, dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
     w = attn.qkv_proj.weight.double()
     b = attn.qkv_proj.bias.double() if attn.qkv_proj.bias is not None else None
@@ -75,6 +76,8 @@ def score_matrices(attn, x: Tensor, qk_transform=None) -> Tensor:
     qkv = F.linear(x.double(), w, b).view(batch, t, nh + 2 * nkv, dh)
     q = qkv[:, :, :nh].transpose(1, 2)
     k = qkv[:, :, nh:nh + nkv].transpose(1, 2)
+    if getattr(attn, "q_norm", None) is not None:  # per-head q/k RMSNorm (Gemma 3, Qwen3), before rotary
+        q, k = attn.q_norm(q), attn.k_norm(k)
     if qk_transform is not None:
         q, k = qk_transform(q, k)
     index = torch.tensor(attn.kv_head_of, device=k.device)
