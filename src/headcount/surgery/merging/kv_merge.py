@@ -21,6 +21,11 @@ method="aware": activation-aware and rotary-respecting, computed from calibratio
     explicit query -> KV head map (grouping="auto" picks which old heads share a new one from
     calibration; "contiguous" keeps runs of consecutive heads).
 
+Key norms (Gemma 3, Qwen3: RMSNorm per head on K before rotary): the key statistics are taken on the
+projected keys before the norm, and the merged key head is a combination of the old heads' projection rows
+that the layer's k_norm then normalises again; exact when the merged heads' keys are equal, otherwise one
+more approximation, which the o_proj refit and the local reconstruction (local_steps) absorb in part.
+
 Calibration: None = the calibration part of the default corpus (decoders: `n_windows` windows of
 `window` tokens; encoders: sentences); nothing here reads held-out text.
 """
@@ -123,6 +128,10 @@ def _targets(model, n_kv_heads, layers, method: str) -> dict[int, int]:
     bad = [i for i in wanted if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n_layers]
     if bad:
         raise ValueError(f"layers: expected indices in [0, {n_layers}) ({n_layers} layers), got {sorted(bad)}")
+    if plan is None and not isinstance(n_kv_heads, dict) and all(model.layers[i].attn.n_kv_heads == 1
+                                                                   for i in wanted):
+        raise ValueError("n_kv_heads: every layer asked for already has ONE KV head (multi-query attention, as "
+                         "Gemma 3 ships); there is nothing to merge")
     for i, n in sorted(wanted.items()):
         attn = model.layers[i].attn
         if isinstance(n, bool) or not isinstance(n, int):
