@@ -204,3 +204,14 @@ def test_real_model_prune_equals_gates(smollm2):
         got = model(ids).logits
     assert (got - want).abs().max().item() < 1e-4
     assert result.kv_bytes_per_token_after == result.kv_bytes_per_token_before - 2 * 64 * 4  # layer 12 lost a group
+
+
+def test_group_mode_on_a_multi_query_model_is_refused():
+    """Gemma 3's layers have one KV head: a whole group is the layer's attention, so group mode says so."""
+    from headcount.models import Decoder, DecoderConfig
+
+    model = Decoder(DecoderConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=1, head_dim=8,
+                                  d_ff=32, max_position=64))
+    with pytest.raises(ValueError, match="ONE KV head"):
+        prune_to(model, 0.3, mode="group", order="random", compensate="none")
+    assert all(layer.attn.n_heads == 4 for layer in model.layers)

@@ -145,6 +145,10 @@ def plan_fraction(model, fraction: float, scores: dict[tuple[int, int], float], 
     fraction = _check_fraction(fraction)
     check_mode(mode)
     lay = layout(model)
+    if mode == "group" and all(len(groups_of(model, layer)) == 1 for layer in range(len(lay))):
+        raise ValueError("mode: 'group' removes whole GQA groups, and every layer of this model has ONE KV head "
+                         "(multi-query attention, as Gemma 3 ships): a group is the whole layer's attention. "
+                         "Use mode='query' (--mode query), which keeps the one KV head")
     key = lambda lh: (scores[lh], lh)  # noqa: E731  ties broken by (layer, head)
     plan: dict[int, list[int]] = {}
     if mode == "query" and not uniform:

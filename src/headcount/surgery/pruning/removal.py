@@ -221,7 +221,8 @@ def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "que
     window = kwargs.get("window", WINDOW)
     ready = isinstance(calibration, Tensor) or (isinstance(calibration, list) and calibration
                                                 and isinstance(calibration[0], tuple))
-    if not ready:  # texts (or None, "mixed"): batch once, then score and refit on the same batches
+    needs = compensate != "none" or (isinstance(order, str) and order != "random")
+    if not ready and needs:  # texts (or None, "mixed"): batch once, then score and refit on the same batches
         calibration = calibration_batches(model, calibration, calibration_windows=calibration_windows, window=window)
     scores, name = resolve_scores(model, order, calibration=calibration, seed=seed,
                                   calibration_windows=calibration_windows, window=window, group=kwargs.get("group"))
