@@ -35,7 +35,8 @@ import torch
 
 from headcount.models.formats.errors import CheckpointError
 from headcount.models.formats.hf import load_checkpoint
-from headcount.models.packages import PACKAGED, PackageError, PackagedGGUF, assembled_gguf  # noqa: F401 (PackageError: re-exported)
+from headcount.models.packages import PackageError  # noqa: F401 (re-exported: a damaged / missing part)
+from headcount.models.packages import PACKAGED, PackagedGGUF, assembled_gguf
 
 
 class ModelNotFoundError(ValueError):

