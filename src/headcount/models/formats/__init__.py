@@ -3,7 +3,8 @@ trip is read in one file.
 
     hf.py          transformers checkpoints (config.json + safetensors): load_checkpoint, from_transformers,
                    to_transformers, export_transformers; hf_config.py turns config.json into our configs
-    gguf.py        llama.cpp GGUF files -> dequantised safetensors cache (llama; cache_root, architecture)
+    gguf.py        llama.cpp GGUF files -> dequantised transformers checkpoint cache (llama, qwen2, gemma3;
+                   cache_root, architecture read from the header before hashing)
     gguf_deci.py   llama.cpp's `deci` GGUF (per-layer head counts): load_deci and export_gguf
     native.py      headcount's own saved format (per-layer layouts): read / write / save
     tensors.py     what every reader shares: checked safetensors reads, weight assignment, no_init
