@@ -3,6 +3,8 @@
     prune(model, heads, *, mode, compensate, calibration)   pruning/removal.py (plan.py, compensate.py)
     prune_to(model, fraction, *, order, mode, compensate)   pruning/removal.py
     pruning_curve(model, *, fractions, orders, ...)         pruning/curve.py
+    train_gates(model, *, heads_to_keep | fraction, steps)  pruning/gates.py (hard-concrete L0 gates)
+    prune_l0(model, *, fraction, steps, compensate)         pruning/gates.py (train_gates + apply_gates)
     merge_kv(model, n_kv_heads, *, layers, method)          merging/kv_merge.py (fit.py, refine.py, stream.py)
     merge_plan(model, budget)                               merging/planner.py
     uptrain(model, steps, *, lr, trainable)                 merging/uptraining.py
@@ -22,6 +24,7 @@ _EXPORTS = {
     # module names differ from the function names: an imported submodule `prune` would shadow prune()
     "prune": _P + "removal", "prune_to": _P + "removal", "PruneResult": _P + "removal",
     "pruning_curve": _P + "curve", "PruningCurve": _P + "curve",
+    "train_gates": _P + "gates", "apply_gates": _P + "gates", "prune_l0": _P + "gates", "GateResult": _P + "gates",
     "merge_kv": _M + "kv_merge", "MergeResult": _M + "kv_merge",
     "merge_plan": _M + "planner", "MergePlan": _M + "planner",
     "uptrain": _M + "uptraining", "UptrainResult": _M + "uptraining",

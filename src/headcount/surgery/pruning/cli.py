@@ -1,6 +1,12 @@
 """`headcount prune` (one pruned model, or --curve). Registered through headcount.surgery.cli; shared helpers
 in surgery/cli_common.py; no torch import at module level. Bad input: one line on stderr, exit 2,
-nothing written (every check runs before the model is loaded or the output directory is touched).
+nothing written (every check runs before the model is loaded or the output directory is touched; the
+checks that need the model, such as --method l0's gate target and whether the gates reached it, run
+before anything is saved).
+
+--method retraining-free (the default): heads chosen by --order on the unpruned model. --method l0: heads
+chosen by trained hard-concrete gates (headcount.surgery.train_gates, --steps, --lr); the JSON's
+`method` key says which, and for l0 `prune.gates` holds the GateResult.
 """
 
 from __future__ import annotations
@@ -13,6 +19,9 @@ import typer
 
 PRUNE_JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
                    "kv_bytes_per_token_after", "ppl_before", "ppl_after")
+METHODS = ("retraining-free", "l0")
+L0_STEPS = 150  # --method l0's default: about 15 minutes for smollm2 on 2 cores (windows of 256, batches of 2)
+L0_LR = 0.1
 
 
 def register(app, bench_app) -> None:
@@ -41,15 +50,34 @@ def register(app, bench_app) -> None:
         eval_windows: int = typer.Option(8, "--eval-windows", help="held-out windows of 512 tokens measured "
                                          "(encoders: 16 sentences per window)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        method: str = typer.Option("retraining-free", "--method", help="retraining-free (heads chosen by --order) "
+                                   "or l0 (trained hard-concrete gates choose them; --steps, --lr)"),
+        steps: Optional[int] = typer.Option(None, "--steps", help=f"--method l0: gate training steps (default "
+                                            f"{L0_STEPS})"),
+        lr: Optional[float] = typer.Option(None, "--lr", help=f"--method l0: the gates' learning rate (default {L0_LR})"),
     ) -> None:
-        """Remove attention heads (retraining-free, with compensation); print before/after and save."""
+        """Remove attention heads (retraining-free order, or trained L0 gates; with compensation); print
+        before/after and save. --force also prunes when the L0 gates missed their target."""
         with _one_line_errors("prune"):
             for name, value, allowed in (("--mode", mode, ("query", "group")),
-                                         ("--compensate", compensate, ("none", "mean", "lstsq"))):
+                                         ("--compensate", compensate, ("none", "mean", "lstsq")),
+                                         ("--method", method, METHODS)):
                 if value not in allowed:
                     raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
             if calibration_windows < 1 or eval_windows < 1:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
+            if method == "l0":
+                steps = L0_STEPS if steps is None else steps
+                if steps < 1:
+                    raise ValueError(f"--steps: --method l0 trains gates for at least 1 step, got {steps}")
+                lr = L0_LR if lr is None else lr
+                if not lr > 0:
+                    raise ValueError(f"--lr: expected a positive learning rate, got {lr}")
+                if curve:
+                    raise ValueError("--method: --curve compares retraining-free orders; use --method l0 without "
+                                     "--curve (or `headcount bench surgery --part gates`)")
+            elif steps is not None or lr is not None:
+                raise ValueError(f"--{'steps' if steps is not None else 'lr'}: only with --method l0 (gate training)")
             if curve:
                 if png is not None:
                     from headcount.paths import check_png
@@ -61,7 +89,7 @@ def register(app, bench_app) -> None:
             out = check_out_dir(out, force)
             cal, held, source = calibration_and_held_out(text)
             result = _prune_one(model, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
-                                calibration_windows, eval_windows)
+                                calibration_windows, eval_windows, method, steps, lr)
         if json_out:
             typer.echo(json.dumps(result, indent=2))
             return
@@ -74,19 +102,31 @@ def register(app, bench_app) -> None:
             rows.append((f"held-out perplexity ({source})", before, after))
         else:
             rows.append(("held-out embedding cosine", 1.0, result["fidelity_after"]["cosine"]))
-        before_after_table(rows, f"{model}: {result['prune']['heads_removed']} heads removed ({mode} mode, order "
-                     f"{result['prune']['order']}, compensate {compensate})")
+        how = (f"L0 gates, {steps} steps" if method == "l0" else f"order {result['prune']['order']}")
+        before_after_table(rows, f"{model}: {result['prune']['heads_removed']} heads removed ({mode} mode, {how}, "
+                                 f"compensate {compensate})")
+        if method == "l0":
+            g = result["prune"]["gates"]
+            typer.echo(f"gates: expected L0 {g['final_expected_l0']:.1f} (target {g['heads_to_keep']}); removed "
+                       f"{g['n_removed_closed']} closed + {g['n_removed_ranked']} by rank; "
+                       f"{g['forward_equivalents']:.0f} forward-pass equivalents, {g['seconds']:.0f} s")
         typer.echo(f"saved to {out} (headcount.models.load / --model {out})")
 
     def _prune_one(model_name, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
-                   calibration_windows, eval_windows) -> dict:
+                   calibration_windows, eval_windows, method="retraining-free", steps=None, lr=None) -> dict:
         from headcount.models import load
         from headcount.surgery import prune_to, save
 
         model = load(model_name)
+        gates = _train_l0(model, fraction, mode, cal, steps, lr, force) if method == "l0" else None
         ppl_before, reference = held_out_quality(model, held, eval_windows, 512)
-        result = prune_to(model, fraction, order=order, mode=mode, compensate=compensate, uniform=uniform,
-                          calibration=cal, seed=seed, calibration_windows=calibration_windows)
+        if gates is not None:
+            from headcount.surgery import apply_gates
+            result = apply_gates(model, gates, compensate=compensate, calibration=cal, force=True,
+                                 calibration_windows=calibration_windows)
+        else:
+            result = prune_to(model, fraction, order=order, mode=mode, compensate=compensate, uniform=uniform,
+                              calibration=cal, seed=seed, calibration_windows=calibration_windows)
         ppl_after, _ = held_out_quality(model, held, eval_windows, 512, reference)
         save(model, out, force=force)
         data = {k: getattr(result, k) for k in PRUNE_JSON_KEYS if k.startswith(("heads", "params", "kv_bytes"))}
@@ -97,8 +137,26 @@ def register(app, bench_app) -> None:
             data["ppl_before"] = data["ppl_after"] = None
             data["fidelity_after"] = {"cosine": ppl_after[0], "spearman": ppl_after[1]}
         data["out"] = str(out)
+        data["method"] = result.method or method
         data["prune"] = result.to_json()
         return data
+
+    def _train_l0(model, fraction, mode, cal, steps, lr, force):
+        """Train the gates (every check first, naming the flag); refuse a missed target unless --force."""
+        from headcount.surgery.pruning.gates import REACH_TOLERANCE, gate_count, resolve_target, train_gates
+
+        unit = "query heads" if mode == "query" else "KV groups"
+        try:
+            resolve_target(*gate_count(model, mode), fraction=fraction, unit=unit)
+        except ValueError as e:
+            raise ValueError(f"--{e}") from None
+        gates = train_gates(model, fraction=fraction, steps=steps, lr=lr, calibration=cal, mode=mode)
+        if not gates.reached and not force:
+            raise ValueError(f"--steps: the L0 target is unreachable in {steps} steps: the gates' expected L0 ended at "
+                             f"{gates.final_expected_l0:.1f} open {unit}, target {gates.heads_to_keep} of "
+                             f"{gates.n_gates} (more than {REACH_TOLERANCE:.0%} off); nothing written. Give more "
+                             "--steps or a larger --lr, or --force to prune by the gates' ranking anyway")
+        return gates
 
     def _curve(model_name, text, mode, uniform, png, json_out, calibration_windows, eval_windows) -> None:
         from headcount.models import load
