@@ -217,3 +217,38 @@ def test_force_prunes_by_rank_when_the_target_was_missed(tmp_path, saved_tiny):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
     assert data["heads_after"] == 4 and not data["prune"]["gates"]["reached"]
+
+
+# -------------------------------------------------------------------------------------------- bench
+def test_agreement_counts_shared_kept_heads():
+    from headcount.surgery.pruning.gates_bench import agreement
+
+    a = agreement({0: [0, 1], 1: [2]}, {"0": [1], "1": [2, 3]})
+    assert a["shared_kept"] == 2 and a["jaccard"] == 0.5 and a["only_l0"] == [(0, 0)]
+    assert a["only_retraining_free"] == [(1, 3)] and a["per_layer_kept"] == {"l0": [2, 1], "retraining-free": [1, 2]}
+
+
+def test_bench_gates_from_prints_one_table_and_plots(tmp_path):
+    from headcount.surgery.pruning.gates_bench import agreement
+
+    def pts(base, f):
+        return [{"fraction": f, "method": m, "heads_kept": 4, "seconds": 1.0,
+                 "ppl_by_text": {"prose": base * k, "code": 2 * base * k}} for m, k in
+                (("retraining-free", 1.5), ("l0 + lstsq", 1.2), ("l0 (no refit)", 1.3))]
+    gates = {"final_expected_l0": 4.2, "heads_to_keep": 4, "n_removed_closed": 3, "n_removed_ranked": 1}
+    section = {"quick": True, "settings": {"smollm2_steps": 3, "minilm_steps": 3, "lr": 0.5},
+               "smollm2": {"model": "smollm2", "heads": 8, "steps": 3, "base": {"ppl_by_text": {"prose": 10.0,
+                                                                                               "code": 20.0}},
+                           "points": pts(10.0, 0.5),
+                           "agreement": [{"fraction": 0.5, **agreement({0: [0, 1], 1: [0, 1]}, {0: [0, 2], 1: [0, 1]}),
+                                          "gates": gates}]},
+               "minilm": {"error": "RuntimeError: not run"}}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"gates": section}))
+    png = tmp_path / "gates.png"
+    result = runner.invoke(app, ["bench", "surgery", "--from", str(path), "--png", str(png)], env={"COLUMNS": "220"})
+    assert result.exit_code == 0, result.output
+    assert "12.000 (+20%)" in result.output and "15.000 (+50%)" in result.output  # l0 + lstsq, retraining-free
+    assert "3 / 4" in result.output and "minilm: not measured" in result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad(["bench", "surgery", "--part", "prune", "--png", str(tmp_path / "x.png")], "--png")

@@ -1,7 +1,7 @@
 """`headcount bench surgery`: every measured number of the surgery issues, each part measured by the bench
-that sits beside its code (pruning/bench.py, merging/bench.py).
+that sits beside its code (pruning/bench.py, pruning/gates_bench.py, merging/bench.py).
 
-    run(part="all" | "prune" | "merge", quick=False) -> dict (JSON-ready)
+    run(part="all" | "prune" | "merge" | "gates", quick=False) -> dict (JSON-ready)
     render(result)                                     rich tables on stdout
 """
 
@@ -11,6 +11,9 @@ import sys
 
 from headcount.surgery.merging import bench as merge_bench
 from headcount.surgery.pruning import bench as prune_bench
+from headcount.surgery.pruning import gates_bench
+
+PARTS = ("prune", "merge", "gates", "all")
 
 
 def _log(msg: str) -> None:
@@ -18,15 +21,18 @@ def _log(msg: str) -> None:
 
 
 def run(part: str = "all", quick: bool = False, log=_log, checkpoint=None, orders=None,
-        curve_only: bool = False) -> dict:
-    """checkpoint: a JSON file rewritten after every finished section (a long run keeps what it measured)."""
-    if part not in ("prune", "merge", "all"):
-        raise ValueError(f"part: expected prune, merge or all, got {part!r}")
+        curve_only: bool = False, png=None) -> dict:
+    """checkpoint: a JSON file rewritten after every finished section (a long run keeps what it measured).
+    png: the gates part's plot (Voita's curve, both models)."""
+    if part not in PARTS:
+        raise ValueError(f"part: expected one of {', '.join(PARTS)}, got {part!r}")
     out: dict = {}
     if part in ("prune", "all"):
         out["prune"] = prune_bench.run_prune(quick, log, checkpoint, orders=orders, curve_only=curve_only)
     if part in ("merge", "all"):
         out["merge"] = merge_bench.run(quick=quick)
+    if part in ("gates", "all"):
+        out["gates"] = gates_bench.run_gates(quick, log, checkpoint, png=png)
     return out
 
 
@@ -35,3 +41,5 @@ def render(result: dict, console=None) -> None:
         prune_bench.render(result["prune"], console)
     if result.get("merge"):
         merge_bench.render(result["merge"], console)
+    if result.get("gates"):
+        gates_bench.render(result["gates"], console)

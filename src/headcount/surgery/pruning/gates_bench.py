@@ -1,0 +1,264 @@
+"""The gates part of `headcount bench surgery` (--part gates): Voita's curve, L0-trained gates against the
+retraining-free order at the same head counts, on both models.
+
+    run_gates(quick=False, log, checkpoint=None, png=None, overrides=None) -> dict (JSON-ready)
+    render(section, console=None)      one table of quality, one of the kept heads' agreement
+    plot(section, path)                one matplotlib PNG (smollm2 perplexity, minilm fidelity vs heads kept)
+
+For every fraction of query heads removed, from fresh copies of the unmodified model:
+  retraining-free   headcount.surgery.prune_to(model, fraction) with its defaults (order, compensation,
+                    calibration): what `headcount prune --fraction F` does
+  l0 + lstsq        train_gates (hard-concrete gates, distillation, Lagrangian on the expected L0), then
+                    apply_gates with the default least-squares refit of o_proj (`--method l0`)
+  l0 (no refit)     the same gates, compensate="none": the pruned model IS the gated model
+Both methods calibrate on removal.DEFAULT_CALIBRATION. Quality on held-out text only (surgery/held_out.py):
+smollm2 perplexity on held-out prose (default corpus) and code-like text (data.code_corpus); minilm mean
+cosine to the unmodified embeddings and Spearman of all pairwise similarities on held-out sentences.
+Which heads each method keeps is recorded; `agreement` counts the shared kept heads (and their Jaccard
+index) and lists the heads only one method keeps.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+
+METHODS = ("retraining-free", "l0 + lstsq", "l0 (no refit)")
+
+
+def _log(msg: str) -> None:
+    print(f"headcount bench surgery: {msg}", file=sys.stderr, flush=True)
+
+
+def settings(quick: bool) -> dict:
+    """quick: 2 fractions per model, few steps (a check that it runs, minutes); full: the curve (training
+    <= ~15 minutes per point on 2 cores: 150 steps of 2 windows of 256 tokens for smollm2)."""
+    if quick:
+        return {"smollm2_fractions": (0.3, 0.5), "minilm_fractions": (0.5, 0.75), "smollm2_steps": 20,
+                "minilm_steps": 40, "lr": 0.5, "n_windows": 4, "window": 256, "eval_windows": 2,
+                "held_out_sentences": 64}
+    return {"smollm2_fractions": (0.2, 0.3, 0.5, 0.7), "minilm_fractions": (0.25, 0.5, 0.75, 0.9),
+            "smollm2_steps": 150, "minilm_steps": 300, "lr": 0.1, "n_windows": 8, "window": 256, "eval_windows": 4,
+            "held_out_sentences": 256}
+
+
+def _layout(model) -> dict[int, list[int]]:
+    return {l: list(layer.attn.kept_heads) for l, layer in enumerate(model.layers)}
+
+
+def agreement(kept_a: dict, kept_b: dict) -> dict:
+    """Shared kept heads of two {layer: [original heads]} plans, their Jaccard index, and the differences."""
+    a = {(int(l), h) for l, hs in kept_a.items() for h in hs}
+    b = {(int(l), h) for l, hs in kept_b.items() for h in hs}
+    layers = sorted({l for l, _ in a | b})
+    return {"shared_kept": len(a & b), "kept": [len(a), len(b)], "jaccard": round(len(a & b) / max(len(a | b), 1), 4),
+            "only_l0": sorted(a - b), "only_retraining_free": sorted(b - a),
+            "per_layer_kept": {"l0": [sum(1 for x in a if x[0] == l) for l in layers],
+                               "retraining-free": [sum(1 for x in b if x[0] == l) for l in layers]}}
+
+
+def _quality(model, sets, refs) -> dict:
+    from headcount.surgery.held_out import evaluate
+
+    values = evaluate(model, sets, refs)
+    if refs is None:
+        return {"ppl_by_text": {k: float(v) for k, v in values.items()}}
+    cos, rho = next(iter(values.values()))
+    return {"cosine": float(cos), "spearman": float(rho)}
+
+
+def _model_section(name: str, fractions, steps: int, cfg: dict, log, save) -> dict:
+    import torch
+
+    from headcount.analysis.batches import is_decoder
+    from headcount.data import code_corpus
+    from headcount.models import load
+    from headcount.surgery.held_out import embed, held_out_sets
+    from headcount.surgery.pruning.gates import apply_gates, train_gates
+    from headcount.surgery.pruning.removal import DEFAULT_CALIBRATION, count_heads, prune_to
+
+    base = load(name).eval()
+    decoder = is_decoder(base)
+    held = {"prose": None, "code": code_corpus().texts("held_out")} if decoder else None
+    sets = held_out_sets(base, held, cfg["eval_windows"], 512, sentences=cfg["held_out_sentences"])
+    refs = None if decoder else {k: embed(base, v) for k, v in sets.items()}
+    heads = count_heads(base)[0]
+    out = {"model": name, "heads": heads, "steps": steps, "lr": cfg["lr"], "base": _quality(base, sets, refs),
+           "points": [], "agreement": []}
+    save()
+    for fraction in fractions:
+        t0 = time.perf_counter()
+        rf = copy.deepcopy(base)
+        r = prune_to(rf, fraction, progress=False)
+        point = {"fraction": fraction, "method": "retraining-free", "heads_kept": r.heads_after, "order": r.order,
+                 "seconds": round(time.perf_counter() - t0, 1), **_quality(rf, sets, refs)}
+        kept_rf = _layout(rf)
+        del rf
+        out["points"].append(point)
+        log(f"  {name} {fraction:.0%} retraining-free: {_fmt(point)}")
+        save()
+        torch.manual_seed(0)
+        gates = train_gates(base, fraction=fraction, steps=steps, lr=cfg["lr"], calibration=DEFAULT_CALIBRATION,
+                            n_windows=cfg["n_windows"], window=cfg["window"], progress=False)
+        log(f"  {name} {fraction:.0%} gates: expected L0 {gates.final_expected_l0:.1f} (target {gates.heads_to_keep}), "
+            f"{gates.n_removed_closed} closed + {gates.n_removed_ranked} ranked out, loss {gates.final_loss:.4f}, "
+            f"{gates.seconds:.0f} s")
+        for method, compensate in (("l0 + lstsq", "lstsq"), ("l0 (no refit)", "none")):
+            t1 = time.perf_counter()
+            m = copy.deepcopy(base)
+            res = apply_gates(m, gates, compensate=compensate, calibration=DEFAULT_CALIBRATION, force=True,
+                              progress=False)
+            point = {"fraction": fraction, "method": method, "heads_kept": res.heads_after,
+                     "seconds": round(gates.seconds + time.perf_counter() - t1, 1),
+                     "forward_equivalents": round(gates.forward_equivalents, 1), **_quality(m, sets, refs)}
+            del m
+            out["points"].append(point)
+            log(f"  {name} {fraction:.0%} {method}: {_fmt(point)}")
+            save()
+        out["agreement"].append({"fraction": fraction, **agreement(gates.kept, kept_rf),
+                                 "gates": {k: v for k, v in gates.to_json().items()
+                                           if k not in ("history", "loss", "log_alpha", "expected_l0", "target_l0")},
+                                 "expected_l0": gates.expected_l0[::max(1, steps // 50)]})
+        save()
+    return out
+
+
+def _fmt(p: dict) -> str:
+    if "ppl_by_text" in p:
+        return ", ".join(f"{k} ppl {v:.3f}" for k, v in p["ppl_by_text"].items()) + f" ({p['heads_kept']} heads)"
+    return f"cosine {p['cosine']:.4f}, spearman {p['spearman']:.4f} ({p['heads_kept']} heads)"
+
+
+def run_gates(quick: bool = False, log=_log, checkpoint=None, png=None, overrides: dict | None = None) -> dict:
+    """Both models' curves; checkpoint: a JSON file rewritten after every point (its other sections kept)."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 2)))  # 2 cores unless told otherwise
+    cfg = {**settings(quick), **(overrides or {})}
+    out: dict = {"quick": quick, "settings": {k: list(v) if isinstance(v, tuple) else v for k, v in cfg.items()}}
+    t0 = time.perf_counter()
+
+    def save() -> None:
+        if checkpoint is None:
+            return
+        try:
+            with open(checkpoint) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            data = {}
+        data = data if isinstance(data, dict) else {}
+        data["gates"] = out
+        with open(checkpoint, "w") as f:
+            json.dump(data, f, indent=1, default=str)
+
+    for name in ("smollm2", "minilm"):
+        fractions, steps = cfg[f"{name}_fractions"], cfg[f"{name}_steps"]
+        if not fractions:
+            continue
+        log(f"{name}: gates ({steps} steps, lr {cfg['lr']}) vs retraining-free at {list(fractions)} removed")
+        try:
+            out[name] = _model_section(name, fractions, steps, cfg, log, save)
+        except Exception as e:  # noqa: BLE001  a benchmark keeps what it measured
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+            log(f"{name} failed: {type(e).__name__}: {e}")
+        save()
+    out["seconds"] = round(time.perf_counter() - t0, 1)
+    if png is not None:
+        plot(out, png)
+        out["png"] = str(png)
+    save()
+    return out
+
+
+# ------------------------------------------------------------------------------------------- render
+def render(section: dict, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    s = section.get("settings", {})
+    kind = "quick" if section.get("quick") else "full"
+    table = Table(title=f"Trained L0 gates vs retraining-free pruning (held-out text; {kind} settings: smollm2 "
+                        f"{s.get('smollm2_steps')} / minilm {s.get('minilm_steps')} steps, lr {s.get('lr')}, "
+                        f"{s.get('n_windows')} windows of {s.get('window')})")
+    for col in ("model", "removed", "heads kept", "method", "prose ppl / cosine", "code ppl / Spearman", "seconds"):
+        table.add_column(col, justify="left" if col in ("model", "method") else "right")
+    for name in ("smollm2", "minilm"):
+        data = section.get(name)
+        if not data:
+            continue
+        if "error" in data:
+            console.print(f"{name}: not measured ({data['error']})")
+            continue
+        base = data["base"]
+        if "ppl_by_text" in base:
+            table.add_row(name, "0%", str(data["heads"]), "unmodified", f"{base['ppl_by_text']['prose']:.3f}",
+                          f"{base['ppl_by_text']['code']:.3f}", "")
+        else:
+            table.add_row(name, "0%", str(data["heads"]), "unmodified", "1.000", "1.000", "")
+        for p in data["points"]:
+            if "ppl_by_text" in p:
+                cells = [f"{p['ppl_by_text'][k]:.3f} ({(p['ppl_by_text'][k] / base['ppl_by_text'][k] - 1) * 100:+.0f}%)"
+                         for k in ("prose", "code")]
+            else:
+                cells = [f"{p['cosine']:.4f}", f"{p['spearman']:.4f}"]
+            table.add_row(name, f"{p['fraction']:.0%}", str(p["heads_kept"]), p["method"], *cells, f"{p['seconds']:.0f}")
+    console.print(table)
+    agree = Table(title="Which heads each keeps: L0 gates vs the retraining-free order")
+    for col in ("model", "removed", "shared kept", "Jaccard", "only L0", "only retraining-free", "gates: E[L0] / target",
+                "removed closed + ranked"):
+        agree.add_column(col, justify="left" if col == "model" else "right")
+    for name in ("smollm2", "minilm"):
+        data = section.get(name)
+        if not data or "error" in data:
+            continue
+        for a in data["agreement"]:
+            g = a["gates"]
+            agree.add_row(name, f"{a['fraction']:.0%}", f"{a['shared_kept']} / {a['kept'][0]}", f"{a['jaccard']:.2f}",
+                          str(len(a["only_l0"])), str(len(a["only_retraining_free"])),
+                          f"{g['final_expected_l0']:.1f} / {g['heads_to_keep']}",
+                          f"{g['n_removed_closed']} + {g['n_removed_ranked']}")
+    console.print(agree)
+
+
+def plot(section: dict, path) -> None:
+    """smollm2 held-out perplexity (prose, code) and minilm fidelity (cosine, Spearman) against heads kept."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    styles = {"retraining-free": "o-", "l0 + lstsq": "s-", "l0 (no refit)": "^--"}
+    for ax, name in zip(axes, ("smollm2", "minilm")):
+        data = section.get(name)
+        if not data or "error" in data:
+            ax.set_title(f"{name}: not measured")
+            continue
+        keys = ("prose", "code") if "ppl_by_text" in data["base"] else ("cosine", "spearman")
+        for method in METHODS:
+            pts = sorted((p for p in data["points"] if p["method"] == method), key=lambda p: -p["heads_kept"])
+            if not pts:
+                continue
+            for key in keys:
+                if "ppl_by_text" in data["base"]:
+                    xs = [data["heads"]] + [p["heads_kept"] for p in pts]
+                    ys = [data["base"]["ppl_by_text"][key]] + [p["ppl_by_text"][key] for p in pts]
+                else:
+                    xs = [data["heads"]] + [p["heads_kept"] for p in pts]
+                    ys = [1.0] + [p[key] for p in pts]
+                ax.plot(xs, ys, styles[method], label=f"{method}: {key}", alpha=0.9 if key in ("prose", "cosine") else 0.5)
+        ax.set_xlabel("attention heads kept")
+        if "ppl_by_text" in data["base"]:
+            ax.set_ylabel("held-out perplexity")
+            ax.set_yscale("log")
+        else:
+            ax.set_ylabel("fidelity to the unmodified model")
+        ax.invert_xaxis()
+        ax.set_title(f"{name} ({data['heads']} heads): L0 gates ({data['steps']} steps) vs retraining-free")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
