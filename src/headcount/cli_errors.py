@@ -4,6 +4,7 @@ traceback. Sits low so every room's CLI (models, formats, surgery, parallel, ...
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator
 
 import typer
@@ -22,3 +23,28 @@ def one_line_errors(command: str) -> Iterator[None]:
     except KeyboardInterrupt:
         typer.echo("", err=True)
         raise typer.Exit(130) from None
+
+
+# Under torchrun: bad input exits 2 with one line prefixed by the rank, and a collective that failed or
+# timed out because another rank is gone is reported the same way instead of as a traceback.
+def _rank_label(command: str) -> str:
+    world = os.environ.get("WORLD_SIZE", "1")
+    return f"{command} (rank {os.environ.get('RANK', '?')})" if world not in ("", "1") else command
+
+
+@contextlib.contextmanager
+def rank_errors(command: str) -> Iterator[None]:
+    with one_line_errors(_rank_label(command)):
+        try:
+            yield
+        except RuntimeError as err:
+            import torch.distributed as dist
+
+            text = " ".join(str(err).split())
+            if isinstance(err, ValueError):  # NotInitializedError, WeightMismatchError: already clear
+                raise
+            if isinstance(err, getattr(dist, "DistError", ())) or any(
+                    w in text.lower() for w in ("gloo", "nccl", "timed out", "timeout", "connection", "peer")):
+                raise ValueError(f"a collective failed: another rank most likely failed or did not answer within "
+                                 f"the timeout ({text[:300]})") from None
+            raise

@@ -116,7 +116,7 @@ def main(
     json_out: bool = typer.Option(False, "--json", help='print {"world_size", "max_abs_diff", "tokens_equal"}'),
 ) -> None:
     """The sharded model against one process: max |diff| of the logits, and whether greedy tokens agree."""
-    from headcount.parallel.cli import rank_errors
+    from headcount.cli_errors import rank_errors
 
     with rank_errors("parallel.check"):
         import torch.distributed as dist

@@ -2,44 +2,16 @@
 
     headcount bench parallel       one process with 2 threads vs 2 ranks with 1 thread each (bench.py)
 
-`rank_errors(command)` is what every multi-rank command wraps itself in: bad input exits 2 with one
-line (models/cli.py's `_one_line_errors`), prefixed by the rank under torchrun, and a collective that
-failed or timed out because another rank is gone is reported the same way instead of as a traceback.
+`rank_errors(command)` (headcount/cli_errors.py) is what every multi-rank command wraps itself in.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-from typing import Iterator
 
 import typer
 
-
-def _rank_label(command: str) -> str:
-    world = os.environ.get("WORLD_SIZE", "1")
-    return f"{command} (rank {os.environ.get('RANK', '?')})" if world not in ("", "1") else command
-
-
-@contextlib.contextmanager
-def rank_errors(command: str) -> Iterator[None]:
-    from headcount.cli_errors import one_line_errors as _one_line_errors
-
-    with _one_line_errors(_rank_label(command)):
-        try:
-            yield
-        except RuntimeError as err:
-            import torch.distributed as dist
-
-            text = " ".join(str(err).split())
-            if isinstance(err, ValueError):  # NotInitializedError, WeightMismatchError: already clear
-                raise
-            if isinstance(err, getattr(dist, "DistError", ())) or any(
-                    w in text.lower() for w in ("gloo", "nccl", "timed out", "timeout", "connection", "peer")):
-                raise ValueError(f"a collective failed: another rank most likely failed or did not answer within "
-                                 f"the timeout ({text[:300]})") from None
-            raise
+from headcount.cli_errors import rank_errors  # noqa: F401 (moved low: surgery and analysis commands use it too)
 
 
 def _tp_setup(model, *, seed, sample: bool, log):
