@@ -4,6 +4,7 @@ no traceback, nothing written)."""
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from headcount.cli import app
@@ -141,3 +142,31 @@ def test_bench_surgery_from_refuses_what_save_did_not_write(tmp_path, content, m
     path = tmp_path / "bench.json"
     path.write_text(content)
     bad(["bench", "surgery", "--from", str(path)], match)
+
+
+def test_prune_smollm2_reports_every_held_out_domain_its_cost_and_the_fraction_removed(tmp_path):
+    """Issues 14-16: --uniform says up front that it removes 33.3%, not the 20% asked (one head of every group
+    of three); --json carries forward_equivalents, seconds, the fraction actually removed and the held-out
+    perplexity on prose, code and standard-library source (which nothing calibrates on); --dtype bf16 saves
+    bf16 weights."""
+    result = runner.invoke(app, ["prune", "--model", "smollm2", "--fraction", "0.2", "--uniform", "--order", "random",
+                                 "--compensate", "none", "--out", str(tmp_path / "p"), "--json",
+                                 "--eval-windows", "1", "--dtype", "bf16"])
+    assert result.exit_code == 0, result.output
+    assert "removing 90 of 270 query heads (33.3%), not the 20.0% asked" in result.output
+    data = json.loads(result.stdout[result.stdout.index("{"):])
+    assert set(data["ppl_by_domain_before"]) == {"prose", "code", "source"}
+    assert data["ppl_by_domain_before"]["prose"] == data["ppl_before"]
+    assert data["fraction_removed"] == round(90 / 270, 4) and data["forward_equivalents"] == 0  # random, no refit
+    assert data["seconds"] > 0
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "p" / "model.safetensors"), "pt") as f:
+        assert f.get_slice("embed.weight").get_dtype() == "BF16"
+
+
+def test_bad_dtype_and_device_are_one_line(tmp_path):
+    bad(["prune", "--fraction", "0.2", "--dtype", "fp8", "--out", str(tmp_path / "x")], "--dtype")
+    import torch as _t
+    if not _t.cuda.is_available():
+        bad(["prune", "--fraction", "0.2", "--device", "cuda", "--out", str(tmp_path / "x")], "--device")
+    assert not (tmp_path / "x").exists()

@@ -17,6 +17,8 @@ from typing import Optional
 
 import typer
 
+from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
+
 PRUNE_JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
                    "kv_bytes_per_token_after", "ppl_before", "ppl_after")
 METHODS = ("retraining-free", "l0")
@@ -26,13 +28,15 @@ L0_LR = 0.1
 
 def register(app, bench_app) -> None:
     """Add `headcount prune`."""
-    from headcount.cli_errors import one_line_errors as _one_line_errors
-    from headcount.surgery.cli_common import before_after_table, calibration_and_held_out, check_out_dir, \
-        held_out_quality
+    from headcount.cli_errors import rank_errors as _one_line_errors  # rank-prefixed under torchrun
+    from headcount.surgery.cli_common import (before_after_table, calibration_and_held_out, check_out_dir,
+                                              domain_rows, held_out_report)
 
     @app.command("prune")
     def prune_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name or a saved / checkpoint directory"),
+        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         fraction: Optional[float] = typer.Option(None, "--fraction", help="share of query heads to remove, in (0, 1)"),
         mode: str = typer.Option("query", "--mode", help="query (any heads) or group (whole GQA groups)"),
         compensate: str = typer.Option("lstsq", "--compensate", help="none, mean or lstsq"),
@@ -86,10 +90,14 @@ def register(app, bench_app) -> None:
                 return
             if fraction is None or not 0 < fraction < 1:
                 raise ValueError(f"--fraction: expected a number in (0, 1), got {fraction}")
+            from headcount.models.options import parse_device, parse_dtype
+            parse_dtype(dtype), parse_device(device)
             out = check_out_dir(out, force)
             cal, held, source = calibration_and_held_out(text)
             result = _prune_one(model, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
-                                calibration_windows, eval_windows, method, steps, lr)
+                                calibration_windows, eval_windows, method, steps, lr, dtype, device)
+        if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
+            return
         if json_out:
             typer.echo(json.dumps(result, indent=2))
             return
@@ -98,7 +106,9 @@ def register(app, bench_app) -> None:
                 ("KV heads", result["kv_heads_before"], result["kv_heads_after"]),
                 ("parameters", result["params_before"], result["params_after"]),
                 ("KV cache bytes / token", result["kv_bytes_per_token_before"], result["kv_bytes_per_token_after"])]
-        if before is not None:
+        if result.get("ppl_by_domain_before"):
+            rows += domain_rows(result["ppl_by_domain_before"], result["ppl_by_domain_after"])
+        elif before is not None:
             rows.append((f"held-out perplexity ({source})", before, after))
         else:
             rows.append(("held-out embedding cosine", 1.0, result["fidelity_after"]["cosine"]))
@@ -111,23 +121,43 @@ def register(app, bench_app) -> None:
                        f"{g['n_removed_closed']} closed + {g['n_removed_ranked']} by rank; "
                        f"{g['forward_equivalents']:.0f} forward-pass equivalents, {g['seconds']:.0f} s")
         typer.echo(f"saved to {out} (headcount.models.load / --model {out})")
+        if mode == "query" and not uniform and result["kv_heads_before"] < result["heads_before"]:
+            typer.echo("note: query mode leaves uneven GQA groups, which a GGUF export writes with copied KV heads "
+                       "(a larger llama.cpp cache); --mode group or --uniform keep an export compact")
 
     def _prune_one(model_name, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
-                   calibration_windows, eval_windows, method="retraining-free", steps=None, lr=None) -> dict:
-        from headcount.models import load
+                   calibration_windows, eval_windows, method="retraining-free", steps=None, lr=None, dtype="fp32",
+                   device="cpu") -> dict | None:
+        import os
+        import time
+
+        from headcount.models.options import check_finite, load_model
         from headcount.surgery import prune_to, save
 
-        model = load(model_name)
+        group, main = None, True
+        if "WORLD_SIZE" in os.environ:  # under torchrun: the calibration windows are split over the ranks
+            if method == "l0":
+                raise ValueError("--method: l0 trains gates in one process; run it without torchrun")
+            from headcount import distributed
+            group = distributed.init()
+            main = distributed.is_main(group)
+        start = time.perf_counter()
+        model = load_model(model_name, dtype, device)
+        _say_plan(model, fraction, mode, uniform, main)
         gates = _train_l0(model, fraction, mode, cal, steps, lr, force) if method == "l0" else None
-        ppl_before, reference = held_out_quality(model, held, eval_windows, 512)
+        ppl_before, reference, by_domain_before = held_out_report(model, held, eval_windows, 512)
         if gates is not None:
             from headcount.surgery import apply_gates
             result = apply_gates(model, gates, compensate=compensate, calibration=cal, force=True,
                                  calibration_windows=calibration_windows)
         else:
             result = prune_to(model, fraction, order=order, mode=mode, compensate=compensate, uniform=uniform,
-                              calibration=cal, seed=seed, calibration_windows=calibration_windows)
-        ppl_after, _ = held_out_quality(model, held, eval_windows, 512, reference)
+                              calibration=cal, seed=seed, calibration_windows=calibration_windows, group=group)
+        ppl_after, _, by_domain_after = held_out_report(model, held, eval_windows, 512, reference)
+        for value in ([ppl_after] if isinstance(ppl_after, float) else list(ppl_after)):
+            check_finite(value, "the pruned model's held-out quality", model.embed.weight.dtype)
+        if not main:
+            return None
         save(model, out, force=force)
         data = {k: getattr(result, k) for k in PRUNE_JSON_KEYS if k.startswith(("heads", "params", "kv_bytes"))}
         data["kv_heads_before"], data["kv_heads_after"] = result.kv_heads_before, result.kv_heads_after
@@ -136,10 +166,29 @@ def register(app, bench_app) -> None:
         else:
             data["ppl_before"] = data["ppl_after"] = None
             data["fidelity_after"] = {"cosine": ppl_after[0], "spearman": ppl_after[1]}
+        data["ppl_by_domain_before"], data["ppl_by_domain_after"] = by_domain_before, by_domain_after
+        data["fraction_removed"] = round((result.heads_before - result.heads_after) / result.heads_before, 4)
+        data["forward_equivalents"] = round(result.forward_equivalents, 2)
+        data["seconds"] = round(time.perf_counter() - start, 1)
         data["out"] = str(out)
         data["method"] = result.method or method
         data["prune"] = result.to_json()
         return data
+
+    def _say_plan(model, fraction, mode, uniform, main) -> None:
+        """Before any work, when the heads that will go are not the fraction asked (uniform pruning rounds per
+        GQA group: --fraction 0.2 --uniform removes one head of every group of three, 33.3%): say so."""
+        from headcount.surgery.pruning import plan as _plan
+
+        if not main:
+            return
+        total = sum(layer.attn.n_heads for layer in model.layers)
+        fake = {(l, h): 0.0 for l, layer in enumerate(model.layers) for h in layer.attn.kept_heads}
+        n = sum(len(v) for v in _plan.plan_fraction(model, fraction, fake, mode=mode, uniform=uniform).values())
+        if mode == "query" and n != round(fraction * total):
+            typer.echo(f"headcount prune: removing {n} of {total} query heads ({n / total:.1%}), not the "
+                       f"{fraction:.1%} asked: {'uniform pruning rounds per GQA group' if uniform else 'rounding'}",
+                       err=True)
 
     def _train_l0(model, fraction, mode, cal, steps, lr, force):
         """Train the gates (every check first, naming the flag); refuse a missed target unless --force."""
