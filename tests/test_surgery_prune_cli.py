@@ -4,7 +4,6 @@ no traceback, nothing written)."""
 import json
 
 import pytest
-import torch
 from typer.testing import CliRunner
 
 from headcount.cli import app
