@@ -167,7 +167,10 @@ def test_same_seed_gives_a_byte_identical_report_json(tiny, tmp_path):
     # each attention row of the sample sums to 1 (in thousandths, up to rounding)
     for row in a["sample"]["layers"][1][3]:
         assert abs(sum(row) - 1000) <= len(row)
-    assert a["unavailable"] == {k: "not run" for k in ("faithfulness", "importance", "pruning", "kv_merge")}
+    assert a["unavailable"] == {k: "not run" for k in (
+        "checks", "faithfulness", "importance", "pruning", "kv_merge", "gates", "experiment-multi-relation",
+        "experiment-write-address", "experiment-heads-sweep", "experiment-low-rank")}
+    assert [c["id"] for c in a["claims"]] == [f"C{i}" for i in range(1, 16)]
 
 
 def test_a_rerun_reads_every_step_from_the_cache(tiny, tmp_path):
@@ -189,7 +192,7 @@ def test_missing_analysis_becomes_unavailable(tiny, tmp_path, monkeypatch):
                         raising=False)
     r = collect(tiny, TEXT, sizes=TINY, only=("shape", "pruning"), progress=False, cache=ResultCache(tmp_path, enabled=False))
     assert "pruning" not in r and "AttributeError" in r["unavailable"]["pruning"]
-    assert r["claims"][2]["status"] == "not measured"
+    assert next(c for c in r["claims"] if c["id"] == "C11")["status"] == "not measured"
 
 
 def test_bad_seed_and_model_are_type_errors(tiny):
@@ -214,3 +217,88 @@ def test_real_faithfulness_importance_and_merge_render(tiny, tmp_path):
     page = render_html(r)
     for fig in ("fig-faith", "fig-importance", "fig-accounts"):
         assert f'id="{fig}"' in page
+
+
+def test_gates_without_train_gates_are_unavailable_not_a_crash(tiny, tmp_path, monkeypatch):
+    import headcount.surgery as surgery
+    real = surgery.__getattr__
+
+    def without_gates(name):  # surgery as before gates.py was written
+        if name in ("train_gates", "apply_gates"):
+            raise AttributeError(f"module 'headcount.surgery' has no attribute {name!r}")
+        return real(name)
+    monkeypatch.setattr(surgery, "__getattr__", without_gates)
+    r = collect(tiny, TEXT, sizes=TINY, only=("shape", "gates"), progress=False,
+                cache=ResultCache(tmp_path, enabled=False), results_dir=None)
+    assert "gates" not in r and "train_gates" in r["unavailable"]["gates"]
+    assert r["unavailable"]["gates"].startswith("headcount.surgery does not provide it here")
+    c12 = next(c for c in r["claims"] if c["id"] == "C12")
+    assert c12["status"] == "not measured"
+
+
+def test_experiments_come_from_saved_full_runs_or_quick_runs(tiny, tmp_path, monkeypatch):
+    import headcount.experiments as experiments
+    from headcount.experiments.results import ExperimentResult
+
+    calls = []
+
+    def fake_run(name, *, quick=False, seed=0, progress=True, **kw):
+        calls.append((name, quick))
+        rows = [{"n_heads": 1, "head_dim": 32, "accuracy": 0.5, "attention_params": 4096},
+                {"n_heads": 2, "head_dim": 16, "accuracy": 1.0, "attention_params": 4096}]
+        return ExperimentResult(name, "claim", quick, {"seeds": 1, "steps": 10}, rows)
+    monkeypatch.setattr(experiments, "run_experiment", fake_run, raising=False)
+    results = tmp_path / "results"
+    results.mkdir()
+    saved = fake_run("multi-relation").to_json() | {"quick": False, "config": {"seeds": 3, "steps": 1000}}
+    (results / "multi-relation.json").write_text(json.dumps(saved))
+    calls.clear()
+    only = ("shape", "experiment-multi-relation")
+    cache = ResultCache(tmp_path / "cache")
+    r = collect(tiny, TEXT, sizes=TINY, only=only, progress=False, cache=cache, results_dir=results)
+    assert calls == []  # the saved full run is read, nothing trained
+    assert r["experiments"]["multi-relation"]["source"] == "saved"
+    c1 = r["claims"][0]
+    assert c1["id"] == "C1" and c1["status"] == "held" and "benchmarks/results/multi-relation.json" in c1["source"]
+    assert "3 seeds, 1000 steps" in c1["source"]
+    # no saved run: the --quick run, once; a second report (any model) reads it back from the cache
+    r = collect(tiny, TEXT, sizes=TINY, only=only, progress=False, cache=cache, results_dir=None)
+    assert calls == [("multi-relation", True)] and r["experiments"]["multi-relation"]["source"] == "quick"
+    assert "--quick run" in r["claims"][0]["source"]
+    again = ResultCache(tmp_path / "cache")
+    collect(tiny, TEXT, seed=0, sizes=TINY, only=("experiment-multi-relation",), progress=False, cache=again,
+            results_dir=None)
+    assert calls == [("multi-relation", True)] and again.hits == ["experiment-multi-relation"]
+
+
+def test_real_checks_default_pruning_and_gates(tiny, tmp_path):
+    """The chapter checks, prune_to with the project's defaults (C11) and trained gates (C12) on the tiny model:
+    real calls, small sizes; the claims are read from what they measured."""
+    import inspect
+
+    from headcount.surgery import prune_to
+
+    sizes = Sizes(**{**TINY.__dict__, "pruning_fractions": (0.2, 0.5), "random_fractions": (0.5,), "gate_steps": 4,
+                     "gate_windows": 2, "importance_windows": 2})
+    r = collect(tiny, TEXT, sizes=sizes, only=("shape", "checks", "importance", "pruning", "gates"), progress=False,
+                cache=ResultCache(tmp_path, enabled=False), results_dir=None)
+    by = {c["id"]: c for c in r["claims"]}
+    for cid in ("C2", "C4", "C5", "C10", "C14"):  # arithmetic and the fused path: exact on any model
+        assert by[cid]["status"] == "held", (cid, by[cid]["finding"])
+    assert r["checks"]["c2"]["view_moves_no_data"] and not r["checks"]["c2"]["transposed_q_contiguous"]
+    assert r["checks"]["c14"]["measured"] == 2 * 2 * 8 * 2 * 2  # 2 x n_kv x head_dim x layers x bf16 bytes
+    assert by["C6"]["status"] in ("held", "did not hold") and len(r["checks"]["c6"]["measured"]) == 2
+    default = r["pruning"]["default"]
+    params = inspect.signature(prune_to).parameters
+    assert default["via"] == "prune_to" and default["fraction"] == 0.2
+    assert (default["order"], default["compensate"]) == (params["order"].default, params["compensate"].default)
+    assert r["pruning"]["default_order"] == params["order"].default
+    assert {(p["order"], p["compensate"]) for p in r["pruning"]["points"]} >= {
+        (params["order"].default, params["compensate"].default), ("random", "none")}
+    assert r["importance"]["method"] == params["order"].default  # one scoring pass: the curve reuses it
+    assert by["C11"]["status"] in ("held", "did not hold") and by["C11"]["number"] is not None
+    assert by["C11"]["source"].startswith("measured on tiny in this report's run")
+    g = r["gates"]
+    assert g["steps"] == 4 and g["heads_removed"] == 4 and g["heads_before"] == 8  # half of 2 x 4 heads
+    assert g["ppl_before"] == r["pruning"]["base_ppl"] and g["ppl_after"] > 0
+    assert by["C12"]["status"] in ("held", "did not hold") and by["C12"]["number"] is not None

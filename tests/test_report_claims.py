@@ -1,11 +1,15 @@
 """The plain-English reading (claims.py) and the five-line summary, on hand-built sections whose
-answers are known."""
+answers are known: all fifteen claims in report.json with their number, test and source, and each one
+reported as failed when the synthetic report breaks it."""
+
+import pytest
 
 from headcount.cost import ModelShape, kv_cache
 from headcount.report.accounts import _variants, accounts
 from headcount.report.charts import strongest_roles
-from headcount.report.claims import c7_roles, c9_rank, c11_pruning, c13_faithfulness, c15_gqa
-from headcount.report.example import example_report
+from headcount.report.claims import CLAIM_IDS, c7_roles, c9_rank, c11_pruning, c13_faithfulness, c15_gqa, read_claims
+from headcount.report.collect import normalise
+from headcount.report.example import example_experiments, example_report
 from headcount.report.summary import summary_lines
 
 ROLES = ("previous_token", "duplicate_token", "induction", "positional", "syntactic", "rare_word", "sink")
@@ -92,7 +96,104 @@ def test_summary_is_five_lines_with_the_counts():
     assert len(lines) == 5
     assert lines[0].startswith("heads per role: previous-token 4, duplicate-token 0, induction 4")
     assert lines[1].startswith("top heads: ")
-    assert lines[2] == "chapter claims held: 5 of 5 measured (C7 held, C9 held, C11 held, C13 held, C15 held)"
+    assert lines[2] == ("chapter claims held: 15 of 15 (15 measured: C1 held, C2 held, C3 held, C4 held, C5 held, "
+                        "C6 held, C7 held, C8 held, C9 held, C10 held, C11 held, C12 held, C13 held, C14 held, C15 held)")
     assert lines[4] == "every section present"
     gone = summary_lines(example_report(missing=("roles",)))
     assert gone[0] == "heads per role: not available" and gone[4] == "not available: roles"
+
+
+# ------------------------------------------------------------------------------ all fifteen claims
+def test_every_claim_is_in_report_json_with_its_number_test_and_source():
+    r = example_report()
+    assert [c["id"] for c in r["claims"]] == [f"C{i}" for i in range(1, 16)] == list(CLAIM_IDS)
+    for c in r["claims"]:
+        assert set(c) >= {"id", "title", "claim", "test", "status", "finding", "number", "source"}, c["id"]
+        assert c["status"] == "held", (c["id"], c["finding"])
+        assert isinstance(c["number"], (int, float)) and not isinstance(c["number"], bool), c["id"]
+        assert c["test"].strip() and c["finding"].strip() and c["source"].strip(), c["id"]
+    src = {c["id"]: c["source"] for c in r["claims"]}
+    for cid in ("C2", "C4", "C5", "C7", "C11", "C12", "C13", "C14", "C15"):
+        assert src[cid].startswith("measured on example in this report's run"), (cid, src[cid])
+    for cid, name in (("C1", "multi-relation"), ("C8", "heads-sweep")):
+        assert f"full run saved in benchmarks/results/{name}.json" in src[cid], src[cid]
+    assert "benchmarks/results/low-rank.json" in src["C9"] and src["C9"].startswith("measured on example")
+    assert "benchmarks/results/write-address.json" in src["C3"] and "write geometry measured on example" in src["C3"]
+    assert "default pruning order and compensation" in src["C11"]
+
+
+def test_quick_experiments_say_so():
+    quick = {k: (lambda _, v=v: v) for k, v in example_experiments("quick").items()}
+    r = example_report(overrides=quick)
+    src = {c["id"]: c["source"] for c in r["claims"]}
+    for cid, name in (("C1", "multi-relation"), ("C3", "write-address"), ("C8", "heads-sweep"), ("C9", "low-rank")):
+        assert f"--quick run" in src[cid] and f"headcount experiment {name} --quick" in src[cid], src[cid]
+        assert "benchmarks/results" not in src[cid]
+
+
+def _set(path: str, value):
+    """An override that sets result[k1][k2]... = value (integer keys index lists)."""
+    keys = [int(k) if k.isdigit() else k for k in path.split(".")]
+
+    def change(result):
+        obj = result
+        for k in keys[:-1]:
+            obj = obj[k]
+        obj[keys[-1]] = value(obj[keys[-1]]) if callable(value) else value
+        return result
+    return change
+
+
+# (claim, result name, change, the status it must get): each breaks exactly one claim of the example
+BROKEN = [
+    ("C1", "experiment-multi-relation", _set("result.results.1.accuracy", 0.6), "did not hold"),
+    ("C1", "experiment-multi-relation", _set("result.results.0.accuracy", 0.9), "partly"),
+    ("C2", "checks", _set("c2.relative_diff", 1e-3), "did not hold"),
+    ("C3", "experiment-write-address", _set("result.results.1.loss", 2.38), "partly"),
+    ("C4", "checks", _set("c4.model.measured", lambda v: v + 1), "did not hold"),
+    ("C5", "checks", _set("c5.rows.0.measured", 0), "did not hold"),  # a counter that misses the fused kernel
+    ("C6", "checks", _set("c6.measured.1.peak_bytes", lambda v: 2 * v), "did not hold"),
+    ("C6", "checks", _set("c6.measured", []), "partly"),
+    ("C8", "experiment-heads-sweep", _set("result.results.2.ppl_mean", 12.0), "did not hold"),
+    ("C8", "experiment-heads-sweep", _set("result.results.0.ppl_mean", 10.4), "partly"),
+    ("C9", "experiment-low-rank", _set("result.results.3.error", 0.05), "partly"),
+    ("C10", "checks", _set("c10.presets.2.n_heads", 8), "did not hold"),
+    ("C11", "pruning", _set("default.ppl", 11.5), "did not hold"),
+    ("C12", "gates", _set("ppl_after", 13.0), "did not hold"),
+    ("C12", "gates", _set("reached", False), "did not hold"),
+    ("C12", "gates", _set("heads_removed", 2), "did not hold"),
+    ("C14", "checks", _set("c14.measured", lambda v: v * 2), "did not hold"),
+]
+
+
+@pytest.mark.parametrize("cid,name,change,status", BROKEN,
+                         ids=[f"{c}-{s.replace(' ', '-')}-{i}" for i, (c, _, _, s) in enumerate(BROKEN)])
+def test_a_claim_that_fails_is_reported_as_failed_with_its_number(cid, name, change, status):
+    r = example_report(overrides={name: change})
+    by = {c["id"]: c for c in r["claims"]}
+    assert by[cid]["status"] == status, by[cid]["finding"]
+    assert by[cid]["number"] is not None or cid == "C6"  # C6 without measurements has only the formula
+    assert [c["id"] for c in r["claims"] if c["status"] != "held"] == [cid]  # the others still hold
+    lines = summary_lines(r)
+    mark = "NOT held" if status == "did not hold" else status
+    assert lines[2].startswith("chapter claims held: 14 of 15 (15 measured: ") and f"{cid} {mark}," in lines[2] + ","
+
+
+def test_c11_decides_on_the_default_point_not_the_curve():
+    r = example_report()
+    # the curve's best lstsq point is fine, but prune_to's defaults at 20% lost 30%: C11 did not hold, number +30%
+    broken = dict(r["pruning"], default=dict(r["pruning"]["default"], ppl=13.0))
+    c = c11_pruning(broken)
+    assert c["status"] == "did not hold" and abs(c["number"] - 0.3) < 1e-9 and "+30.0%" in c["finding"]
+    assert "prune_to(model, 0.2) with its defaults: order reconstruction" in c["finding"]
+
+
+def test_missing_sources_are_not_measured_not_held():
+    r = example_report(missing=("checks", "gates", "experiment-multi-relation", "experiment-write-address",
+                                "experiment-heads-sweep", "experiment-low-rank"))
+    by = {c["id"]: c for c in r["claims"]}
+    for cid in ("C1", "C2", "C3", "C4", "C5", "C6", "C8", "C10", "C12", "C14"):
+        assert by[cid]["status"] == "not measured" and by[cid]["source"] == "not available in this report", cid
+    assert by["C9"]["status"] == "held" and "low-rank" not in by["C9"]["source"]  # the model's ranks alone
+    assert summary_lines(r)[2].startswith("chapter claims held: 5 of 15 (5 measured: C1 n/a, C2 n/a")
+    assert normalise(read_claims(r)) == r["claims"]  # claims are read from report.json alone

@@ -41,8 +41,23 @@ def test_missing_sections_become_panels_with_their_reason():
     assert "left out of this example" in page
     assert _figure_ids(page) == ["fig-accounts", "fig-attention"]
     statuses = {c["id"]: c["status"] for c in r["claims"]}
-    assert statuses == {"C7": "not measured", "C9": "not measured", "C11": "not measured",
-                        "C13": "not measured", "C15": "partly"}
+    assert {k: statuses[k] for k in ("C7", "C9", "C11", "C13", "C15")} == \
+        {"C7": "not measured", "C9": "not measured", "C11": "not measured", "C13": "not measured", "C15": "partly"}
+    assert set(statuses) == {f"C{i}" for i in range(1, 16)}
+    # what does not depend on the missing sections still holds
+    assert all(statuses[k] == "held" for k in ("C1", "C2", "C3", "C4", "C5", "C6", "C8", "C10", "C12", "C14"))
+
+
+def test_every_claim_card_shows_its_number_test_and_source():
+    r = example_report(overrides={"pruning": lambda p: dict(p, default=dict(p["default"], ppl=12.0))})
+    page = render_html(r)
+    for i in range(1, 16):
+        card = re.search(rf'<div class="claim (\w+)" id="claim-C{i}">(.*?)</div>', page, re.S)
+        assert card, f"C{i}"
+        assert "Number: <b>" in card.group(2) and "Test: " in card.group(2) and "Source: " in card.group(2)
+    c11 = re.search(r'<div class="claim (\w+)" id="claim-C11">(.*?)</div>', page, re.S)
+    assert c11.group(1) == "nothold" and "did not hold" in c11.group(2) and "Number: <b>0.2</b>" in c11.group(2)
+    assert "(14 of 15 held)" in page and "<b>14 / 15</b>" in page
 
 
 def test_attention_data_is_embedded_once_per_layer():

@@ -200,6 +200,13 @@ def pruning_chart(pruning: dict | None):
             customdata=[0, *(p.get("heads_removed") for p in ps)],
             hovertemplate="%{x:.0%} of heads (%{customdata} removed)<br>" + label + " %{y:.3f}<extra>" + name
                           + "</extra>"))
+    default = pruning.get("default") or {}
+    if default.get(metric) is not None:  # claim C11: prune_to with the project's defaults
+        fig.add_trace(go.Scatter(
+            x=[default["fraction"]], y=[default[metric]], mode="markers", name="prune_to defaults (C11)",
+            marker=dict(symbol="star", size=16, color="#1f2330", line=dict(width=1, color="white")),
+            hovertemplate=f"prune_to(model, {default['fraction']:g}): order {default.get('order')}, compensation "
+                          f"{default.get('compensate')}<br>{label} %{{y:.3f}}<extra></extra>"))
     if metric == "ppl":
         fig.add_hline(y=base, line=dict(color="#888", dash="dot"), annotation_text=f"unpruned {base:.2f}",
                       annotation_position="top left")

@@ -14,7 +14,6 @@ tuples as lists, NaN / inf as null, so the same seed gives a byte-identical repo
 from __future__ import annotations
 
 import copy
-import inspect
 import json
 import math
 import sys
@@ -23,40 +22,48 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from headcount.report.cache import ResultCache, cache_key, text_hash, weights_hash
+from headcount.report.calls import MISSING, NotApplicable, call_with, default_of  # noqa: F401 (re-exported)
+from headcount.report.calls import fn as _fn
 
 DIGITS = 6  # significant digits kept for every float in report.json
-FORMAT = 1  # report.json's format version
-
-
-
-class NotApplicable(NotImplementedError):
-    """A section that does not apply to this model (e.g. faithfulness on an encoder)."""
-
-
-MISSING = (ImportError, AttributeError, NotImplementedError)
+FORMAT = 2  # report.json's format version (2: all fifteen claims, each with its source)
+DEFAULT_RESULTS = object()  # collect(results_dir=): the checkout's benchmarks/results/
+C11_FRACTION = 0.2  # the share of heads the report removes with prune_to's defaults (claim C11)
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """How much text each analysis sees: sized so `make demo` stays under 8 minutes on 2 cores."""
+    """How much text each analysis sees: sized so `make demo` stays within 2 minutes on 2 idle cores.
 
-    roles_tokens: int = 2048  # tokens of windows for previous/duplicate/positional/sink
-    roles_sentences: int = 64  # parsed sentences for syntactic / rare_word
-    faithfulness_layers: int = 3  # layers (spread over the depth) for the adversarial search
+    Calibration is windows of `window` tokens of prune_to's default calibration text, batched once: the first
+    importance_windows of them for the importance scores, the pruning order and its refit (one scoring pass
+    shared by the curve), merge_windows for the K/V merge, gate_windows for the gates.
+    """
+
+    roles_tokens: int = 1024  # tokens of windows for previous/duplicate/positional/sink
+    roles_sentences: int = 48  # parsed sentences for syntactic / rare_word
+    faithfulness_layers: int = 2  # layers (spread over the depth) for the adversarial search
     faithfulness_examples: int = 2
     rank_examples: int = 2
-    importance_windows: int = 4
-    pruning_fractions: tuple[float, ...] = (0.1, 0.2, 0.3, 0.4, 0.5)
-    eval_windows: int = 4  # held-out windows for every perplexity (pruning curve, K/V merge)
+    importance_windows: int = 4  # calibration windows (see above)
+    pruning_fractions: tuple[float, ...] = (0.1, 0.2, 0.3, 0.5)  # 0.2 is prune_to's (C11), the others the curve's
+    eval_windows: int = 4  # held-out windows for every perplexity (pruning curve, K/V merge, gates)
     merge_windows: int = 4  # calibration windows for the K/V merge
     window: int = 256
     encoder_sentences: int = 64  # calibration / held-out sentences for an encoder's pruning and merge
+    random_fractions: tuple[float, ...] = (0.1, 0.2, 0.3)  # the random-order baseline (no refit)
+    faithfulness_steps: int = 25  # steps of each adversarial-attention search (analysis default: 40)
+    gate_steps: int = 12  # optimizer steps of the C12 gate training (a short run: the bench trains for minutes)
+    gate_windows: int = 4  # its calibration windows, of gate_window tokens, batches of 2
+    gate_window: int = 64
+    gate_lr: float = 1.0  # Adam's on log_alpha: large, so that a dozen steps reach the target
 
 
 FULL = Sizes()
 QUICK = Sizes(roles_tokens=512, roles_sentences=16, faithfulness_layers=2, faithfulness_examples=2,
               rank_examples=1, importance_windows=2, pruning_fractions=(0.2, 0.4), eval_windows=2, merge_windows=2,
-              window=128, encoder_sentences=24)
+              window=128, encoder_sentences=24, random_fractions=(0.2, 0.4), faithfulness_steps=20, gate_steps=8,
+              gate_windows=2)
 
 
 def normalise(obj: Any, digits: int = DIGITS) -> Any:
@@ -81,17 +88,6 @@ def normalise(obj: Any, digits: int = DIGITS) -> Any:
     raise TypeError(f"report: cannot put a {type(obj).__name__} into report.json")
 
 
-def call_with(fn: Callable, *args, **kwargs):
-    """Call fn with the keyword arguments its signature accepts (the others are dropped)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return fn(*args, **kwargs)
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return fn(*args, **kwargs)
-    return fn(*args, **{k: v for k, v in kwargs.items() if k in params})
-
-
 def _spread(n_layers: int, k: int) -> list[int]:
     """k layers spread evenly over the depth, first and last included."""
     if k >= n_layers:
@@ -106,26 +102,14 @@ class Step:
     name: str
     params: dict
     run: Callable[[], Any]
-    optional: bool = False  # importance / pruning / kv_merge: only in report.json when present
+    optional: bool = False  # importance / pruning / kv_merge / gates / experiments: in report.json when present
+    model_free: bool = False  # the result does not depend on the model or the text (the experiments)
 
 
 @dataclass
 class Collected:
     results: dict = field(default_factory=dict)
     unavailable: dict = field(default_factory=dict)
-
-
-def _fn(package: str, name: str):
-    """headcount.<package>.<name> through the package's public (lazy) exports; raises ImportError or
-    AttributeError while the function is not there yet."""
-    import importlib
-    import types
-    obj = getattr(importlib.import_module(f"headcount.{package}"), name)
-    if isinstance(obj, types.ModuleType):  # a submodule named like its function shadowed the export
-        obj = getattr(obj, name)
-    if not callable(obj):
-        raise AttributeError(f"headcount.{package}.{name} is not a function")
-    return obj
 
 
 def split_texts(texts: list[str] | None) -> tuple[list[str] | None, list[str] | None]:
@@ -146,55 +130,195 @@ def _n_params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _ppl(model, held: list[str] | None, sizes: Sizes) -> float | None:
-    if not hasattr(model, "lm_head"):
-        return None  # an encoder has no perplexity
-    from headcount.analysis.batches import resolve_texts
-    from headcount.models.evaluation import perplexity
-    held = resolve_texts(held, part="held_out")
-    return perplexity(model, held, sizes.window, max_tokens=sizes.eval_windows * sizes.window)
+class HeldOut:
+    """Held-out quality through surgery's one measure (headcount.surgery.held_out): the sets built once, the
+    unmodified model's quality evaluated once per report run, whichever step asks first."""
+
+    def __init__(self, model, held, sizes: Sizes):
+        self.model, self.held, self.sizes = model, held, sizes
+        self._sets = self._base = self._refs = None
+        self.window = min(sizes.window, model.config.max_position)  # of the held-out windows, once `sets` is built
+
+    @property
+    def sets(self) -> dict:
+        if self._sets is None:
+            from headcount.surgery.held_out import held_out_sets
+            w = min(self.sizes.window, self.model.config.max_position)
+            if hasattr(self.model, "lm_head") and self.held is not None:  # a short user text: one shorter window
+                from headcount.analysis.batches import resolve_texts
+                from headcount.models.evaluation import token_stream
+                w = max(2, min(w, len(token_stream(self.model, resolve_texts(self.held, "held_out")))))
+            self._sets = held_out_sets(self.model, self.held, self.sizes.eval_windows, w,
+                                       sentences=self.sizes.encoder_sentences)
+            self.window = w
+        return self._sets
+
+    @property
+    def references(self) -> dict | None:
+        if self._refs is None and not hasattr(self.model, "lm_head"):
+            from headcount.surgery.held_out import embed
+            self._refs = {name: embed(self.model, s) for name, s in self.sets.items()}
+        return self._refs
+
+    def evaluate(self, model) -> dict:
+        from headcount.surgery.held_out import evaluate
+        return evaluate(model, self.sets, self.references)
+
+    @property
+    def base(self) -> dict:
+        if self._base is None:
+            self._base = self.evaluate(self.model)
+        return self._base
+
+    def first(self, values: dict):
+        return values[next(iter(self.sets))]
+
+    def know_base(self, curve: dict) -> None:
+        """Take the unmodified model's perplexities from a pruning curve evaluated on the same sets (decoders)."""
+        if self._base is None and hasattr(self.model, "lm_head") and curve.get("base_by_text"):
+            self._base = dict(curve["base_by_text"])
 
 
-def kv_merge_section(model, target: int, *, calibration, held: list[str] | None, sizes: Sizes,
-                     progress: bool) -> dict:
-    """Merge a copy of `model`'s K/V heads down to `target` per layer and measure what it costs on held-out
-    text: {heads_before, heads_after, params_before, params_after, kv_bytes_per_token_before/after,
-    ppl_before, ppl_after, method, merge}."""
+def kv_merge_section(model, target: int, *, calibration, held: HeldOut, sizes: Sizes, progress: bool) -> dict:
+    """Merge a copy of `model`'s K/V heads down to `target` per layer with headcount.surgery.merge_kv's DEFAULT
+    method (decoders; an encoder, with no perplexity to show the cost, gets the quick mean-pooled merge) and
+    measure what it costs on held-out text: {heads_before, heads_after, params_before, params_after,
+    kv_bytes_per_token_before/after, ppl_before, ppl_after, method, merge}."""
     merge_kv = _fn("surgery", "merge_kv")
     copy_ = copy.deepcopy(model)
+    decoder = hasattr(model, "lm_head")
     before = {"heads_before": model.layers[0].attn.n_kv_heads, "params_before": _n_params(model),
               "kv_bytes_per_token_before": sum(l.attn.new_cache(1, 1).nbytes for l in model.layers),
-              "ppl_before": _ppl(model, held, sizes)}
-    # an encoder has no perplexity to show the merge's cost: the quick mean-pooled merge is enough there
-    method = "aware" if hasattr(model, "lm_head") else "mean"
-    result = call_with(merge_kv, copy_, target, method=method, calibration=calibration,
-                       n_windows=sizes.merge_windows, window=sizes.window, progress=progress)
+              "ppl_before": held.first(held.base) if decoder else None}
+    kwargs = {} if decoder else {"method": "mean"}
+    w = min(sizes.window, model.config.max_position)
+    result = call_with(merge_kv, copy_, target, calibration=calibration, n_windows=sizes.merge_windows, window=w,
+                       progress=progress, **kwargs)
     data = result.to_json() if hasattr(result, "to_json") else {}
     after = {"heads_after": copy_.layers[0].attn.n_kv_heads, "params_after": _n_params(copy_),
              "kv_bytes_per_token_after": sum(l.attn.new_cache(1, 1).nbytes for l in copy_.layers),
-             "ppl_after": _ppl(copy_, held, sizes)}
-    out = {**before, **after, "method": data.get("method"), "eval_tokens": sizes.eval_windows * sizes.window}
+             "ppl_after": held.first(held.evaluate(copy_)) if decoder else None}
+    out = {**before, **after, "method": data.get("method"), "eval_tokens": sizes.eval_windows * w,
+           "defaults": decoder}
     out["merge"] = {k: v for k, v in data.items() if k not in ("layers",)}
     return out
 
 
+def calibration_input(model, cal, sizes: Sizes, n_windows: int, window: int | None = None):
+    """What every calibrating step gets as `calibration=`: for a decoder, `n_windows` token windows
+    [N, window] of prune_to's DEFAULT calibration (or of the user's text), batched once through the one
+    calibration path (analysis.batches.calibration_batches), so the order, the refit, the merge and the gates
+    see the same tokens; for an encoder, the calibration sentences."""
+    if not hasattr(model, "lm_head"):
+        return cal
+    import torch
+
+    from headcount.analysis.batches import calibration_batches
+    if cal is None:
+        try:
+            cal = default_of(_fn("surgery", "prune_to"), "calibration", None)
+        except MISSING:
+            cal = None
+    w = min(window or sizes.window, model.config.max_position)
+    batches = calibration_batches(model, cal, n_windows=n_windows, window=w)
+    return torch.cat([b[0] for b in batches])
+
+
+def _point(model, fraction: float, order, comp, result: dict, quality) -> dict:
+    point = {"fraction": fraction, "order": order, "compensate": comp, "mode": result.get("mode"),
+             "heads_removed": result.get("heads_removed"), "heads_before": result.get("heads_before")}
+    if hasattr(model, "lm_head"):
+        point["ppl"] = quality
+    else:
+        point["ppl"], (point["cosine"], point["spearman"]) = None, quality
+    return point
+
+
+def pruning_section(model, *, calibration, held: HeldOut, sizes: Sizes, seed: int, scores: dict | None,
+                    progress: bool) -> dict:
+    """The pruning curve and claim C11, both with the project's DEFAULT order and compensation:
+    - C11: headcount.surgery.prune_to(copy, C11_FRACTION) with nothing but the calibration and its size given
+      (the default order, mode and compensation are prune_to's own, whatever they become);
+    - the curve: pruning_curve at the other fractions with prune_to's default order and compensation, scored
+      ONCE (the importance step's scores when they are that order), and a random order with no compensation
+      as the baseline (prune_to(order="random", compensate="none"): no scoring, no refit).
+    -> PruningCurve JSON + {"default": the C11 point, "default_order", "default_compensate"}."""
+    prune_to = _fn("surgery", "prune_to")
+    curve = _fn("surgery", "pruning_curve")
+    order = default_of(prune_to, "order", "reconstruction")
+    comp = default_of(prune_to, "compensate", "lstsq")
+    w = min(sizes.window, model.config.max_position)
+    held.sets  # noqa: B018 (the held-out windows, shorter for a short user text: the curve evaluates the same)
+    common = dict(calibration=calibration, held_out=held.held, eval_windows=sizes.eval_windows, window=held.window,
+                  calibration_windows=sizes.importance_windows, progress=progress)
+    if not hasattr(model, "lm_head"):
+        common["calibration_windows"] = max(1, sizes.encoder_sentences // 16)
+    points = []
+    others = [f for f in sizes.pruning_fractions if abs(f - C11_FRACTION) > 1e-9]
+    data = {}
+    if others and isinstance(order, str):
+        given = {order: scores[order]} if scores and order in scores else None
+        data = call_with(curve, model, fractions=others, orders=(order,), compensations=(comp,), scores=given,
+                         **common).to_json()
+        points += data["points"]
+        held.know_base(data)
+    for f in sizes.random_fractions:  # the baseline: a random order, nothing refit (no scoring, no calibration)
+        pruned = copy.deepcopy(model)
+        r = call_with(prune_to, pruned, f, order="random", compensate="none", seed=seed, calibration=calibration,
+                      progress=progress).to_json()
+        points.append(_point(model, f, "random", "none", r, held.first(held.evaluate(pruned))) | {"seed": seed})
+        del pruned
+    pruned = copy.deepcopy(model)
+    result = call_with(prune_to, pruned, C11_FRACTION, calibration=calibration,
+                       calibration_windows=common["calibration_windows"], window=w, progress=progress)
+    r = result.to_json() if hasattr(result, "to_json") else {}
+    q = held.first(held.evaluate(pruned))
+    del pruned
+    point = _point(model, C11_FRACTION, r.get("order") or order, r.get("compensate") or comp, r, q) | {
+        "via": "prune_to", "calibration_tokens": r.get("calibration_tokens"),
+        "forward_equivalents": r.get("forward_equivalents")}
+    points.append(point)
+    base = held.first(held.base)
+    return {"model": data.get("model", getattr(model, "name", None)), "base_ppl": base if hasattr(model, "lm_head")
+            else None, "points": sorted(points, key=lambda p: (str(p["order"]), str(p["compensate"]), p["fraction"])),
+            "calibration": data.get("calibration"), "held_out": data.get("held_out"), "default": point,
+            "default_order": order, "default_compensate": comp}
+
+
 def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progress: bool,
-           done: dict) -> list[Step]:
+           done: dict, results_dir=None) -> list[Step]:
     """The report's steps in order; `done` holds the results so far (pruning reuses importance)."""
     from headcount.report.accounts import _variants, accounts, shape_json, shape_of
+    from headcount.report.checks import chapter_checks
     from headcount.report.sample import DEFAULT_SAMPLE, sample_attention
+    from headcount.report.trained import EXPERIMENT_NAMES, experiment_section, experiment_source
 
     n_layers = len(model.layers)
+    decoder = hasattr(model, "lm_head")
     cal, held = split_texts(texts)
-    if not hasattr(model, "lm_head"):  # encoders: surgery calibrates / measures on sentences; keep them few
+    if not decoder:  # encoders: surgery calibrates / measures on sentences; keep them few
         from headcount.analysis.batches import split_sentences
         cal_s = split_sentences(cal, part="calibration", max_sentences=sizes.encoder_sentences)
         held_s = split_sentences(held, part="held_out", max_sentences=sizes.encoder_sentences)
     else:
         cal_s, held_s = cal, held
+    held_out = HeldOut(model, held_s, sizes)
     sentence = sample or DEFAULT_SAMPLE
     faith_layers = _spread(n_layers, sizes.faithfulness_layers)
     w = min(sizes.window, model.config.max_position)
+    windows = {}
+
+    def calib(n: int, window: int | None = None):
+        if (n, window) not in windows:
+            windows[n, window] = calibration_input(model, cal_s, sizes, n, window)
+        return windows[n, window]
+
+    try:
+        order = default_of(_fn("surgery", "prune_to"), "order", "gradient")
+    except MISSING:
+        order = "gradient"
+    from headcount.analysis.head_importance import METHODS
+    method = order if isinstance(order, str) and order in METHODS else "gradient"
 
     def shape_step():
         s = shape_of(model)
@@ -205,29 +329,31 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
                          max_sentences=sizes.roles_sentences, seed=seed, progress=progress)
 
     def faithfulness_step():
-        if not hasattr(model, "lm_head"):
+        if not decoder:
             raise NotApplicable("faithfulness needs a causal language model (a next-token loss); "
                                 f"{getattr(model, 'name', 'this model')} is an encoder")
-        return call_with(_fn("analysis", "faithfulness"), model, held,
-                         layers=faith_layers, n_examples=sizes.faithfulness_examples, seed=seed, progress=progress)
+        return call_with(_fn("analysis", "faithfulness"), model, held, layers=faith_layers,
+                         n_examples=sizes.faithfulness_examples, steps=sizes.faithfulness_steps, seed=seed,
+                         progress=progress)
 
     def rank_step():
         return call_with(_fn("analysis", "rank"), model, cal, max_windows=sizes.rank_examples, seed=seed,
                          progress=progress)
 
     def importance_step():
-        return call_with(_fn("analysis", "importance"), model, cal, method="gradient", window=w,
-                         max_windows=sizes.importance_windows, progress=progress)
+        fn = _fn("analysis", "importance")
+        if decoder:
+            return call_with(fn, model, method=method, windows=calib(sizes.importance_windows), max_windows=None,
+                             window=w, progress=progress)
+        return call_with(fn, model, cal, method=method, window=w, max_windows=sizes.importance_windows,
+                         max_sentences=sizes.encoder_sentences, progress=progress)
 
     def pruning_step():
-        fn = _fn("surgery", "pruning_curve")
         scores = None
-        if done.get("importance"):
-            scores = {"gradient": _fn("analysis", "HeadScores").from_json(done["importance"])}
-        return fn(model, fractions=list(sizes.pruning_fractions), orders=("gradient", "random"),
-                  compensations=("none", "lstsq"), seeds=(seed,), calibration=cal_s, held_out=held_s,
-                  eval_windows=sizes.eval_windows, window=w, calibration_windows=sizes.merge_windows, scores=scores,
-                  progress=progress)
+        if done.get("importance") and done["importance"].get("method") == method:
+            scores = {method: _fn("analysis", "HeadScores").from_json(done["importance"])}
+        return pruning_section(model, calibration=calib(sizes.importance_windows), held=held_out, sizes=sizes,
+                               seed=seed, scores=scores, progress=progress)
 
     attn = model.layers[0].attn
     targets = [kv for _, kv in _variants(attn.n_heads, attn.n_kv_heads) if kv < attn.n_kv_heads]
@@ -235,25 +361,55 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
     def merge_step():
         if not targets:
             raise NotApplicable("the model already has one KV head (MQA): nothing to merge")
-        return kv_merge_section(model, targets[0], calibration=cal_s, held=held_s, sizes=sizes, progress=progress)
+        return kv_merge_section(model, targets[0], calibration=calib(sizes.merge_windows), held=held_out,
+                                sizes=sizes, progress=progress)
+
+    try:
+        _fn("surgery", "train_gates")
+        trainable = True
+    except MISSING:
+        trainable = False
+
+    def gates_step():
+        from headcount.report.trained import gates_section, saved_gates
+        if not trainable:  # the bench's saved result, when there is one; else `unavailable`
+            saved = saved_gates(results_dir)
+            if saved is None:
+                _fn("surgery", "train_gates")  # raises the reason
+            return saved
+        gw = min(sizes.gate_window, w)
+        return gates_section(model, calibration=calib(sizes.gate_windows, gw), held=held_out, steps=sizes.gate_steps,
+                             n_windows=sizes.gate_windows, window=gw, calibration_windows=sizes.gate_windows,
+                             lr=sizes.gate_lr, progress=progress)
 
     sized = {"seed": seed, "window": w}  # with each step's own sizes below: its cache key
-    return [
+    cal_key = {"calibration": sizes.importance_windows, "eval": sizes.eval_windows,
+               "sentences": sizes.encoder_sentences}
+    steps = [
         Step("shape", {}, shape_step),
+        Step("checks", {"sentence": sentence, "version": 1}, lambda: chapter_checks(model, sentence)),
         Step("sample", {"sentence": sentence}, lambda: sample_attention(model, sentence)),
         Step("roles", sized | {"tokens": sizes.roles_tokens, "sentences": sizes.roles_sentences}, roles_step),
-        Step("faithfulness", sized | {"layers": faith_layers, "examples": sizes.faithfulness_examples},
+        Step("faithfulness", sized | {"layers": faith_layers, "examples": sizes.faithfulness_examples,
+                                      "steps": sizes.faithfulness_steps},
              faithfulness_step),
         Step("rank", sized | {"examples": sizes.rank_examples}, rank_step),
-        Step("importance", sized | {"windows": sizes.importance_windows, "method": "gradient"}, importance_step,
+        Step("importance", sized | {"windows": sizes.importance_windows, "method": method}, importance_step,
              optional=True),
-        Step("pruning", sized | {"fractions": list(sizes.pruning_fractions), "windows": sizes.eval_windows,
-                                 "calibration": sizes.merge_windows, "sentences": sizes.encoder_sentences},
+        Step("pruning", sized | cal_key | {"fractions": list(sizes.pruning_fractions), "order": method,
+                                           "random": list(sizes.random_fractions), "defaults": 2},
              pruning_step, optional=True),
-        Step("kv_merge", sized | {"target": targets[:1], "windows": sizes.merge_windows, "method": 2,
-                                  "eval": sizes.eval_windows, "sentences": sizes.encoder_sentences}, merge_step,
-             optional=True),
+        Step("kv_merge", sized | cal_key | {"target": targets[:1], "windows": sizes.merge_windows, "method": 3},
+             merge_step, optional=True),
+        Step("gates", sized | cal_key | {"steps": sizes.gate_steps, "windows": sizes.gate_windows, "version": 1,
+                                         "gate_window": sizes.gate_window, "lr": sizes.gate_lr, "trained": trainable},
+             gates_step, optional=True),
     ]
+    for name in EXPERIMENT_NAMES:
+        steps.append(Step(f"experiment-{name}", {"seed": seed} | experiment_source(name, results_dir),
+                          lambda n=name: experiment_section(n, results=results_dir, seed=seed, progress=progress),
+                          optional=True, model_free=True))
+    return steps
 
 
 def _progress(total: int, enabled: bool):
@@ -263,12 +419,15 @@ def _progress(total: int, enabled: bool):
 
 def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, quick: bool = False,
             sample: str | None = None, cache: ResultCache | None = None, progress: bool = True,
-            only: Sequence[str] | None = None, sizes: Sizes | None = None, timings: dict | None = None) -> dict:
+            only: Sequence[str] | None = None, sizes: Sizes | None = None, timings: dict | None = None,
+            results_dir=DEFAULT_RESULTS) -> dict:
     """Every section of report.json for `model` (see the module docstring).
 
     texts: None = the calibration part of the default corpus; a string or list of strings otherwise.
     only: run just these steps (the others are marked unavailable: "not run"); sizes: override FULL / QUICK.
     timings: a dict to receive each step's wall-clock seconds (kept out of report.json: it varies).
+    results_dir: where saved full experiment runs are read from (default: the source checkout's
+        benchmarks/results/, when there is one; None: always the experiments' --quick runs).
     """
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"seed: expected an int, got {seed!r}")
@@ -283,7 +442,11 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
     w_hash = weights_hash(model) if cache.enabled else "uncached"
     t_hash = text_hash(texts)
     got = Collected()
-    steps = _steps(model, texts, seed=seed, sizes=sizes, sample=sample, progress=progress, done=got.results)
+    if results_dir is DEFAULT_RESULTS:
+        from headcount.report.trained import results_dir as default_results
+        results_dir = default_results()
+    steps = _steps(model, texts, seed=seed, sizes=sizes, sample=sample, progress=progress, done=got.results,
+                   results_dir=results_dir)
     bar = _progress(len(steps), progress)
     try:
         for step in steps:
@@ -292,8 +455,11 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
                 got.unavailable[step.name] = "not run"
                 bar.update(1)
                 continue
-            key = cache_key(step.name, weights=w_hash, text=t_hash,
-                            params=step.params | {"model": getattr(model, "name", None)})
+            if step.model_free:  # the same result whichever model or text the report is on
+                key = cache_key(step.name, weights="-", text="-", params=step.params)
+            else:
+                key = cache_key(step.name, weights=w_hash, text=t_hash,
+                                params=step.params | {"model": getattr(model, "name", None)})
             t0 = time.perf_counter()
             try:
                 value = cache.get_or_compute(step.name, key,
@@ -334,7 +500,8 @@ def _untimed(value):
 
 
 def _reason(name: str, err: BaseException) -> str:
-    where = "headcount.surgery" if name in ("pruning", "kv_merge") else "headcount.analysis"
+    where = "headcount.surgery" if name in ("pruning", "kv_merge", "gates") else \
+        "headcount.experiments" if name.startswith("experiment-") else "headcount.analysis"
     msg = " ".join(str(err).split())
     return f"{where} does not provide it here ({type(err).__name__}: {msg})" if msg else \
         f"{where} does not provide it here ({type(err).__name__})"
@@ -344,8 +511,9 @@ def assemble(*, model_name: str, kind: str, results: dict, unavailable: dict | N
              params: dict | None = None) -> dict:
     """report.json from the steps' JSON results (what the HTML builder reads; testable without a model).
 
-    results: {"shape": {"shape", "accounts"}, "sample", "roles", "faithfulness", "rank",
-              and optionally "importance", "pruning", "kv_merge"}.
+    results: {"shape": {"shape", "accounts"}, "sample", "roles", "faithfulness", "rank", "checks",
+              and optionally "importance", "pruning", "kv_merge", "gates", "experiment-<name>" (one per
+              trained-from-scratch experiment: gathered into report["experiments"][name])}.
     """
     from headcount.report.claims import read_claims
 
@@ -363,9 +531,13 @@ def assemble(*, model_name: str, kind: str, results: dict, unavailable: dict | N
         "rank": results.get("rank"),
         "params": dict(params or {}),
     }
-    for key in ("importance", "pruning", "kv_merge"):
+    for key in ("checks", "importance", "pruning", "kv_merge", "gates"):
         if results.get(key) is not None:
             report[key] = results[key]
+    experiments = {k[len("experiment-"):]: v for k, v in sorted(results.items())
+                   if k.startswith("experiment-") and v is not None}
+    if experiments:
+        report["experiments"] = experiments
     for key in ("shape", "sample", "roles", "faithfulness", "rank"):
         if report.get(key) is None and key not in unavailable:
             unavailable[key] = "not computed"

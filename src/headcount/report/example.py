@@ -5,11 +5,13 @@ a model or an analysis (`python -m headcount.report.example DIR` writes it).
 
 Head 0 of every layer attends to the previous token, head 1 to the first token (a sink), head 2
 uniformly, head 3 to the token after the previous copy of the current one (induction); the role
-scores, faithfulness, rank, importance, pruning and K/V-merge sections are made-up but well-formed.
+scores, faithfulness, rank, importance, pruning, K/V-merge, gates, experiments and chapter-check sections are
+made-up but well-formed, and every one of the fifteen claims holds on them (tests break one at a time).
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 
 TOKENS = ["The", "cat", "sat", "on", "the", "mat", ".", "The", "cat", "sat", "on", "the", "mat", "."]
@@ -34,7 +36,11 @@ def _pattern(kind: int, n: int) -> list[list[int]]:
     return rows
 
 
-def example_report(n_layers: int = 4, n_heads: int = 4, *, missing: tuple[str, ...] = ()) -> dict:
+def example_report(n_layers: int = 4, n_heads: int = 4, *, missing: tuple[str, ...] = (),
+                   overrides: dict | None = None) -> dict:
+    """collect.assemble's output for a synthetic model. missing: results left out (their sections become
+    `unavailable`); overrides: {result name: a function of that result returning the one to use} (tests break
+    one claim at a time this way)."""
     from headcount.cost import ModelShape
     from headcount.report.accounts import accounts, shape_json
     from headcount.report.collect import assemble
@@ -82,13 +88,106 @@ def example_report(n_layers: int = 4, n_heads: int = 4, *, missing: tuple[str, .
              "kv_bytes_per_token_before": 2 * n_layers * shape.n_kv_heads * 32 * 4,
              "kv_bytes_per_token_after": 2 * n_layers * 32 * 4, "ppl_before": 10.0, "ppl_after": 11.5,
              "method": "aware"}
+    pruning["default"] = {"fraction": 0.2, "order": "reconstruction", "compensate": "lstsq", "mode": "query",
+                          "heads_removed": round(0.2 * n_layers * n_heads), "heads_before": n_layers * n_heads,
+                          "via": "prune_to", "ppl": 10.3}
+    pruning["points"].append(dict(pruning["default"]))
+    gates = {"source": "run", "fraction": 0.5, "steps": 40, "heads_before": n_layers * n_heads,
+             "heads_removed": n_layers * n_heads // 2, "reached": True, "n_closed": n_layers * n_heads // 2,
+             "n_gates": n_layers * n_heads, "n_removed_ranked": 0, "compensate": "lstsq", "mode": "query",
+             "objective": "KL of next-token distributions", "ppl_before": 10.0, "ppl_after": 11.2}
     results = {"shape": {"shape": shape_json(shape), "accounts": accounts(shape)}, "sample": sample, "roles": roles,
-               "faithfulness": faith, "rank": rank, "importance": importance, "pruning": pruning, "kv_merge": merge}
+               "faithfulness": faith, "rank": rank, "importance": importance, "pruning": pruning, "kv_merge": merge,
+               "gates": gates, "checks": example_checks(shape), **example_experiments()}
+    for key, change in (overrides or {}).items():
+        results[key] = change(copy.deepcopy(results.get(key)))
     for key in missing:
         results.pop(key, None)
     return assemble(model_name="example", kind="decoder", results=results,
                     unavailable={k: "left out of this example" for k in missing},
                     params={"seed": 0, "quick": True, "text": "synthetic"})
+
+
+def example_checks(shape) -> dict:
+    """The chapter checks (report.checks) as a model that passes them would give them: measured = formula."""
+    from headcount.cost import ModelShape, attention_flops, attention_params, get_preset, kv_cache, score_memory
+
+    d, seq = shape.d_model, 64
+    mha = [{"n_heads": h, "head_dim": d // h, "measured": 4 * d * d,
+            "formula": attention_params(ModelShape(d_model=d, n_heads=h))["total"]} for h in (1, 2, 4) if d % h == 0]
+    own = attention_params(shape.replace(n_layers=1))["total"]
+    flops = [{"label": f"MHA, {h} heads", "n_heads": h, "head_dim": d // h, "measured": 4 * seq * seq * d,
+              "formula": 4 * seq * seq * d, "formula_causal": 2 * seq * seq * d} for h in (1, 2, 4)]
+    f = attention_flops(shape.replace(n_layers=1), 1, seq)
+    flops.append({"label": "this model", "n_heads": shape.n_heads, "head_dim": shape.head_dim,
+                  "measured": f["scores"] + f["read"], "formula": f["scores"] + f["read"],
+                  "formula_causal": (f["scores"] + f["read"]) // 2})
+    chapter = []
+    for h, gib in ((8, 0.25), (32, 1.0), (128, 4.0)):
+        b = score_memory(ModelShape(d_model=4096, n_heads=h), 1, 4096, 2)["eager_per_layer"]
+        chapter.append({"n_heads": h, "bytes": b, "gib": b / 1024**3, "chapter_gib": gib})
+    measured = []
+    for h in (2, 8):
+        formula = score_memory(ModelShape(d_model=8 * h, n_heads=h, head_dim=8), 1, 1024, 4)["eager_peak_per_layer"]
+        measured.append({"n_heads": h, "seq": 1024, "head_dim": 8, "peak_bytes": int(formula * 1.02),
+                         "formula": formula, "method": "VmHWM - VmRSS"})
+    presets = [{"preset": k, "d_model": get_preset(k).shape.d_model, "n_heads": get_preset(k).shape.n_heads,
+                "head_dim": get_preset(k).shape.head_dim, "n_kv_heads": get_preset(k).shape.n_kv_heads,
+                "chapter_n_heads": n} for k, n in (("gpt3-small", 12), ("gpt3-175b", 96), ("llama-3-8b", 32))]
+    kv = kv_cache(shape, 1, 1, 2)["bytes_per_token"]
+    return {
+        "c2": {"layer": 0, "tokens": 14, "causal": True, "dtype": "float64", "n_heads": shape.n_heads,
+               "n_kv_heads": shape.n_kv_heads, "head_dim": shape.head_dim, "max_abs_diff": 2.2e-16,
+               "max_abs_output": 1.5, "relative_diff": 1.5e-16, "view_moves_no_data": True,
+               "transposed_q_contiguous": False, "rotary": "left out (a hook the chapter's formula does not have)"},
+        "c3_geometry": {"n_layers": shape.n_layers, "d_model": d, "n_heads": shape.n_heads, "head_dim": shape.head_dim,
+                        "own_slice_energy": 0.3, "reach": 0.7, "mean_overlap": 0.2, "slice_share": 1 / shape.n_heads,
+                        "mean_pairwise_angle_deg": 70.0, "min_pairwise_angle_deg": 5.0, "random_overlap": 0.25},
+        "c4": {"d_model": d, "four_d2": 4 * d * d, "mha": mha,
+               "model": {"measured": own, "formula": own, "n_heads": shape.n_heads, "n_kv_heads": shape.n_kv_heads,
+                         "head_dim": shape.head_dim}},
+        "c5": {"seq": seq, "d_model": d, "four_n2_d": 4 * seq * seq * d, "two_n2_d": 2 * seq * seq * d, "rows": flops,
+               "counter": "FlopCounterMode, eager path"},
+        "c6": {"d_model": 4096, "seq": 4096, "dtype": "fp16", "chapter": chapter, "measured": measured,
+               "tolerance": 0.1},
+        "c10": {"presets": presets, "decoupled": {"preset": "gemma-3-270m", "d_model": 640, "n_heads": 4, "head_dim": 256},
+                "model": {"d_model": d, "n_heads": shape.n_heads, "n_kv_heads": shape.n_kv_heads,
+                          "head_dim": shape.head_dim}},
+        "c14": {"dtype": "bf16", "bytes": 2, "measured": kv, "formula": kv, "n_layers": shape.n_layers,
+                "n_kv_heads": shape.n_kv_heads, "head_dim": shape.head_dim,
+                "by_hand": 2 * shape.n_kv_heads * shape.head_dim * shape.n_layers * 2, "uniform": True},
+    }
+
+
+def example_experiments(source: str = "saved") -> dict:
+    """The four trained-from-scratch experiments as collect's steps return them (made-up, claims holding)."""
+    def section(name, results, config, details=None):
+        return {"source": source, "path": f"benchmarks/results/{name}.json" if source == "saved" else None,
+                "command": f"headcount experiment {name}" + ("" if source == "saved" else " --quick"),
+                "seeds": config.get("seeds", config.get("targets")), "steps": config.get("steps"),
+                "result": {"experiment": name, "claim": "", "quick": source != "saved", "config": config,
+                           "results": results, "details": details or {}, "notes": []}}
+
+    return {
+        "experiment-multi-relation": section("multi-relation", [
+            {"n_heads": 1, "head_dim": 32, "accuracy": 0.42, "accuracy_std": 0.05, "accuracy_seeds": [0.4, 0.44],
+             "attention_params": 4096},
+            {"n_heads": 2, "head_dim": 16, "accuracy": 1.0, "accuracy_std": 0.0, "accuracy_seeds": [1.0, 1.0],
+             "attention_params": 4096}], {"seeds": 2, "steps": 400},
+            {"one_head": {"mass_on_marked": [0.45, 0.44], "distance_to_average": 0.2}}),
+        "experiment-write-address": section("write-address", [
+            {"variant": "o_proj (trained)", "loss": 2.37, "loss_std": 0.03},
+            {"variant": "no o_proj (identity, frozen)", "loss": 2.50, "loss_std": 0.03}], {"seeds": 3, "steps": 400}),
+        "experiment-heads-sweep": section("heads-sweep", [
+            {"n_heads": h, "head_dim": 64 // h, "ppl_mean": p, "ppl_std": 0.05}
+            for h, p in ((1, 11.0), (2, 10.5), (4, 10.4), (8, 10.45), (32, 11.2))], {"seeds": 3, "steps": 400}),
+        "experiment-low-rank": section("low-rank", [
+            {"head_dim": hd, "n": 16, "error": e, "n_heads": 1, "setting": "one head"}
+            for hd, e in ((2, 0.33), (4, 0.13), (8, 0.024), (16, 1e-6))] + [
+            {"head_dim": 8, "n": 16, "error": 0.027, "n_heads": 8, "setting": "n_heads=8, head_dim = d_model / n_heads"},
+            {"head_dim": 16, "n": 16, "error": 8e-7, "n_heads": 8, "setting": "n_heads=8, head_dim = n (decoupled)"}],
+            {"n": 16, "targets": 3, "steps": 2000}),
+    }
 
 
 if __name__ == "__main__":  # python -m headcount.report.example DIR

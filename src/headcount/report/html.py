@@ -81,18 +81,37 @@ def _header(r: dict) -> str:
             f'<div class="sub">{e(r.get("kind", ""))} \u00b7 {e(desc)}</div><div class="stats">{cards}</div></header>')
 
 
+def _number(x) -> str:
+    if x is None:
+        return "\u2013"
+    if isinstance(x, bool):
+        return str(x)
+    if isinstance(x, int):
+        return f"{x:,}"
+    if isinstance(x, float):
+        return f"{x:,.0f}" if abs(x) >= 1e5 else f"{x:.4g}"
+    return str(x)
+
+
 def _claims(r: dict) -> str:
+    claims = r.get("claims") or []
     items = []
-    for c in r.get("claims") or []:
+    for c in claims:
         cls = _STATUS_CLASS.get(c["status"], "na")
         items.append(
-            f'<div class="claim {cls}"><h3><span class="id">{e(c["id"])}</span>{e(c["title"])}'
+            f'<div class="claim {cls}" id="claim-{e(c["id"])}"><h3><span class="id">{e(c["id"])}</span>{e(c["title"])}'
             f'<span class="badge {cls}">{e(c["status"])}</span></h3>'
             f'<p class="says">Chapter: {e(c["claim"])}</p><p class="found">{e(c["finding"])}</p>'
-            f'<p class="test">Test: {e(c["test"])}</p></div>')
+            f'<p class="num">Number: <b>{e(_number(c.get("number")))}</b></p>'
+            f'<p class="test">Test: {e(c["test"])}</p>'
+            f'<p class="src">Source: {e(c.get("source") or "not available in this report")}</p></div>')
+    held = sum(c["status"] == "held" for c in claims)
     return ('<section class="card" id="claims"><h2>The chapter\'s claims, on this model</h2>'
-            '<p class="lede">Each claim of chapter 2.3 next to what this model showed, with the number and the '
-            f'test that decided it.</p><div class="claims">{"".join(items)}</div></section>')
+            f'<p class="lede">Each of the {len(claims)} claims of chapter 2.3 next to what this model showed '
+            f'({held} of {len(claims)} held), with the number and the test that decided it, and where the number '
+            'came from: measured on this model in this run, or a small model trained from scratch (a saved full '
+            'run of the experiment, or its --quick run). A claim that did not hold is shown as such.</p>'
+            f'<div class="claims">{"".join(items)}</div></section>')
 
 
 def _accounts(r: dict) -> str:
@@ -233,10 +252,38 @@ def _surgery(r: dict) -> str:
                  + "</div>")
     else:
         right = _na("The K/V merge", un.get("kv_merge", "headcount.surgery.merge_kv was not run"))
+    right += _gates(r)
+    default = (pr or {}).get("default") or {}
+    how = (f" The starred point is <code>prune_to(model, {default.get('fraction', 0.2):g})</code> with the project's "
+           f"defaults (order {e(str(default.get('order')))}, compensation {e(str(default.get('compensate')))}): "
+           "claim C11." if default else "")
     return ('<section class="card" id="surgery"><h2>Removing heads, merging K/V heads</h2>'
-            '<p class="lede">Left: held-out perplexity as the least important heads are removed (chapter 2.3.6). '
-            'Right: the GQA trade-off measured on this model: fewer K/V heads, a smaller cache, and what it costs '
-            f'(chapter 2.3.7).</p><div class="grid2"><div>{left}</div><div>{right}</div></div></section>')
+            '<p class="lede">Left: held-out perplexity as the least important heads are removed (chapter 2.3.6).'
+            f'{how} Right: the GQA trade-off measured on this model: fewer K/V heads, a smaller cache, and what it '
+            'costs (chapter 2.3.7); below it, heads removed by trained hard-concrete gates (claim C12).</p>'
+            f'<div class="grid2"><div>{left}</div><div>{right}</div></div></section>')
+
+
+def _gates(r: dict) -> str:
+    g = r.get("gates")
+    if not g:
+        return _na("Trained gates", (r.get("unavailable") or {}).get("gates", "headcount.surgery.train_gates was not run"))
+    if g.get("source") == "saved":
+        rows = "".join(f'<tr><td>{e(str(p.get("model") or ""))}</td><td>{p.get("heads_removed")} / {p.get("heads_before")}'
+                       f'</td><td>{_f(p.get("base_ppl"), 2)} \u2192 {_f(p.get("ppl"), 2)}</td></tr>'
+                       for p in g.get("points") or [])
+        return (f'<h3 class="sub">Trained gates (from {e(str(g.get("path")))})</h3><table class="data"><tr><th>model</th>'
+                f'<th>heads removed</th><th>held-out perplexity</th></tr>{rows}</table>')
+    kpis = (f'<div class="kpi"><span>heads removed by the gates</span><b>{g.get("heads_removed")} of '
+            f'{g.get("heads_before")}</b><small> (target {_pct(g.get("fraction"))}'
+            f'{"" if g.get("reached") is not False else ", NOT reached"})</small></div>')
+    if g.get("ppl_before") is not None and g.get("ppl_after") is not None:
+        kpis += (f'<div class="kpi"><span>held-out perplexity</span><b>{g["ppl_before"]:.2f} \u2192 '
+                 f'{g["ppl_after"]:.2f}</b><small> ({g["ppl_after"] / g["ppl_before"] - 1:+.1%})</small></div>')
+    elif g.get("cosine") is not None:
+        kpis += f'<div class="kpi"><span>embedding cosine</span><b>{g["cosine"]:.3f}</b></div>'
+    return (f'<h3 class="sub">Trained gates ({g.get("steps")} steps, model frozen, then removal with compensation '
+            f'{e(str(g.get("compensate")))})</h3><div class="kpis">{kpis}</div>')
 
 
 def _faithfulness(r: dict) -> str:

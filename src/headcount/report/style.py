@@ -40,6 +40,8 @@ p.lede { margin:0 0 14px; color:var(--muted); max-width:900px; }
 .claim .says { color:var(--muted); font-size:13px; margin:0 0 6px; }
 .claim .found { font-size:14px; margin:0; }
 .claim .test { color:var(--muted); font-size:12px; margin:6px 0 0; font-style:italic; }
+.claim .num { font-size:13px; margin:6px 0 0; } .claim .num b { font-variant-numeric:tabular-nums; }
+.claim .src { color:var(--muted); font-size:12px; margin:4px 0 0; }
 table.data { border-collapse:collapse; width:100%; font-size:13px; font-variant-numeric:tabular-nums; }
 table.data th { text-align:right; font-weight:600; color:var(--muted); border-bottom:2px solid var(--line);
                 padding:6px 10px; white-space:nowrap; }

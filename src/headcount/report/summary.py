@@ -3,7 +3,7 @@
     summary_lines(report) -> [5 strings]
       1. heads per role
       2. the top heads (the highest-scoring labelled head of each role)
-      3. the chapter's claims: held / partly / did not hold / not measured
+      3. the chapter's fifteen claims: how many held out of 15, then each one's status
       4. the model's three accounts (KV cache per token as MHA / its GQA / MQA)
       5. what is missing (or "every section present")
 """
@@ -41,7 +41,7 @@ def _claims_line(claims: list[dict]) -> str:
     held = sum(c["status"] == "held" for c in claims)
     measured = sum(c["status"] != "not measured" for c in claims)
     parts = ", ".join(f"{c['id']} {_MARK.get(c['status'], c['status'])}" for c in claims)
-    return f"chapter claims held: {held} of {measured} measured ({parts})"
+    return f"chapter claims held: {held} of {len(claims)} ({measured} measured: {parts})"
 
 
 def _accounts_line(accounts: dict | None) -> str:

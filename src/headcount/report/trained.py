@@ -1,0 +1,167 @@
+"""The claims that need a model trained from scratch (C1, C3, C8, C9's low-rank experiment) and the one
+that needs trained gates (C12): where their numbers come from, as report.json sections.
+
+    results_dir() -> Path | None                  benchmarks/results/ of a source checkout, when it exists
+    experiment_section(name, *, results, seed, progress) -> {"source", "path", "result"}
+    gates_section(model, *, calibration, held, sizes, progress) -> {...}   (C12; raises while train_gates is missing)
+    saved_gates(results) -> {...} | None          the gates bench's saved result, when one exists
+
+An experiment's numbers are the FULL run saved in benchmarks/results/<name>.json when that file exists (the
+page says so, with the run's seeds and steps), otherwise the experiment's --quick run (run here; collect.py
+caches it like every step). Neither depends on the report's model.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+
+EXPERIMENT_NAMES = ("multi-relation", "write-address", "heads-sweep", "low-rank")
+GATES_FILES = ("surgery_gates.json", "gates.json")  # what the gates bench may have saved, first found wins
+GATE_FRACTION = 0.5  # C12: the share of heads the report's gates are trained to remove ("most" = more than half)
+
+
+def results_dir() -> Path | None:
+    """The source checkout's benchmarks/results/ (src/headcount/report/trained.py -> repo root), or None for
+    an installed package with no checkout beside it."""
+    root = Path(__file__).resolve().parents[3]
+    found = root / "benchmarks" / "results"
+    return found if found.is_dir() else None
+
+
+def saved_experiment(name: str, results: Path | None) -> tuple[dict, Path] | None:
+    """benchmarks/results/<name>.json when it holds a FULL run of that experiment (quick runs are not used)."""
+    if results is None:
+        return None
+    path = Path(results) / f"{name}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("experiment") != name or data.get("quick") or not data.get("results"):
+        return None
+    return data, path
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def experiment_source(name: str, results: Path | None) -> dict:
+    """What an experiment step will read or run, as cache-key parameters: {"source": "saved", "sha256"} or
+    {"source": "quick"}."""
+    saved = saved_experiment(name, results)
+    if saved is None:
+        return {"source": "quick"}
+    return {"source": "saved", "sha256": file_hash(saved[1])}
+
+
+def _trim(data: dict) -> dict:
+    """An experiment's JSON without what the page never reads (per-layer geometry, per-model diagnostics)."""
+    out = {k: data.get(k) for k in ("experiment", "claim", "quick", "config", "results", "notes", "seconds")}
+    details = dict(data.get("details") or {})
+    details.pop("per_model", None)
+    real = details.get("real_models")
+    if isinstance(real, dict):
+        details["real_models"] = {m: {k: v for k, v in g.items() if k != "layers"} for m, g in real.items()
+                                  if isinstance(g, dict)}
+    out["details"] = details
+    return out
+
+
+def experiment_section(name: str, *, results: Path | None, seed: int = 0, progress: bool = True) -> dict:
+    """{"source": "saved" | "quick", "path": file name or None, "command": how to reproduce, "result": JSON}."""
+    if name not in EXPERIMENT_NAMES:
+        raise ValueError(f"experiment: expected one of {EXPERIMENT_NAMES}, got {name!r}")
+    saved = saved_experiment(name, results)
+    if saved is not None:
+        data, path = saved
+        cfg = data.get("config") or {}
+        return {"source": "saved", "path": f"benchmarks/results/{path.name}",
+                "command": f"headcount experiment {name}", "seeds": cfg.get("seeds", cfg.get("targets")),
+                "steps": cfg.get("steps"), "result": _trim(data)}
+    from headcount.experiments import run_experiment
+
+    result = run_experiment(name, quick=True, seed=seed, progress=progress)
+    data = result.to_json()
+    cfg = data.get("config") or {}
+    return {"source": "quick", "path": None, "command": f"headcount experiment {name} --quick",
+            "seeds": cfg.get("seeds", cfg.get("targets")), "steps": cfg.get("steps"), "result": _trim(data)}
+
+
+# ------------------------------------------------------------------------------------------- gates
+def saved_gates(results: Path | None) -> dict | None:
+    """The gates bench's saved result (benchmarks/results/surgery_gates.json), when it exists, as
+    {"source": "saved", "path", "points": [{"heads_removed", "heads_before", "ppl", "base_ppl", ...}]}: every
+    object in the file that carries method "l0" with heads_removed, heads_before and ppl (its base perplexity
+    from "base_ppl" or "ppl_before" beside it)."""
+    if results is None:
+        return None
+    for name in GATES_FILES:
+        path = Path(results) / name
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        points = []
+
+        def walk(obj, base=None):
+            if isinstance(obj, dict):
+                base = obj.get("base_ppl", obj.get("ppl_before", base))
+                if obj.get("method") == "l0" and all(k in obj for k in ("heads_removed", "heads_before", "ppl")):
+                    points.append({k: obj.get(k) for k in ("model", "fraction", "heads_removed", "heads_before",
+                                                           "ppl", "steps")} | {"base_ppl": base})
+                for v in obj.values():
+                    walk(v, base)
+            elif isinstance(obj, list):
+                for v in obj:
+                    walk(v, base)
+
+        walk(data)
+        if points:
+            return {"source": "saved", "path": f"benchmarks/results/{name}", "points": points}
+    return None
+
+
+def gates_section(model, *, calibration, held, steps: int, n_windows: int, window: int,
+                  calibration_windows: int, fraction: float = GATE_FRACTION, lr: float | None = None,
+                  progress: bool = True) -> dict:
+    """Train hard-concrete gates on a copy of `model` to remove `fraction` of its heads (headcount.surgery.
+    train_gates, model frozen), remove the heads they closed (apply_gates, its default compensation), and
+    measure held-out quality: {"fraction", "steps", "heads_before", "heads_removed", "reached", "n_closed",
+    "ppl_before", "ppl_after" (decoders) | "cosine" (encoders), "gates": the GateResult's summary}.
+
+    held: collect.HeldOut (the held-out sets and the unmodified model's quality, shared with the other steps).
+    Raises AttributeError / ImportError while headcount.surgery has no train_gates (collect.py turns that into
+    an `unavailable` entry)."""
+    from headcount.report.calls import call_with, fn
+
+    train = fn("surgery", "train_gates")
+    apply = fn("surgery", "apply_gates")
+    pruned = copy.deepcopy(model)
+    kwargs = dict(fraction=fraction, steps=steps, calibration=calibration, n_windows=n_windows, window=window,
+                  progress=progress)
+    if lr is not None:
+        kwargs["lr"] = lr
+    gates = call_with(train, pruned, **kwargs)
+    g = gates.to_json() if hasattr(gates, "to_json") else dict(gates)
+    result = call_with(apply, pruned, gates, calibration=calibration, calibration_windows=calibration_windows,
+                       window=window, force=True, progress=progress)
+    r = result.to_json() if hasattr(result, "to_json") else {}
+    after = held.first(held.evaluate(pruned))
+    out = {"source": "run", "fraction": fraction, "steps": steps, "window": window, "n_windows": n_windows,
+           "heads_before": r.get("heads_before", g.get("n_gates")), "heads_removed": r.get("heads_removed"),
+           "heads_after": r.get("heads_after"), "compensate": r.get("compensate"), "mode": g.get("mode"),
+           "reached": g.get("reached"), "n_closed": g.get("n_closed"), "n_gates": g.get("n_gates"),
+           "n_removed_closed": g.get("n_removed_closed"), "n_removed_ranked": g.get("n_removed_ranked"),
+           "final_expected_l0": g.get("final_expected_l0"), "heads_to_keep": g.get("heads_to_keep"),
+           "final_loss": g.get("final_loss"), "objective": g.get("objective"),
+           "forward_equivalents": g.get("forward_equivalents"),
+           "removed": r.get("removed", g.get("removed")), "gates": g.get("gates")}
+    if hasattr(model, "lm_head"):
+        out["ppl_before"], out["ppl_after"] = held.first(held.base), after
+    else:
+        out["cosine"], out["spearman"] = after
+    return out
