@@ -143,8 +143,9 @@ def register(app, bench_app) -> None:
             main = distributed.is_main(group)
         start = time.perf_counter()
         model = load_model(model_name, dtype, device)
-        _say_plan(model, fraction, mode, uniform, main)
         gates = _train_l0(model, fraction, mode, cal, steps, lr, force) if method == "l0" else None
+        if gates is None:  # the gates keep exactly their target (or refuse it, naming --fraction)
+            _say_plan(model, fraction, mode, uniform, main)
         ppl_before, reference, by_domain_before = held_out_report(model, held, eval_windows, 512)
         if gates is not None:
             from headcount.surgery import apply_gates

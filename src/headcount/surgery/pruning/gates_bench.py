@@ -231,7 +231,7 @@ def plot(section: dict, path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    styles = {"retraining-free": "o-", "l0 + lstsq": "s-", "l0 (no refit)": "^--"}
+    styles = {"retraining-free": ("C0", "o"), "l0 + lstsq": ("C3", "s"), "l0 (no refit)": ("C2", "^")}
     for ax, name in zip(axes, ("smollm2", "minilm")):
         data = section.get(name)
         if not data or "error" in data:
@@ -249,7 +249,9 @@ def plot(section: dict, path) -> None:
                 else:
                     xs = [data["heads"]] + [p["heads_kept"] for p in pts]
                     ys = [1.0] + [p[key] for p in pts]
-                ax.plot(xs, ys, styles[method], label=f"{method}: {key}", alpha=0.9 if key in ("prose", "cosine") else 0.5)
+                first = key == keys[0]  # prose / cosine solid, code / Spearman dotted; one colour per method
+                ax.plot(xs, ys, color=styles[method][0], marker=styles[method][1], linestyle="-" if first else ":",
+                        label=f"{method}: {key}")
         ax.set_xlabel("attention heads kept")
         if "ppl_by_text" in data["base"]:
             ax.set_ylabel("held-out perplexity")
