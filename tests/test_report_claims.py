@@ -197,3 +197,14 @@ def test_missing_sources_are_not_measured_not_held():
     assert by["C9"]["status"] == "held" and "low-rank" not in by["C9"]["source"]  # the model's ranks alone
     assert summary_lines(r)[2].startswith("chapter claims held: 5 of 15 (5 measured: C1 n/a, C2 n/a")
     assert normalise(read_claims(r)) == r["claims"]  # claims are read from report.json alone
+
+
+def test_c8_with_one_seed_uses_a_relative_floor():
+    from headcount.report.claims import c8_heads_sweep
+    rows = [{"n_heads": h, "head_dim": 64 // h, "ppl_mean": p, "ppl_std": 0.0} for h, p in ((1, 16.0), (4, 14.65),
+                                                                                            (32, 14.60))]
+    c = c8_heads_sweep({"source": "quick", "command": "headcount experiment heads-sweep --quick", "seeds": 1,
+                        "result": {"results": rows}})
+    assert c["status"] == "partly" and "extremes that lose: 1;" in c["finding"]  # 4 heads is within 1% of 32
+    rows[1]["ppl_mean"] = 15.0  # now 2.7% off the best: the optimum is not broad
+    assert c8_heads_sweep({"result": {"results": rows}})["status"] == "did not hold"
