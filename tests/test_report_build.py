@@ -234,6 +234,21 @@ def test_gates_without_train_gates_are_unavailable_not_a_crash(tiny, tmp_path, m
     assert r["unavailable"]["gates"].startswith("headcount.surgery does not provide it here")
     c12 = next(c for c in r["claims"] if c["id"] == "C12")
     assert c12["status"] == "not measured"
+    # ... or the gates bench's saved result for this model, when there is one (its own format, read as is)
+    results = tmp_path / "results"
+    results.mkdir()
+    point = {"fraction": 0.5, "heads_kept": 4, "ppl_by_text": {"prose": 12.0, "code": 30.0}}
+    bench = {"gates": {"quick": False, "tiny": {"model": "tiny", "heads": 8, "steps": 300, "base": {
+        "ppl_by_text": {"prose": 10.0, "code": 20.0}}, "points": [
+        point | {"method": "retraining-free"}, point | {"method": "l0 + lstsq"},
+        point | {"method": "l0 (no refit)", "ppl_by_text": {"prose": 50.0}}]}}}
+    (results / "surgery_gates.json").write_text(json.dumps(bench))
+    r = collect(tiny, TEXT, sizes=TINY, only=("shape", "gates"), progress=False,
+                cache=ResultCache(tmp_path, enabled=False), results_dir=results)
+    assert r["gates"]["source"] == "saved" and len(r["gates"]["points"]) == 1
+    c12 = next(c for c in r["claims"] if c["id"] == "C12")
+    assert c12["status"] == "held" and abs(c12["number"] - 0.2) < 1e-9, c12["finding"]
+    assert "benchmarks/results/surgery_gates.json" in c12["source"] and "4 of 8 heads" in c12["finding"]
 
 
 def test_experiments_come_from_saved_full_runs_or_quick_runs(tiny, tmp_path, monkeypatch):

@@ -208,10 +208,14 @@ def pruning_chart(pruning: dict | None):
             hovertemplate=f"prune_to(model, {default['fraction']:g}): order {default.get('order')}, compensation "
                           f"{default.get('compensate')}<br>{label} %{{y:.3f}}<extra></extra>"))
     if metric == "ppl":
-        fig.add_hline(y=base, line=dict(color="#888", dash="dot"), annotation_text=f"unpruned {base:.2f}",
-                      annotation_position="top left")
-        fig.add_hline(y=base * 1.1, line=dict(color="#bbb", dash="dot"), annotation_text="+10%",
-                      annotation_position="bottom right")
+        # on a log axis an annotation's y is log10 of the value (a shape's is the value): add_hline's own
+        # annotation_text would sit at 10^value and stretch the axis to 1e20, so the labels are placed by hand
+        for y, text, where, color in ((base, f"unpruned {base:.2f}", "left", "#888"),
+                                      (base * 1.1, "+10%", "right", "#bbb")):
+            fig.add_hline(y=y, line=dict(color=color, dash="dot"))
+            fig.add_annotation(x=0 if where == "left" else 1, xref="paper", y=math.log10(y), yref="y", text=text,
+                               showarrow=False, xanchor=where, yanchor="bottom" if where == "left" else "top",
+                               font=dict(size=11, color="#666"))
     _layout(fig, height=380, legend=dict(orientation="h", y=-0.3))
     fig.update_xaxes(title="share of heads removed", tickformat=".0%", rangemode="tozero")
     fig.update_yaxes(title=label, type="log" if metric == "ppl" else "linear")

@@ -92,7 +92,7 @@ def c2_reference(model, sentence: str) -> dict:
             "n_heads": nh, "n_kv_heads": nkv, "head_dim": dh, "max_abs_diff": diff, "max_abs_output": scale,
             "relative_diff": diff / scale if scale else diff,
             "view_moves_no_data": split.data_ptr() == proj.data_ptr(), "transposed_q_contiguous": q.is_contiguous(),
-            "rotary": "left out (a hook the chapter's formula does not have)"}
+            "rotary": "left out, a hook the chapter's formula does not have"}
 
 
 def c4_params(model, shape) -> dict:

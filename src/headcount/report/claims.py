@@ -320,7 +320,7 @@ def c1_multi_relation(section: dict | None) -> dict:
                f"one head: accuracy {one['accuracy']:.3f}; {best['n_heads']} heads: {best['accuracy']:.3f}")
     oh = (((section or {}).get("result") or {}).get("details") or {}).get("one_head")
     if oh and oh.get("mass_on_marked"):
-        finding += (f". The one head puts {' + '.join(f'{m:.2f}' for m in oh['mass_on_marked'])} of its attention "
+        finding += (f". The one head (first seed) puts {' + '.join(f'{m:.2f}' for m in oh['mass_on_marked'])} of its attention "
                     f"on the two marked positions; its output sits at distance {oh['distance_to_average']:.2f} from "
                     f"their average (0 = the average, 1 = one value)")
     return _claim("C1", title, claim, test, status, finding, gap, experiment_source(section))
@@ -434,21 +434,37 @@ def c12_gates(gates: dict | None, model: str | None = None) -> dict:
     enough = share is not None and share >= C12_FRACTION - 1e-9
     status = HELD if enough and reached is not False and quality else NOT_HELD
     return _claim("C12", title, claim, test, status, "; ".join(bits), number,
-                  run_source(model) + " (headcount.surgery.train_gates, cached)")
+                  run_source(model) + " (headcount.surgery.train_gates, a short run, cached; the full training is "
+                  "`headcount bench surgery --part gates`)")
 
 
 def _c12_saved(title: str, claim: str, test: str, gates: dict) -> dict:
-    pts = [p for p in gates.get("points") or [] if p.get("heads_before") and p.get("base_ppl") and p.get("ppl")]
+    pts = [p for p in gates.get("points") or [] if p.get("heads_before") and p.get("heads_removed") is not None
+           and ((p.get("base_ppl") and p.get("ppl")) or p.get("cosine") is not None)]
     if not pts:
         return _claim("C12", title, claim, test, NOT_MEASURED, f"{gates.get('path')} holds no usable point")
-    ok = [p for p in pts if p["heads_removed"] / p["heads_before"] >= C12_FRACTION - 1e-9
-          and p["ppl"] <= p["base_ppl"] * (1 + C12_PPL_RISE)]
-    best = max(ok or pts, key=lambda p: (p["heads_removed"] / p["heads_before"], -p["ppl"]))
-    rise = best["ppl"] / best["base_ppl"] - 1
-    finding = (f"{best.get('model') or 'the model'}: gates removed {best['heads_removed']} of {best['heads_before']} "
-               f"heads; held-out perplexity {best['base_ppl']:.2f} -> {best['ppl']:.2f} ({rise:+.1%})")
-    return _claim("C12", title, claim, test, HELD if ok else NOT_HELD, finding, rise,
-                  f"the gates bench's saved result in {gates.get('path')}")
+
+    def share(p):
+        return p["heads_removed"] / p["heads_before"]
+
+    def quality_ok(p):
+        return p["ppl"] <= p["base_ppl"] * (1 + C12_PPL_RISE) if p.get("base_ppl") else p["cosine"] >= PRUNE_COSINE
+
+    ok = [p for p in pts if share(p) >= C12_FRACTION - 1e-9 and quality_ok(p)]
+    best = max(ok, key=share) if ok else max((p for p in pts if share(p) >= C12_FRACTION - 1e-9), key=share,
+                                             default=max(pts, key=share))
+    if best.get("base_ppl"):
+        number = best["ppl"] / best["base_ppl"] - 1
+        q = f"held-out perplexity {best['base_ppl']:.2f} -> {best['ppl']:.2f} ({number:+.1%})"
+    else:
+        number = best["cosine"]
+        q = f"held-out sentence embeddings at mean cosine {number:.3f}"
+    finding = (f"{best.get('model') or 'the model'}: gates trained {gates.get('steps')} steps then lstsq removed "
+               f"{best['heads_removed']} of {best['heads_before']} heads; {q}"
+               + (f" (other targets: " + ", ".join(f"{p['heads_removed']} removed" for p in pts if p is not best) + ")"
+                  if len(pts) > 1 else ""))
+    return _claim("C12", title, claim, test, HELD if ok else NOT_HELD, finding, number,
+                  f"the gates bench's saved result in {gates.get('path')} (`headcount bench surgery --part gates`)")
 
 
 # --------------------------------------------------------- measured checks: C2, C4, C5, C6, C10, C14
@@ -466,8 +482,8 @@ def c2_fused(check: dict | None, model: str | None = None) -> dict:
                f"{check['n_kv_heads']} KV heads, head_dim {check['head_dim']}): max |difference| "
                f"{check['max_abs_diff']:.3g} for outputs up to {check['max_abs_output']:.3g} (relative {rel:.3g}); "
                f"view moved no data: {'yes' if check.get('view_moves_no_data') else 'NO'}; the transposed Q is "
-               f"{'contiguous' if check.get('transposed_q_contiguous') else 'a non-contiguous view'}"
-               f" (rotary {check.get('rotary', 'left out')})")
+               f"{'contiguous' if check.get('transposed_q_contiguous') else 'a non-contiguous view'}; rotary: "
+               f"{check.get('rotary', 'left out')}")
     status = HELD if rel <= C2_RELATIVE else NOT_HELD
     return _claim("C2", title, claim, test, status, finding, rel, run_source(model))
 

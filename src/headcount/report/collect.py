@@ -373,7 +373,7 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
     def gates_step():
         from headcount.report.trained import gates_section, saved_gates
         if not trainable:  # the bench's saved result, when there is one; else `unavailable`
-            saved = saved_gates(results_dir)
+            saved = saved_gates(results_dir, getattr(model, "name", None))
             if saved is None:
                 _fn("surgery", "train_gates")  # raises the reason
             return saved
@@ -387,7 +387,7 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
                "sentences": sizes.encoder_sentences}
     steps = [
         Step("shape", {}, shape_step),
-        Step("checks", {"sentence": sentence, "version": 1}, lambda: chapter_checks(model, sentence)),
+        Step("checks", {"sentence": sentence, "version": 2}, lambda: chapter_checks(model, sentence)),
         Step("sample", {"sentence": sentence}, lambda: sample_attention(model, sentence)),
         Step("roles", sized | {"tokens": sizes.roles_tokens, "sentences": sizes.roles_sentences}, roles_step),
         Step("faithfulness", sized | {"layers": faith_layers, "examples": sizes.faithfulness_examples,

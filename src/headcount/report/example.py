@@ -139,7 +139,7 @@ def example_checks(shape) -> dict:
         "c2": {"layer": 0, "tokens": 14, "causal": True, "dtype": "float64", "n_heads": shape.n_heads,
                "n_kv_heads": shape.n_kv_heads, "head_dim": shape.head_dim, "max_abs_diff": 2.2e-16,
                "max_abs_output": 1.5, "relative_diff": 1.5e-16, "view_moves_no_data": True,
-               "transposed_q_contiguous": False, "rotary": "left out (a hook the chapter's formula does not have)"},
+               "transposed_q_contiguous": False, "rotary": "left out, a hook the chapter's formula does not have"},
         "c3_geometry": {"n_layers": shape.n_layers, "d_model": d, "n_heads": shape.n_heads, "head_dim": shape.head_dim,
                         "own_slice_energy": 0.3, "reach": 0.7, "mean_overlap": 0.2, "slice_share": 1 / shape.n_heads,
                         "mean_pairwise_angle_deg": 70.0, "min_pairwise_angle_deg": 5.0, "random_overlap": 0.25},

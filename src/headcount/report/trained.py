@@ -4,7 +4,7 @@ that needs trained gates (C12): where their numbers come from, as report.json se
     results_dir() -> Path | None                  benchmarks/results/ of a source checkout, when it exists
     experiment_section(name, *, results, seed, progress) -> {"source", "path", "result"}
     gates_section(model, *, calibration, held, sizes, progress) -> {...}   (C12; raises while train_gates is missing)
-    saved_gates(results) -> {...} | None          the gates bench's saved result, when one exists
+    saved_gates(results, model) -> {...} | None   the gates bench's saved result for that model, when one exists
 
 An experiment's numbers are the FULL run saved in benchmarks/results/<name>.json when that file exists (the
 page says so, with the run's seeds and steps), otherwise the experiment's --quick run (run here; collect.py
@@ -92,36 +92,38 @@ def experiment_section(name: str, *, results: Path | None, seed: int = 0, progre
 
 
 # ------------------------------------------------------------------------------------------- gates
-def saved_gates(results: Path | None) -> dict | None:
-    """The gates bench's saved result (benchmarks/results/surgery_gates.json), when it exists, as
-    {"source": "saved", "path", "points": [{"heads_removed", "heads_before", "ppl", "base_ppl", ...}]}: every
-    object in the file that carries method "l0" with heads_removed, heads_before and ppl (its base perplexity
-    from "base_ppl" or "ppl_before" beside it)."""
-    if results is None:
+def saved_gates(results: Path | None, model: str | None) -> dict | None:
+    """The gates bench's saved result for `model` (`headcount bench surgery --part gates --save-json
+    benchmarks/results/surgery_gates.json`: {"gates": {model: {"heads", "steps", "base", "points"}}}), when it exists,
+    as {"source": "saved", "path", "model", "steps", "points": [{"fraction", "heads_removed", "heads_before",
+    "ppl", "base_ppl" | "cosine"}]}: the points of gates followed by the default refit ("l0 + lstsq")."""
+    if results is None or not model:
         return None
     for name in GATES_FILES:
-        path = Path(results) / name
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = json.loads((Path(results) / name).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             continue
+        section = ((data.get("gates") if isinstance(data, dict) else None) or {}).get(model)
+        if not isinstance(section, dict) or not section.get("heads") or "error" in section:
+            continue
+        heads, base = section["heads"], section.get("base") or {}
+        base_ppl = next(iter((base.get("ppl_by_text") or {}).values()), None)
         points = []
-
-        def walk(obj, base=None):
-            if isinstance(obj, dict):
-                base = obj.get("base_ppl", obj.get("ppl_before", base))
-                if obj.get("method") == "l0" and all(k in obj for k in ("heads_removed", "heads_before", "ppl")):
-                    points.append({k: obj.get(k) for k in ("model", "fraction", "heads_removed", "heads_before",
-                                                           "ppl", "steps")} | {"base_ppl": base})
-                for v in obj.values():
-                    walk(v, base)
-            elif isinstance(obj, list):
-                for v in obj:
-                    walk(v, base)
-
-        walk(data)
+        for p in section.get("points") or []:
+            if p.get("method") != "l0 + lstsq" or p.get("heads_kept") is None:
+                continue
+            point = {"fraction": p.get("fraction"), "heads_removed": heads - p["heads_kept"], "heads_before": heads,
+                     "method": p["method"], "model": model}
+            if base_ppl is not None and p.get("ppl_by_text"):
+                point |= {"ppl": next(iter(p["ppl_by_text"].values())), "base_ppl": base_ppl}
+            elif p.get("cosine") is not None:
+                point |= {"cosine": p["cosine"]}
+            points.append(point)
         if points:
-            return {"source": "saved", "path": f"benchmarks/results/{name}", "points": points}
+            return {"source": "saved", "path": f"benchmarks/results/{name}", "model": model,
+                    "steps": section.get("steps"), "quick": bool(((data.get("gates") or {}).get("quick"))),
+                    "points": points}
     return None
 
 
