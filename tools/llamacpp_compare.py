@@ -21,8 +21,8 @@ predicts nonsense) every window opens with BOS, as its unscored first token (`--
 - llama.cpp (tools/llamacpp/score.mjs): every window evaluated from an empty context, the probability
   of each next token (node-llama-cpp's full-vocabulary softmax of llama.cpp's f32 logits; its sampler
   chain is greedy alone, so nothing is filtered; renormalised in f64, because the addon's f32 sum drops
-  the vocabulary's tail and biased every NLL by ~1.6e-4 nats on smollm2), its argmax, and 32 greedy
-  tokens from the same prompt.
+  the vocabulary's tail: that made perplexity read ~1.6e-4 relative low on smollm2), its argmax, and 32
+  greedy tokens from the same prompt.
   The KV cache is f32 (`--kv f16` for llama.cpp's default).
 
 Cases (`--cases`; the default is every case but the 1.5b model and the surgery on the new families):
