@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import statistics
 
+from headcount.report.trained import GATES_FILES
+
+GATES_FILE = GATES_FILES[0]  # where the gates bench saves its result (the report reads it before training)
+
 ROLE_NAMES = ("previous_token", "duplicate_token", "induction", "positional", "syntactic", "rare_word", "sink")
 ROLES_NEEDED = 3  # C7 holds when at least this many roles have a labelled head
 PRUNE_FRACTION = 0.2  # C11: at least this share of heads removed ...
@@ -55,6 +59,24 @@ def experiment_source(section: dict | None) -> str | None:
                 "a small model trained from scratch")
     return (f"the experiment's --quick run ({size}; `{section.get('command')}`), run by this report and cached; "
             "a small model trained from scratch")
+
+
+def domain_table(section: dict | None) -> list[tuple[str, float, float]]:
+    """[(domain, before, after)] of a pruning / merge section's three held-out domains (issue 16), through
+    surgery's own domain_rows (the table `headcount prune` / `merge-kv` print); [] when not measured."""
+    from headcount.surgery.cli_common import domain_rows
+
+    section = section or {}
+    rows = domain_rows(section.get("ppl_by_domain_before"), section.get("ppl_by_domain_after"))
+    return [(label.rsplit(": ", 1)[-1], before, after) for label, before, after in rows
+            if before is not None and after is not None]
+
+
+def domain_finding(section: dict | None) -> str:
+    """'; on the other held-out domains: code a -> b (+x%), source ...' (nothing when not measured)."""
+    parts = [f"{name} {b:.2f} -> {a:.2f} ({a / b - 1:+.1%})" for name, b, a in domain_table(section)
+             if name != "prose" and b]
+    return "; on the other held-out domains: " + ", ".join(parts) if parts else ""
 
 
 def head_name(entry) -> str:
@@ -164,7 +186,7 @@ def c11_pruning(pruning: dict | None) -> dict:
     base = (pruning or {}).get("base_ppl")
     default = (pruning or {}).get("default")
     if default:  # the project's defaults at exactly PRUNE_FRACTION: that point decides
-        return _c11_default(title, claim, default, base)
+        return _c11_default(title, claim, default, base, pruning)
     if points and not base and any(p.get("cosine") is not None for p in points):
         return _c11_encoder(title, claim, points)
     if not points or not base:
@@ -188,7 +210,7 @@ def c11_pruning(pruning: dict | None) -> dict:
     return _claim("C11", title, claim, test, status, finding, number)
 
 
-def _c11_default(title: str, claim: str, p: dict, base: float | None) -> dict:
+def _c11_default(title: str, claim: str, p: dict, base: float | None, pruning: dict | None = None) -> dict:
     how = (f"headcount.surgery.prune_to(model, {p['fraction']:g}) with its defaults: order {p.get('order')}, "
            f"{_comp(p)}")
     if base and p.get("ppl") is not None:
@@ -197,7 +219,7 @@ def _c11_default(title: str, claim: str, p: dict, base: float | None) -> dict:
         rise = p["ppl"] / base - 1
         status = HELD if p["fraction"] >= PRUNE_FRACTION - 1e-9 and rise <= PRUNE_PPL_RISE + 1e-12 else NOT_HELD
         finding = (f"{how}: {p.get('heads_removed')} of {p.get('heads_before', '?')} heads removed; held-out "
-                   f"perplexity {base:.2f} -> {p['ppl']:.2f} ({rise:+.1%})")
+                   f"perplexity {base:.2f} -> {p['ppl']:.2f} ({rise:+.1%})" + domain_finding(pruning))
         return _claim("C11", title, claim, test, status, finding, rise)
     test = (f"{PRUNE_FRACTION:.0%} of the heads removed by prune_to with the project's default order and "
             f"compensation, held-out sentence embeddings at mean cosine >= {PRUNE_COSINE} to the original's")
@@ -262,7 +284,7 @@ def c13_faithfulness(faith: dict | None) -> dict:
     return _claim("C13", title, claim, test, status, finding, statistics.fmean(taus) if taus else None)
 
 
-def c15_gqa(accounts: dict | None, merge: dict | None) -> dict:
+def c15_gqa(accounts: dict | None, merge: dict | None, merge_missing: str | None = None) -> dict:
     title, claim = "Fewer K/V heads, smaller KV cache", (
         "Query heads and K/V heads may differ (MHA, GQA, MQA): the KV cache per token is "
         "2 x n_kv_heads x head_dim x layers x bytes, so fewer K/V heads cut it proportionally, at some cost "
@@ -284,10 +306,12 @@ def c15_gqa(accounts: dict | None, merge: dict | None) -> dict:
         how = f"method {merge['method']}, no training" if merge.get("method") else "no training"
         finding += (f". Merging this model's K/V heads {merge.get('heads_before')} -> {merge.get('heads_after')} "
                     f"({how}) moves held-out perplexity {merge['ppl_before']:.2f} -> "
-                    f"{merge['ppl_after']:.2f} ({rise:+.1%}): the memory is saved at a cost in quality")
+                    f"{merge['ppl_after']:.2f} ({rise:+.1%}): the memory is saved at a cost in quality"
+                    + domain_finding(merge))
         status = HELD if exact else NOT_HELD
     else:
-        finding += ". The quality side (a K/V merge) is not available in this report"
+        finding += (f". The quality side (a K/V merge) is not measured ({merge_missing.rstrip('.')})"
+                    if merge_missing else ". The quality side (a K/V merge) is not available in this report")
         status = PARTLY if exact else NOT_HELD
     return _claim("C15", title, claim, test, status, finding, number)
 
@@ -434,8 +458,9 @@ def c12_gates(gates: dict | None, model: str | None = None) -> dict:
     enough = share is not None and share >= C12_FRACTION - 1e-9
     status = HELD if enough and reached is not False and quality else NOT_HELD
     return _claim("C12", title, claim, test, status, "; ".join(bits), number,
-                  run_source(model) + " (headcount.surgery.train_gates, a short run, cached; the full training is "
-                  "`headcount bench surgery --part gates`)")
+                  run_source(model) + " (headcount.surgery.train_gates, a short run, cached: the gates bench has no "
+                  f"saved result for this model in benchmarks/results/{GATES_FILE}; `headcount bench surgery --part "
+                  f"gates --save-json benchmarks/results/{GATES_FILE}` trains for minutes and the report then reads it)")
 
 
 def _c12_saved(title: str, claim: str, test: str, gates: dict) -> dict:
@@ -463,8 +488,10 @@ def _c12_saved(title: str, claim: str, test: str, gates: dict) -> dict:
                f"{best['heads_removed']} of {best['heads_before']} heads; {q}"
                + (f" (other targets: " + ", ".join(f"{p['heads_removed']} removed" for p in pts if p is not best) + ")"
                   if len(pts) > 1 else ""))
+    quick = " --quick" if gates.get("quick") else ""
     return _claim("C12", title, claim, test, HELD if ok else NOT_HELD, finding, number,
-                  f"the gates bench's saved result in {gates.get('path')} (`headcount bench surgery --part gates`)")
+                  f"the gates bench's saved{quick} result in {gates.get('path')} (`headcount bench surgery --part "
+                  f"gates{quick}`), preferred to a short run on the report's model")
 
 
 # --------------------------------------------------------- measured checks: C2, C4, C5, C6, C10, C14
@@ -598,7 +625,8 @@ def read_claims(report: dict) -> list[dict]:
     exps = report.get("experiments") or {}
     measured = {"C7": c7_roles(report.get("roles")), "C11": c11_pruning(report.get("pruning")),
                 "C13": c13_faithfulness(report.get("faithfulness")),
-                "C15": c15_gqa(report.get("accounts"), report.get("kv_merge"))}
+                "C15": c15_gqa(report.get("accounts"), report.get("kv_merge"),
+                               (report.get("unavailable") or {}).get("kv_merge"))}
     for c in measured.values():
         if c["status"] != NOT_MEASURED:
             c["source"] = run_source(model) + (" (with the project's default pruning order and compensation)"

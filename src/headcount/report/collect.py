@@ -57,6 +57,8 @@ class Sizes:
     gate_windows: int = 4  # its calibration windows, of gate_window tokens, batches of 2
     gate_window: int = 64
     gate_lr: float = 1.0  # Adam's on log_alpha: large, so that a dozen steps reach the target (measured on smollm2)
+    domain_windows: int = 2  # held-out windows of the two other domains (code, stdlib source: issue 16) ...
+    domain_window: int = 128  # ... of this many tokens: small, the prose measure above stays the headline
 
 
 FULL = Sizes()
@@ -136,7 +138,7 @@ class HeldOut:
 
     def __init__(self, model, held, sizes: Sizes):
         self.model, self.held, self.sizes = model, held, sizes
-        self._sets = self._base = self._refs = None
+        self._sets = self._base = self._refs = self._domain_base = None
         self.window = min(sizes.window, model.config.max_position)  # of the held-out windows, once `sets` is built
 
     @property
@@ -173,6 +175,54 @@ class HeldOut:
     def first(self, values: dict):
         return values[next(iter(self.sets))]
 
+    @property
+    def domain_sizes(self) -> dict | None:
+        """{domain: [windows, tokens per window]} of by_domain's measures, or None when there are none."""
+        if not self.domains_apply:
+            return None
+        w = min(self.sizes.domain_window, self.model.config.max_position)
+        return {"prose": [self.sizes.eval_windows, self.window], "code": [self.sizes.domain_windows, w],
+                "source": [self.sizes.domain_windows, w]}
+
+    @property
+    def domains_apply(self) -> bool:
+        """The three held-out domains are measured for a decoder on the default corpus (as surgery's commands do)."""
+        return hasattr(self.model, "lm_head") and self.held is None
+
+    def by_domain(self, model, prose: float) -> dict | None:
+        """{"prose", "code", "source"}: perplexity of `model` on the three held-out domains (headcount.data.
+        held_out_domains) through surgery's own held_out_report, on sizes.domain_windows windows of
+        sizes.domain_window tokens; "prose" is `prose`, the report's headline measure (eval_windows of the
+        report's window), so the page shows one prose number. None where held_out_report measures one set only
+        (an encoder, a user's text)."""
+        if not self.domains_apply:
+            return None
+        from headcount.surgery.cli_common import held_out_report
+
+        windows, w = self.domain_sizes["code"]
+        _, _, found = held_out_report(model, None, windows, w)
+        return None if found is None else dict(found) | {"prose": prose}
+
+    @property
+    def domain_base(self) -> dict | None:
+        """by_domain of the unmodified model, measured once per report run."""
+        if self._domain_base is None:
+            self._domain_base = self.by_domain(self.model, self.first(self.base))
+        return self._domain_base
+
+    def domains(self, model, prose: float) -> dict:
+        """What a section adds for issue 16: {"ppl_by_domain_before", "ppl_by_domain_after", "domain_sizes"}
+        (the names surgery's commands use in their --json), or {"domains_note": why not} when not measured."""
+        if not self.domains_apply:
+            why = ("an encoder's held-out quality is embedding fidelity on prose sentences" if not hasattr(
+                self.model, "lm_head") else "the report's own text: its held-out part is the one held-out set")
+            return {"domains_note": why}
+        try:
+            before, after = self.domain_base, self.by_domain(model, prose)
+        except (ValueError, *MISSING) as err:  # e.g. no torch / numpy sources for the code domain
+            return {"domains_note": f"not measured: {' '.join(str(err).split())}"}
+        return {"ppl_by_domain_before": before, "ppl_by_domain_after": after, "domain_sizes": self.domain_sizes}
+
     def know_base(self, curve: dict) -> None:
         """Take the unmodified model's perplexities from a pruning curve evaluated on the same sets (decoders)."""
         if self._base is None and hasattr(self.model, "lm_head") and curve.get("base_by_text"):
@@ -183,7 +233,8 @@ def kv_merge_section(model, target: int, *, calibration, held: HeldOut, sizes: S
     """Merge a copy of `model`'s K/V heads down to `target` per layer with headcount.surgery.merge_kv's DEFAULT
     method (decoders; an encoder, with no perplexity to show the cost, gets the quick mean-pooled merge) and
     measure what it costs on held-out text: {heads_before, heads_after, params_before, params_after,
-    kv_bytes_per_token_before/after, ppl_before, ppl_after, method, merge}."""
+    kv_bytes_per_token_before/after, ppl_before, ppl_after, method, merge, and HeldOut.domains' keys: the three
+    held-out domains before / after, or why not}."""
     merge_kv = _fn("surgery", "merge_kv")
     copy_ = copy.deepcopy(model)
     decoder = hasattr(model, "lm_head")
@@ -199,7 +250,7 @@ def kv_merge_section(model, target: int, *, calibration, held: HeldOut, sizes: S
              "kv_bytes_per_token_after": sum(l.attn.new_cache(1, 1).nbytes for l in copy_.layers),
              "ppl_after": held.first(held.evaluate(copy_)) if decoder else None}
     out = {**before, **after, "method": data.get("method"), "eval_tokens": sizes.eval_windows * w,
-           "defaults": decoder}
+           "defaults": decoder, **held.domains(copy_, after["ppl_after"])}
     out["merge"] = {k: v for k, v in data.items() if k not in ("layers",)}
     return out
 
@@ -242,7 +293,8 @@ def pruning_section(model, *, calibration, held: HeldOut, sizes: Sizes, seed: in
     - the curve: pruning_curve at the other fractions with prune_to's default order and compensation, scored
       ONCE (the importance step's scores when they are that order), and a random order with no compensation
       as the baseline (prune_to(order="random", compensate="none"): no scoring, no refit).
-    -> PruningCurve JSON + {"default": the C11 point, "default_order", "default_compensate"}."""
+    -> PruningCurve JSON + {"default": the C11 point, "default_order", "default_compensate"} + HeldOut.domains'
+    keys for the C11 point (the three held-out domains before / after it, or why not)."""
     prune_to = _fn("surgery", "prune_to")
     curve = _fn("surgery", "pruning_curve")
     order = default_of(prune_to, "order", "reconstruction")
@@ -273,6 +325,7 @@ def pruning_section(model, *, calibration, held: HeldOut, sizes: Sizes, seed: in
                        calibration_windows=common["calibration_windows"], window=w, progress=progress)
     r = result.to_json() if hasattr(result, "to_json") else {}
     q = held.first(held.evaluate(pruned))
+    domains = held.domains(pruned, q)  # the three held-out domains before / after this (C11's) point
     del pruned
     point = _point(model, C11_FRACTION, r.get("order") or order, r.get("compensate") or comp, r, q) | {
         "via": "prune_to", "calibration_tokens": r.get("calibration_tokens"),
@@ -282,16 +335,16 @@ def pruning_section(model, *, calibration, held: HeldOut, sizes: Sizes, seed: in
     return {"model": data.get("model", getattr(model, "name", None)), "base_ppl": base if hasattr(model, "lm_head")
             else None, "points": sorted(points, key=lambda p: (str(p["order"]), str(p["compensate"]), p["fraction"])),
             "calibration": data.get("calibration"), "held_out": data.get("held_out"), "default": point,
-            "default_order": order, "default_compensate": comp}
+            "default_order": order, "default_compensate": comp, **domains}
 
 
 def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progress: bool,
            done: dict, results_dir=None) -> list[Step]:
     """The report's steps in order; `done` holds the results so far (pruning reuses importance)."""
-    from headcount.report.accounts import _variants, accounts, shape_json, shape_of
+    from headcount.report.accounts import _variants, accounts, shape_json, shape_of, window_note
     from headcount.report.checks import chapter_checks
     from headcount.report.sample import DEFAULT_SAMPLE, sample_attention
-    from headcount.report.trained import EXPERIMENT_NAMES, experiment_section, experiment_source
+    from headcount.report.trained import EXPERIMENT_NAMES, experiment_section, experiment_source, gates_source
 
     n_layers = len(model.layers)
     decoder = hasattr(model, "lm_head")
@@ -322,7 +375,7 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
 
     def shape_step():
         s = shape_of(model)
-        return {"shape": shape_json(s), "accounts": accounts(s)}
+        return {"shape": shape_json(s, window_note(model)), "accounts": accounts(s)}
 
     def roles_step():
         return call_with(_fn("analysis", "roles"), model, cal, max_tokens=sizes.roles_tokens, window=w,
@@ -360,7 +413,8 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
 
     def merge_step():
         if not targets:
-            raise NotApplicable("the model already has one KV head (MQA): nothing to merge")
+            raise NotApplicable(f"{getattr(model, 'name', None) or 'the model'} already has one KV head per layer "
+                                "(MQA): there are no K/V heads left to merge")
         return kv_merge_section(model, targets[0], calibration=calib(sizes.merge_windows), held=held_out,
                                 sizes=sizes, progress=progress)
 
@@ -370,13 +424,14 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
     except MISSING:
         trainable = False
 
-    def gates_step():
+    gate_source = gates_source(results_dir, getattr(model, "name", None))
+
+    def gates_step():  # the gates bench's saved result for this model when there is one, else a short run here
         from headcount.report.trained import gates_section, saved_gates
-        if not trainable:  # the bench's saved result, when there is one; else `unavailable`
-            saved = saved_gates(results_dir, getattr(model, "name", None))
-            if saved is None:
-                _fn("surgery", "train_gates")  # raises the reason
-            return saved
+        if gate_source["source"] == "saved":
+            return saved_gates(results_dir, getattr(model, "name", None))
+        if not trainable:
+            _fn("surgery", "train_gates")  # raises the reason: `unavailable`
         gw = min(sizes.gate_window, w)
         return gates_section(model, calibration=calib(sizes.gate_windows, gw), held=held_out, steps=sizes.gate_steps,
                              n_windows=sizes.gate_windows, window=gw, calibration_windows=sizes.gate_windows,
@@ -385,8 +440,9 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
     sized = {"seed": seed, "window": w}  # with each step's own sizes below: its cache key
     cal_key = {"calibration": sizes.importance_windows, "eval": sizes.eval_windows,
                "sentences": sizes.encoder_sentences}
+    domain_key = {"domains": [sizes.domain_windows, sizes.domain_window]}  # issue 16: code and source too
     steps = [
-        Step("shape", {}, shape_step),
+        Step("shape", {"version": 2}, shape_step),  # 2: q/k norms, post norms, windows, gated GELU, RMSNorm
         Step("checks", {"sentence": sentence, "version": 2}, lambda: chapter_checks(model, sentence)),
         Step("sample", {"sentence": sentence}, lambda: sample_attention(model, sentence)),
         Step("roles", sized | {"tokens": sizes.roles_tokens, "sentences": sizes.roles_sentences}, roles_step),
@@ -396,13 +452,15 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
         Step("rank", sized | {"examples": sizes.rank_examples}, rank_step),
         Step("importance", sized | {"windows": sizes.importance_windows, "method": method}, importance_step,
              optional=True),
-        Step("pruning", sized | cal_key | {"fractions": list(sizes.pruning_fractions), "order": method,
-                                           "random": list(sizes.random_fractions), "defaults": 2},
+        Step("pruning", sized | cal_key | domain_key | {"fractions": list(sizes.pruning_fractions), "order": method,
+                                                        "random": list(sizes.random_fractions), "defaults": 2},
              pruning_step, optional=True),
-        Step("kv_merge", sized | cal_key | {"target": targets[:1], "windows": sizes.merge_windows, "method": 3},
+        Step("kv_merge", sized | cal_key | domain_key | {"target": targets[:1], "windows": sizes.merge_windows,
+                                                         "method": 3},
              merge_step, optional=True),
-        Step("gates", sized | cal_key | {"steps": sizes.gate_steps, "windows": sizes.gate_windows, "version": 1,
-                                         "gate_window": sizes.gate_window, "lr": sizes.gate_lr, "trained": trainable},
+        Step("gates", sized | cal_key | gate_source | {"steps": sizes.gate_steps, "windows": sizes.gate_windows,
+                                                       "version": 2, "gate_window": sizes.gate_window,
+                                                       "lr": sizes.gate_lr, "trained": trainable},
              gates_step, optional=True),
     ]
     for name in EXPERIMENT_NAMES:

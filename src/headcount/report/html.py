@@ -12,7 +12,7 @@ import html
 import json
 
 from headcount.report import charts
-from headcount.report.claims import ROLE_NAMES, head_name
+from headcount.report.claims import GATES_FILE, ROLE_NAMES, domain_table, head_name
 from headcount.report.style import ATTENTION_JS, CSS
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True,
@@ -114,6 +114,23 @@ def _claims(r: dict) -> str:
             f'<div class="claims">{"".join(items)}</div></section>')
 
 
+def _window_note(r: dict, acc: dict) -> str:
+    """What the accounts say about sliding windows (Gemma 3), and what they leave out (a bidirectional encoder)."""
+    out = ""
+    win, mine = acc.get("window"), next((x for x in acc.get("rows") or [] if x.get("is_model")), None)
+    if win and mine and mine.get("kv_bytes_context_without_window") is not None:
+        out += (f' Sliding window: {win["local_layers"]} of {win["local_layers"] + win["global_layers"]} layers see '
+                f'the last {win["size"]:,} keys, so their KV cache holds at most {win["size"]:,} positions: at '
+                f'{acc["seq"]:,} tokens this model keeps {_fmt_bytes(mine["kv_bytes_context"])} instead of '
+                f'{_fmt_bytes(mine["kv_bytes_context_without_window"])}, and past the window each token adds '
+                f'{_fmt_bytes(mine["kv_bytes_per_token_past_window"])} (the global layers only); causal FLOPs count '
+                f'the band ({_fmt_num(mine["flops"])} instead of {_fmt_num(mine["flops_without_window"])}).')
+    note = (r.get("shape") or {}).get("note")
+    if note:
+        out += f" Not counted: {e(note)}."
+    return out
+
+
 def _accounts(r: dict) -> str:
     acc = r.get("accounts")
     if not acc:
@@ -132,7 +149,8 @@ def _accounts(r: dict) -> str:
         body = (f'<div class="wide"><div style="overflow-x:auto"><table class="data">{head}{rows}</table>'
                 f'<p class="lede" style="margin-top:10px">Only n_kv_heads changes between the rows. Parameters and '
                 f'FLOPs barely move; the KV cache falls in proportion to the KV heads. Batch 1, {e(acc["dtype"])}, '
-                f'from <code>headcount cost</code>.</p></div><div>{_fig(fig, "fig-accounts")}</div></div>')
+                f'from <code>headcount cost</code>.{_window_note(r, acc)}</p></div>'
+                f'<div>{_fig(fig, "fig-accounts")}</div></div>')
     return ('<section class="card" id="accounts"><h2>Shape and the three accounts: MHA, GQA, MQA</h2>'
             f'<p class="lede">The same model counted three ways: with a K/V head per query head (MHA), '
             f'with groups of query heads sharing one (GQA), and with a single one (MQA).</p>{body}</section>')
@@ -252,6 +270,10 @@ def _surgery(r: dict) -> str:
                  + "</div>")
     else:
         right = _na("The K/V merge", un.get("kv_merge", "headcount.surgery.merge_kv was not run"))
+    if pr:
+        left += _domains(pr, f"prune_to({((pr.get('default') or {}).get('fraction') or 0.2):g}), the starred point")
+    if m:
+        right += _domains(m, f"{m.get('heads_before')} \u2192 {m.get('heads_after')} KV heads")
     right += _gates(r)
     default = (pr or {}).get("default") or {}
     how = (f" The starred point is <code>prune_to(model, {default.get('fraction', 0.2):g})</code> with the project's "
@@ -260,8 +282,32 @@ def _surgery(r: dict) -> str:
     return ('<section class="card" id="surgery"><h2>Removing heads, merging K/V heads</h2>'
             '<p class="lede">Left: held-out perplexity as the least important heads are removed (chapter 2.3.6).'
             f'{how} Right: the GQA trade-off measured on this model: fewer K/V heads, a smaller cache, and what it '
-            'costs (chapter 2.3.7); below it, heads removed by trained hard-concrete gates (claim C12).</p>'
+            'costs (chapter 2.3.7); below it, heads removed by trained hard-concrete gates (claim C12).'
+            f'{DOMAINS_LEDE if domain_table(pr) or domain_table(m) else ""}</p>'
             f'<div class="grid2"><div>{left}</div><div>{right}</div></div></section>')
+
+
+DOMAINS_LEDE = (" Under the curve and the merge, held-out perplexity on three domains, as <code>headcount prune</code> "
+                "and <code>merge-kv</code> print it: prose (the default corpus's held-out topics, the number above), "
+                "code (held-out torch / numpy docstrings and comments) and standard-library Python source (a domain "
+                "nothing calibrates on).")
+
+
+def _domains(section: dict, after: str) -> str:
+    """The three held-out domains before / after an edit (issue 16): one row per domain, or why not measured."""
+    rows = domain_table(section)
+    if not rows:
+        note = section.get("domains_note")
+        return f'<p class="lede" style="margin-top:8px">Held-out domains: {e(note)}.</p>' if note else ""
+    sizes = section.get("domain_sizes") or {}
+
+    def size(name):
+        n, w = (sizes.get(name) or [None, None])[:2]
+        return f"{n} \u00d7 {w}" if n else "\u2013"
+    body = "".join(f'<tr><td>{e(name)}</td><td>{size(name)}</td><td>{before:.2f}</td><td>{after_:.2f}</td>'
+                   f'<td>{after_ / before - 1:+.1%}</td></tr>' for name, before, after_ in rows if before)
+    return (f'<table class="data domains" style="margin-top:8px"><tr><th>held-out perplexity</th><th>windows \u00d7 '
+            f'tokens</th><th>unmodified</th><th>{e(after)}</th><th>change</th></tr>{body}</table>')
 
 
 def _gates(r: dict) -> str:
@@ -272,8 +318,12 @@ def _gates(r: dict) -> str:
         rows = "".join(f'<tr><td>{e(str(p.get("model") or ""))}</td><td>{p.get("heads_removed")} / {p.get("heads_before")}'
                        f'</td><td>{_f(p.get("base_ppl"), 2)} \u2192 {_f(p.get("ppl"), 2)}</td></tr>'
                        for p in g.get("points") or [])
+        quick = " --quick" if g.get("quick") else ""
         return (f'<h3 class="sub">Trained gates (from {e(str(g.get("path")))})</h3><table class="data"><tr><th>model</th>'
-                f'<th>heads removed</th><th>held-out perplexity</th></tr>{rows}</table>')
+                f'<th>heads removed</th><th>held-out perplexity</th></tr>{rows}</table>'
+                f'<p class="lede" style="margin-top:4px">Source: the gates bench\'s saved{quick} result '
+                f'(<code>headcount bench surgery --part gates{quick}</code>, {g.get("steps")} steps of training, then '
+                'the lstsq refit), preferred to a short run on this model.</p>')
     kpis = (f'<div class="kpi"><span>heads removed by the gates</span><b>{g.get("heads_removed")} of '
             f'{g.get("heads_before")}</b><small> (target {_pct(g.get("fraction"))}'
             f'{"" if g.get("reached") is not False else ", NOT reached"})</small></div>')
@@ -283,7 +333,10 @@ def _gates(r: dict) -> str:
     elif g.get("cosine") is not None:
         kpis += f'<div class="kpi"><span>embedding cosine</span><b>{g["cosine"]:.3f}</b></div>'
     return (f'<h3 class="sub">Trained gates ({g.get("steps")} steps, model frozen, then removal with compensation '
-            f'{e(str(g.get("compensate")))})</h3><div class="kpis">{kpis}</div>')
+            f'{e(str(g.get("compensate")))})</h3><div class="kpis">{kpis}</div>'
+            f'<p class="lede" style="margin-top:4px">Source: a short run of <code>train_gates</code> on this model in '
+            f'this report\'s run: the gates bench has no saved result for it in '
+            f'<code>benchmarks/results/{e(GATES_FILE)}</code>.</p>')
 
 
 def _faithfulness(r: dict) -> str:

@@ -5,6 +5,7 @@ that needs trained gates (C12): where their numbers come from, as report.json se
     experiment_section(name, *, results, seed, progress) -> {"source", "path", "result"}
     gates_section(model, *, calibration, held, sizes, progress) -> {...}   (C12; raises while train_gates is missing)
     saved_gates(results, model) -> {...} | None   the gates bench's saved result for that model, when one exists
+    gates_source(results, model) -> {"source": "saved", "file", "sha256"} | {"source": "run"}   (C12 prefers saved)
 
 An experiment's numbers are the FULL run saved in benchmarks/results/<name>.json when that file exists (the
 page says so, with the run's seeds and steps), otherwise the experiment's --quick run (run here; collect.py
@@ -125,6 +126,17 @@ def saved_gates(results: Path | None, model: str | None) -> dict | None:
                     "steps": section.get("steps"), "quick": bool(((data.get("gates") or {}).get("quick"))),
                     "points": points}
     return None
+
+
+def gates_source(results: Path | None, model: str | None) -> dict:
+    """What the gates step will read or run, as cache-key parameters: {"source": "saved", "file", "sha256"}
+    when the gates bench saved a result for `model` (the report prefers it: minutes of training, not a dozen
+    steps), else {"source": "run"} (a short train_gates run on the report's model)."""
+    saved = saved_gates(results, model)
+    if saved is None:
+        return {"source": "run"}
+    path = Path(results) / Path(saved["path"]).name
+    return {"source": "saved", "file": path.name, "sha256": file_hash(path)}
 
 
 def gates_section(model, *, calibration, held, steps: int, n_windows: int, window: int,
