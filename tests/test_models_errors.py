@@ -15,7 +15,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from headcount.models import CheckpointError, ModelNotFoundError, load  # noqa: E402
 from headcount.models import zoo  # noqa: E402
-from headcount.models.formats.hf import load_checkpoint, read_safetensors  # noqa: E402
+from headcount.models.formats.hf import load_checkpoint  # noqa: E402
+from headcount.models.formats.tensors import SafetensorsFile, read_safetensors  # noqa: E402
 
 
 def _tiny_llama_dir(tmp_path, **overrides):
@@ -87,9 +88,47 @@ def test_corrupted_safetensors_header(tmp_path):
     f.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all}")
     with pytest.raises(CheckpointError, match="corrupted safetensors header"):
         read_safetensors(f)
+    with pytest.raises(CheckpointError, match="corrupted safetensors header"):
+        SafetensorsFile(f)
     f.write_bytes(b"garbage")
     with pytest.raises(CheckpointError, match="not a safetensors file"):
         read_safetensors(f)
+    with pytest.raises(CheckpointError, match="not a safetensors file"):
+        SafetensorsFile(f)
+
+
+def test_lazy_safetensors_equals_safetensors_and_checks_truncation(tmp_path):
+    """SafetensorsFile reads each tensor alone, equal to safetensors' own reader, every dtype it names."""
+    from safetensors.torch import load_file, save_file
+
+    g = torch.Generator().manual_seed(0)
+    tensors = {"a": torch.randn(3, 5, generator=g), "b": torch.randn(7, generator=g).to(torch.bfloat16),
+               "c": torch.randn(2, 2, generator=g).half(), "d": torch.arange(6).reshape(2, 3), "e": torch.zeros(0, 4)}
+    f = tmp_path / "t.safetensors"
+    save_file(tensors, str(f))
+    lazy, ref = SafetensorsFile(f), load_file(str(f))
+    assert set(lazy) == set(ref) and len(lazy) == 5
+    for name in ref:
+        assert lazy[name].dtype == ref[name].dtype and torch.equal(lazy[name], ref[name]), name
+        assert lazy.shape(name) == tuple(ref[name].shape)
+    f.write_bytes(f.read_bytes()[:-8])  # the last tensor's bytes are cut
+    with pytest.raises(CheckpointError, match="truncated"):
+        SafetensorsFile(f)
+
+
+def test_assign_fresh_uses_values_without_a_copy_and_copies_otherwise():
+    """fresh=True (a lazy reader's tensors) keeps the value's memory; fresh=False copies (a live model's
+    tensors must stay independent); pairs produced lazily are accepted and coverage is checked at the end."""
+    from headcount.models.formats.tensors import assign
+
+    lin = torch.nn.Linear(3, 2)
+    w, b = torch.randn(2, 3), torch.randn(2)
+    assign(lin, iter([("weight", w), ("bias", b)]), "test", fresh=True)
+    assert lin.weight.data_ptr() == w.data_ptr()
+    assign(lin, {"weight": w, "bias": b}, "test")
+    assert lin.weight.data_ptr() != w.data_ptr() and torch.equal(lin.weight, w)
+    with pytest.raises(CheckpointError, match="no weights for .*bias"):
+        assign(lin, iter([("weight", w)]), "test", fresh=True)
 
 
 def test_unsupported_architecture(tmp_path):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import warnings
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import torch
 
@@ -40,7 +40,7 @@ from headcount.models.encoder import BidirectionalEncoder, Encoder, EncoderConfi
 from headcount.models.formats.errors import CheckpointError
 from headcount.models.formats.hf_config import decoder_config, encoder_config, model_type, read_config
 from headcount.models.formats.native import check_out, tokenizer_writer, write_dir
-from headcount.models.formats.tensors import assign, check_finite, no_init, read_safetensors
+from headcount.models.formats.tensors import SafetensorsFile, ShardedTensors, assign, check_finite, no_init
 
 Tensor = torch.Tensor
 
@@ -83,30 +83,31 @@ def _gemma_weight(w: Tensor) -> Tensor:
     return 1.0 + w.float()
 
 
-def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) -> dict[str, Tensor]:
+def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) -> Iterator[tuple[str, Tensor]]:
+    """(headcount name, tensor) pairs, produced one at a time: with a lazy reader (SafetensorsFile) loading
+    holds the model plus the few source tensors of one value, never a second copy of the weights."""
     d, nh, nkv, hd, ff = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
     heads = f"d_model={d}, n_heads={nh}, n_kv_heads={nkv}, head_dim={hd}"
-    out: dict[str, Tensor] = {}
     if cfg.family == "gpt2":
-        out["embed.weight"] = t.get("wte.weight", (cfg.vocab_size, d), "vocab_size x d_model")
-        out["pos_embed.weight"] = t.get("wpe.weight", (cfg.max_position, d), "n_positions x d_model")
+        yield "embed.weight", t.get("wte.weight", (cfg.vocab_size, d), "vocab_size x d_model")
+        yield "pos_embed.weight", t.get("wpe.weight", (cfg.max_position, d), "n_positions x d_model")
         for i in range(cfg.n_layers):
             h, o = f"h.{i}.", f"layers.{i}."
             for src, dst in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
-                out[o + dst + ".weight"] = t.get(h + src + ".weight", (d,))
-                out[o + dst + ".bias"] = t.get(h + src + ".bias", (d,))
+                yield o + dst + ".weight", t.get(h + src + ".weight", (d,))
+                yield o + dst + ".bias", t.get(h + src + ".bias", (d,))
             # Conv1D weights are [in, out]: transpose to nn.Linear's [out, in].
-            out[o + "attn.qkv_proj.weight"] = t.get(h + "attn.c_attn.weight", (d, 3 * d), heads).t()
-            out[o + "attn.qkv_proj.bias"] = t.get(h + "attn.c_attn.bias", (3 * d,), heads)
-            out[o + "attn.o_proj.weight"] = t.get(h + "attn.c_proj.weight", (d, d)).t()
-            out[o + "attn.o_proj.bias"] = t.get(h + "attn.c_proj.bias", (d,))
-            out[o + "mlp.up_proj.weight"] = t.get(h + "mlp.c_fc.weight", (d, ff), f"d_ff={ff}").t()
-            out[o + "mlp.up_proj.bias"] = t.get(h + "mlp.c_fc.bias", (ff,))
-            out[o + "mlp.down_proj.weight"] = t.get(h + "mlp.c_proj.weight", (ff, d), f"d_ff={ff}").t()
-            out[o + "mlp.down_proj.bias"] = t.get(h + "mlp.c_proj.bias", (d,))
-        out["norm.weight"] = t.get("ln_f.weight", (d,))
-        out["norm.bias"] = t.get("ln_f.bias", (d,))
-        return out
+            yield o + "attn.qkv_proj.weight", t.get(h + "attn.c_attn.weight", (d, 3 * d), heads).t()
+            yield o + "attn.qkv_proj.bias", t.get(h + "attn.c_attn.bias", (3 * d,), heads)
+            yield o + "attn.o_proj.weight", t.get(h + "attn.c_proj.weight", (d, d)).t()
+            yield o + "attn.o_proj.bias", t.get(h + "attn.c_proj.bias", (d,))
+            yield o + "mlp.up_proj.weight", t.get(h + "mlp.c_fc.weight", (d, ff), f"d_ff={ff}").t()
+            yield o + "mlp.up_proj.bias", t.get(h + "mlp.c_fc.bias", (ff,))
+            yield o + "mlp.down_proj.weight", t.get(h + "mlp.c_proj.weight", (ff, d), f"d_ff={ff}").t()
+            yield o + "mlp.down_proj.bias", t.get(h + "mlp.c_proj.bias", (d,))
+        yield "norm.weight", t.get("ln_f.weight", (d,))
+        yield "norm.bias", t.get("ln_f.bias", (d,))
+        return
     # llama / mistral / qwen2 / qwen3 / gemma3
     gemma = cfg.family == "gemma3"
     norm = _gemma_weight if gemma else (lambda w: w)
@@ -115,35 +116,35 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) ->
     norms = ({"attn_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
               "mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"} if gemma
              else {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"})
-    out["embed.weight"] = t.get("embed_tokens.weight", (cfg.vocab_size, d), "vocab_size x d_model")
+    yield "embed.weight", t.get("embed_tokens.weight", (cfg.vocab_size, d), "vocab_size x d_model")
     for i in range(cfg.n_layers):
         h, o = f"layers.{i}.", f"layers.{i}."
         for ours, theirs in norms.items():
-            out[o + ours + ".weight"] = norm(t.get(h + theirs + ".weight", (d,)))
+            yield o + ours + ".weight", norm(t.get(h + theirs + ".weight", (d,)))
         q = t.get(h + "self_attn.q_proj.weight", (nh * hd, d), heads)
         k = t.get(h + "self_attn.k_proj.weight", (nkv * hd, d), heads)
         v = t.get(h + "self_attn.v_proj.weight", (nkv * hd, d), heads)
-        out[o + "attn.qkv_proj.weight"] = torch.cat([q, k, v], dim=0)  # rows [Q heads | K heads | V heads]
+        yield o + "attn.qkv_proj.weight", torch.cat([q, k, v], dim=0)  # rows [Q heads | K heads | V heads]
         if cfg.qkv_bias:
-            out[o + "attn.qkv_proj.bias"] = torch.cat([
+            yield o + "attn.qkv_proj.bias", torch.cat([
                 t.get(h + "self_attn.q_proj.bias", (nh * hd,), heads),
                 t.get(h + "self_attn.k_proj.bias", (nkv * hd,), heads),
                 t.get(h + "self_attn.v_proj.bias", (nkv * hd,), heads)])
         if cfg.qk_norm:
             for n in ("q_norm", "k_norm"):
-                out[o + f"attn.{n}.weight"] = norm(t.get(h + f"self_attn.{n}.weight", (hd,), f"head_dim={hd}"))
-        out[o + "attn.o_proj.weight"] = t.get(h + "self_attn.o_proj.weight", (d, nh * hd), heads)
+                yield o + f"attn.{n}.weight", norm(t.get(h + f"self_attn.{n}.weight", (hd,), f"head_dim={hd}"))
+        yield o + "attn.o_proj.weight", t.get(h + "self_attn.o_proj.weight", (d, nh * hd), heads)
         if cfg.o_bias:
-            out[o + "attn.o_proj.bias"] = t.get(h + "self_attn.o_proj.bias", (d,))
+            yield o + "attn.o_proj.bias", t.get(h + "self_attn.o_proj.bias", (d,))
         gate = t.get(h + "mlp.gate_proj.weight", (ff, d), f"intermediate_size={ff}")
         up = t.get(h + "mlp.up_proj.weight", (ff, d), f"intermediate_size={ff}")
-        out[o + "mlp.gate_up_proj.weight"] = torch.cat([gate, up], dim=0)
-        out[o + "mlp.down_proj.weight"] = t.get(h + "mlp.down_proj.weight", (d, ff), f"intermediate_size={ff}")
+        yield o + "mlp.gate_up_proj.weight", torch.cat([gate, up], dim=0)
+        yield o + "mlp.down_proj.weight", t.get(h + "mlp.down_proj.weight", (d, ff), f"intermediate_size={ff}")
         if cfg.mlp_bias:
-            out[o + "mlp.gate_up_proj.bias"] = torch.cat([t.get(h + "mlp.gate_proj.bias", (ff,)),
+            yield o + "mlp.gate_up_proj.bias", torch.cat([t.get(h + "mlp.gate_proj.bias", (ff,)),
                                                           t.get(h + "mlp.up_proj.bias", (ff,))])
-            out[o + "mlp.down_proj.bias"] = t.get(h + "mlp.down_proj.bias", (d,))
-    out["norm.weight"] = norm(t.get("norm.weight", (d,)))
+            yield o + "mlp.down_proj.bias", t.get(h + "mlp.down_proj.bias", (d,))
+    yield "norm.weight", norm(t.get("norm.weight", (d,)))
     if lm_head and not cfg.tie_embeddings:
         # lm_head sits outside the "model." prefix in *ForCausalLM checkpoints
         names = [n for n in ("lm_head.weight", "language_model.lm_head.weight") if n in t.tensors]
@@ -155,8 +156,7 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) ->
             raise CheckpointError(f"{t.source}: tensor {name!r} has shape {list(w.shape)}, expected "
                                   f"{[cfg.vocab_size, d]}")
         check_finite(w, name, t.source)
-        out["lm_head.weight"] = w
-    return out
+        yield "lm_head.weight", w
 
 
 def _encoder_values(cfg: EncoderConfig, t: _Tensors) -> dict[str, Tensor]:
@@ -219,7 +219,7 @@ def from_state_dict(cfg: dict, tensors: Mapping[str, Tensor], *, source: str = "
         with no_init():
             model = Decoder(dcfg, dtype=dtype) if dcfg.causal else BidirectionalEncoder(dcfg, dtype=dtype)
         values = _decoder_values(dcfg, t, lm_head=dcfg.causal)
-    assign(model, values, source)
+    assign(model, values, source, fresh=bool(getattr(tensors, "fresh", False)))
     return model.eval()
 
 
@@ -233,23 +233,20 @@ def from_transformers(hf_model, *, dtype: torch.dtype = torch.float32) -> Decode
 
 
 # ------------------------------------------------------------------------------- checkpoint files
-def read_checkpoint_tensors(directory: str | Path) -> tuple[dict[str, Tensor], str]:
+def read_checkpoint_tensors(directory: str | Path) -> tuple[Mapping[str, Tensor], str]:
     """(name -> tensor, the file name(s) they came from) for a transformers checkpoint directory."""
     directory = Path(directory)
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     pt = directory / "pytorch_model.bin"
-    if single.is_file():
-        return read_safetensors(single), str(single)
+    if single.is_file():  # read lazily, one tensor at a time (SafetensorsFile)
+        return SafetensorsFile(single), str(single)
     if index.is_file():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (json.JSONDecodeError, KeyError, TypeError):
             raise CheckpointError(f"{index}: not a valid safetensors index") from None
-        tensors: dict[str, Tensor] = {}
-        for shard in shards:
-            tensors.update(read_safetensors(directory / shard))
-        return tensors, str(index)
+        return ShardedTensors([SafetensorsFile(directory / shard) for shard in shards]), str(index)
     if pt.is_file():
         try:
             state = torch.load(pt, map_location="cpu", weights_only=True)  # never unpickles code

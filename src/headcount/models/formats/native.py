@@ -31,7 +31,7 @@ from torch import nn
 
 from headcount.attention import MultiHeadAttention
 from headcount.models.formats.errors import CheckpointError
-from headcount.models.formats.tensors import no_init, read_safetensors
+from headcount.models.formats.tensors import SafetensorsFile, no_init
 
 FORMAT, VERSION = "headcount", 1
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "headcount.json", "model.safetensors", "tokenizer.json"
@@ -235,7 +235,7 @@ def read(directory: str | Path, *, dtype: torch.dtype = torch.float32):
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
         raise CheckpointError(f"{weights}: missing")
-    tensors = read_safetensors(weights)
+    tensors = SafetensorsFile(weights)  # one tensor at a time: never a second copy of the weights
     _assign_checked(model, tensors, str(weights), layers)
     tok_meta = meta.get("tokenizer")
     tok_path = directory / TOKENIZER_FILE
@@ -253,7 +253,7 @@ def _head_dim(cfg) -> int:
     return cfg.head_dim if getattr(cfg, "head_dim", None) else cfg.d_model // cfg.n_heads
 
 
-def _assign_checked(model: nn.Module, tensors: dict, source: str, layers: list) -> None:
+def _assign_checked(model: nn.Module, tensors: SafetensorsFile, source: str, layers: list) -> None:
     params = dict(model.named_parameters())
     buffers = {n: b for n, b in model.named_buffers() if b is not None}
     expected = {**params, **{n: b for n, b in buffers.items() if n in model.state_dict()}}
@@ -262,15 +262,17 @@ def _assign_checked(model: nn.Module, tensors: dict, source: str, layers: list) 
     unexpected = sorted(set(tensors) - set(expected))
     for name in missing + unexpected:
         raise CheckpointError(_disagreement(source, name, layers, missing=name in missing))
+    for name in tensors:  # every shape and dtype from the header, before any weight is read
+        target = expected[name]
+        if tensors.shape(name) != tuple(target.shape):
+            raise CheckpointError(_disagreement(source, name, layers, got=list(tensors.shape(name)),
+                                                want=list(target.shape)))
+        if tensors.entries[name]["dtype"] not in ("F64", "F32", "F16", "BF16"):
+            raise CheckpointError(f"{source}: tensor {name!r} has dtype {tensors.entries[name]['dtype']}, "
+                                  f"expected a float dtype")
     with torch.no_grad():
         for name, value in tensors.items():
-            target = expected[name]
-            if tuple(value.shape) != tuple(target.shape):
-                raise CheckpointError(_disagreement(source, name, layers, got=list(value.shape),
-                                                    want=list(target.shape)))
-            if not value.is_floating_point():
-                raise CheckpointError(f"{source}: tensor {name!r} has dtype {value.dtype}, expected a float dtype")
-            target.data = value.to(dtype=target.dtype).clone(memory_format=torch.contiguous_format)
+            expected[name].data = value.to(dtype=expected[name].dtype).contiguous()  # a fresh read: no copy
 
 
 def _disagreement(source: str, name: str, layers: list, *, missing: bool = False, got=None, want=None) -> str:

@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import struct
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
@@ -28,22 +29,36 @@ def check_finite(t: Tensor, name: str, source: str) -> None:
         raise CheckpointError(f"{source}: tensor {name!r} holds NaN or infinite values (a corrupted file?)")
 
 
-def assign(model: torch.nn.Module, values: dict[str, Tensor], source: str) -> None:
-    """Put copies of `values` into the model's parameters; every parameter must be covered.
+def assign(model: torch.nn.Module, values: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]], source: str, *,
+           fresh: bool = False) -> None:
+    """Put `values` (a mapping, or (name, tensor) pairs produced one at a time) into the model's parameters;
+    every parameter must be covered.
 
-    Always a copy: safetensors memory-maps the file, and a parameter left pointing into the map
-    would crash the process (SIGBUS) if the file were truncated or rewritten in place later.
+    fresh=False: copies (the values may belong to someone else: a live transformers model, a memory map
+    that would crash the process with SIGBUS if its file were truncated later). fresh=True: the values
+    were made for this call (read by SafetensorsFile, or concatenated), so one of the right dtype is used
+    as it is: with pairs produced lazily, loading holds the model plus one tensor at a time.
     `p.data =` keeps each Parameter object, so tied weights stay tied."""
     params = dict(model.named_parameters())
-    missing = sorted(set(params) - set(values))
-    if missing:
-        raise CheckpointError(f"{source}: no weights for {missing[:5]}")
+    items = values.items() if isinstance(values, Mapping) else values
+    if isinstance(values, Mapping):
+        missing = sorted(set(params) - set(values))
+        if missing:
+            raise CheckpointError(f"{source}: no weights for {missing[:5]}")
+    seen = set()
     with torch.no_grad():
-        for name, value in values.items():
+        for name, value in items:
             p = params[name]
             if p.shape != value.shape:  # a converter bug rather than a bad file, but say which
                 raise CheckpointError(f"{source}: {name} would get shape {list(value.shape)}, expected {list(p.shape)}")
-            p.data = value.detach().to(device=p.device, dtype=p.dtype).clone(memory_format=torch.contiguous_format)
+            new = value.detach().to(device=p.device, dtype=p.dtype)
+            if not fresh and new.data_ptr() == value.data_ptr():  # .to() made no copy: make one
+                new = new.clone(memory_format=torch.contiguous_format)
+            p.data = new.contiguous()
+            seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise CheckpointError(f"{source}: no weights for {missing[:5]}")
 
 
 @contextlib.contextmanager
@@ -67,12 +82,16 @@ def no_init():
 
 
 
-def read_safetensors(path: str | Path) -> dict[str, Tensor]:
-    """All tensors of a .safetensors file, after checking its header against the file's size, so a
-    truncated or corrupted file gets an error naming the file and the first tensor it cannot hold."""
-    from safetensors.torch import load_file
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+             "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
-    path = Path(path)
+
+def _checked_header(path: Path) -> tuple[dict, int]:
+    """(the tensors' header entries, the byte offset where the data starts), checked against the file's
+    size, so a truncated or corrupted file gets an error naming the file and the first tensor it cannot hold."""
     size = path.stat().st_size
     with open(path, "rb") as f:
         head = f.read(8)
@@ -86,23 +105,91 @@ def read_safetensors(path: str | Path) -> dict[str, Tensor]:
             header = json.loads(f.read(header_len))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise CheckpointError(f"{path}: corrupted safetensors header ({e.__class__.__name__})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: corrupted safetensors header (not a JSON object)")
     data_len = size - 8 - header_len
-    itemsize = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+    entries = {}
     for name, info in header.items():
         if name == "__metadata__":
             continue
         try:
             start, end = info["data_offsets"]
-            expected = math.prod(info["shape"]) * itemsize.get(info["dtype"], 0)
+            expected = math.prod(info["shape"]) * _ITEMSIZE.get(info["dtype"], 0)
         except (KeyError, TypeError, ValueError):
             raise CheckpointError(f"{path}: corrupted safetensors header at tensor {name!r}") from None
-        if end > data_len:
+        if end > data_len or start < 0 or start > end:
             raise CheckpointError(f"{path}: truncated: tensor {name!r} needs bytes {start}..{end} of the data, "
                                   f"the file holds {data_len}")
-        if info["dtype"] in itemsize and end - start != expected:
+        if info["dtype"] in _ITEMSIZE and end - start != expected:
             raise CheckpointError(f"{path}: corrupted: tensor {name!r} has {end - start} bytes for shape "
                                   f"{info['shape']} of {info['dtype']}")
+        entries[name] = info
+    return entries, 8 + header_len
+
+
+class SafetensorsFile(Mapping):
+    """A .safetensors file read one tensor at a time: `file[name]` reads that tensor's bytes into fresh
+    memory (no memory map: the page cache is not counted against the process, and nothing points into a
+    file that could be truncated later). Loading a model through it holds the model plus one tensor,
+    never a second full copy of the weights. The header is checked on opening (see _checked_header)."""
+
+    fresh = True  # every lookup is a new tensor that nobody else holds: assign() need not copy it
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.entries, self.data_start = _checked_header(self.path)
+
+    def __getitem__(self, name: str) -> Tensor:
+        info = self.entries[name]
+        dtype = _DTYPES.get(info["dtype"])
+        if dtype is None:
+            raise CheckpointError(f"{self.path}: tensor {name!r} has dtype {info['dtype']}, which headcount does "
+                                  f"not read (expected one of {', '.join(_DTYPES)})")
+        start, end = info["data_offsets"]
+        shape = tuple(info["shape"])
+        if end == start:
+            return torch.empty(shape, dtype=dtype)
+        buf = bytearray(end - start)
+        with open(self.path, "rb") as f:
+            f.seek(self.data_start + start)
+            if f.readinto(buf) != len(buf):
+                raise CheckpointError(f"{self.path}: truncated while reading tensor {name!r}")
+        return torch.frombuffer(buf, dtype=dtype).reshape(shape)
+
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.entries[name]["shape"])
+
+
+class ShardedTensors(Mapping):
+    """Several SafetensorsFile shards (a model.safetensors.index.json) seen as one lazy mapping."""
+
+    fresh = True
+
+    def __init__(self, files: list[SafetensorsFile]):
+        self.where = {name: f for f in files for name in f}
+
+    def __getitem__(self, name: str) -> Tensor:
+        return self.where[name][name]
+
+    def __iter__(self):
+        return iter(self.where)
+
+    def __len__(self) -> int:
+        return len(self.where)
+
+
+def read_safetensors(path: str | Path) -> dict[str, Tensor]:
+    """All tensors of a .safetensors file (checked like SafetensorsFile), read into memory at once."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    _checked_header(path)
     try:
         return load_file(str(path))
     except Exception as e:  # safetensors' own checks (overlaps, bad dtypes)
