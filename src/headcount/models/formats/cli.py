@@ -24,12 +24,14 @@ def register(app) -> None:
         model: str = typer.Option(..., "--model", "-m", help=MODEL_HELP),
         dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
         to: str = typer.Option("transformers", "--to", help="target format: transformers (a checkpoint directory), "
-                               "gguf or gguf-f16 (a llama.cpp `deci` file, per-layer head counts)"),
+                               "gguf or gguf-f16 (a llama.cpp file: qwen2 / gemma3 as themselves where llama.cpp's "
+                               "graph holds the heads, else deci, per-layer head counts; it says which)"),
         out: Optional[Path] = typer.Option(None, "--out", help="directory (transformers) or FILE.gguf to write"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
     ) -> None:
         """Write a checkpoint that transformers loads with no headcount code (LlamaForCausalLM / BertModel), or a
-        llama.cpp GGUF file (architecture deci) that keeps each layer's head counts."""
+        llama.cpp GGUF file: the model's own architecture (qwen2, gemma3) where llama.cpp's graph can hold its head
+        counts, else deci (per-layer head counts); the printout says which and why."""
         with _one_line_errors("export"):
             if to not in EXPORT_TARGETS:
                 raise ValueError(f"--to: expected one of {', '.join(EXPORT_TARGETS)}, got {to!r}")
@@ -88,11 +90,21 @@ def _print_summary(to: str, out: Path, summary: dict) -> None:
     size = out.stat().st_size
     typer.echo(f"wrote {out} (llama.cpp {summary['architecture']} GGUF, {summary['dtype']}, {size / 2**20:,.1f} MiB; "
                "headcount.models.load reads it back)")
+    typer.echo(f"  why {summary['architecture']}: {summary['reason']}")
     before, after = summary["kv_bytes_per_token_model"], summary["kv_bytes_per_token_llama_cpp"]
-    typer.echo(f"  llama.cpp will hold: KV cache {after:,} bytes/token in f16 (this model's own: {before:,}, "
-               f"{(after / before - 1) * 100:+.1f}%), "
+    change = f"{(after / before - 1) * 100:+.1f}%" if before else "n/a"
+    window = summary.get("sliding_window")
+    where = f" on the {len(summary['kv_heads_written']) - summary['sliding_layers']} full-attention layers" \
+        if window else ""
+    typer.echo(f"  llama.cpp will hold: KV cache {after:,} bytes/token in f16{where} (this model's own: {before:,}, "
+               f"{change}), "
                f"{sum(summary['kv_heads_written'])} KV heads (model: {sum(summary['kv_heads_model'])}), "
                f"{summary['params_written']:,} parameters (model: {summary['params_model']:,})")
+    if window:
+        typer.echo(f"  plus {summary['kv_bytes_window_llama_cpp'] / 2**20:,.2f} MiB in f16 for the "
+                   f"{summary['sliding_layers']} sliding-window layers once {window:,} tokens fill their window "
+                   f"(this model's own: {summary['kv_bytes_window_model'] / 2**20:,.2f} MiB; llama.cpp allocates "
+                   "the window plus one batch of cells)")
     if summary["grows"]:
         typer.echo(f"warning: llama.cpp needs contiguous equal GQA groups, so {summary['kv_heads_copied']} KV heads are "
                    "written as copies: the exported KV cache is LARGER than the model's. Prune with --mode group or "

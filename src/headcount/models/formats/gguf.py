@@ -559,7 +559,7 @@ def _plan(g: GGUFFile) -> tuple[dict, list[_Out], str]:
         v_dim = _scalar(g, p + "attention.value_length", default=head_dim)
         if v_dim != head_dim:
             raise GGUFError(f"{g.path}: attention.value_length {v_dim} != key_length {head_dim}")
-        window = _scalar(g, p + "attention.sliding_window")
+        window = _scalar(g, p + "attention.sliding_window", default=0)  # none or 0: no local layers (llama.cpp)
         pattern = g.get(p + "attention.sliding_window_pattern")
         if isinstance(pattern, list):  # one flag per layer, True = local (sliding window)
             if len(pattern) != n_layers:
@@ -567,9 +567,12 @@ def _plan(g: GGUFFile) -> tuple[dict, list[_Out], str]:
                                 f"block_count is {n_layers}")
             local = [bool(x) for x in pattern]
             every = None
-        else:  # Gemma 3: every 6th layer global (llama.cpp's built-in pattern when the file has none)
+        else:  # Gemma 3: every 6th layer global (llama.cpp's built-in pattern when the file has none);
+            # period P: layer i local when i % P < P - 1, 0 = every layer local (llama.cpp's set_swa_pattern)
             every = int(pattern) if pattern is not None else 6
-            local = [bool((i + 1) % every) for i in range(n_layers)]
+            local = [every == 0 or i % every < every - 1 for i in range(n_layers)]
+        if window <= 0:
+            local, every = [False] * n_layers, None
         theta = _scalar(g, p + "rope.freq_base", float, default=1_000_000.0)
         theta_local = _scalar(g, p + "rope.freq_base_swa", float, default=10_000.0)
         full = {"rope_type": "default", "rope_theta": theta}
@@ -589,9 +592,9 @@ def _plan(g: GGUFFile) -> tuple[dict, list[_Out], str]:
             "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": theta_local},
                                 "full_attention": full},
             "rope_theta": theta, "rope_local_base_freq": theta_local,
-            "query_pre_attn_scalar": scalar, "sliding_window": window,
+            "query_pre_attn_scalar": scalar, "sliding_window": window if any(local) else None,
             "layer_types": ["sliding_attention" if x else "full_attention" for x in local],
-            **({"sliding_window_pattern": every} if every is not None else {}),
+            **({"sliding_window_pattern": every} if every else {}),
             **soft,
             "attention_bias": False, "attention_dropout": 0.0, "use_bidirectional_attention": False,
             "tie_word_embeddings": tied,

@@ -1,16 +1,24 @@
-"""llama.cpp's `deci` GGUF architecture, read and written: a decoder whose layers keep different head counts.
+"""llama.cpp's `deci` GGUF architecture, read and written, and `export_gguf`, which chooses the architecture.
 
-Writing: export_gguf(model, path), a pruned / merged Llama decoder as a llama.cpp GGUF file with
-per-layer head counts. Reading: load_deci(path) builds the Decoder directly from the file (a transformers
-checkpoint cannot hold per-layer counts, so there is no safetensors cache for these files).
+export_gguf(model, path) writes a (pruned / merged) decoder as a llama.cpp GGUF file:
+  - llama decoders: `deci` (below);
+  - qwen2: its own `qwen2` when llama.cpp's qwen2 graph holds it (every layer keeps all its query heads and
+    the same KV count, no o_proj bias: gguf_own.py), else `deci`, whose Llama graph with q/k/v biases is
+    Qwen2's math (rotary: headcount's halves permuted to llama.cpp's interleaved pairs, as for Llama);
+  - gemma3: its own `gemma3` (gguf_own.py) with the same head counts in every layer; per-layer counts are
+    refused with the alternatives (no llama.cpp architecture has Gemma 3's graph with per-layer heads).
+`choose_architecture` says which and why; `plan_gguf_export` what llama.cpp will hold, before writing.
+Reading: load_deci(path) builds the Decoder directly from a deci file (a transformers checkpoint cannot hold
+per-layer counts, so there is no safetensors cache for these files); qwen2 / gemma3 files are read by gguf.py.
 
 What can carry per-layer head counts (issue 7):
   - transformers (checked on 5.x): `per_layer_config` is accepted by LlamaConfig, but LlamaAttention reads
     the global num_attention_heads, so every layer is built with one count (formats/hf.py refuses).
   - llama.cpp's GGUF: `{arch}.attention.head_count` / `head_count_kv` may be arrays with one entry per
     layer (llama_model_loader::get_key_or_arr), and the `deci` architecture (DeciLM / Nemotron-NAS,
-    Llama-3_1-Nemotron-51B) builds each layer's Q/K/V/O with that layer's counts. This module writes
-    `deci`: the Llama graph (RMSNorm, rotary on interleaved pairs, gated SiLU) with per-layer heads.
+    Llama-3_1-Nemotron-51B) builds each layer's Q/K/V/O with that layer's counts (qwen2 and gemma3 read the
+    arrays too but build every layer with layer 0's counts). This module writes `deci`: the Llama graph
+    (RMSNorm, rotary on interleaved pairs, gated SiLU) with per-layer heads and optional biases.
 
 The file:
   general.architecture = "deci"; deci.block_count, context_length, embedding_length,
@@ -20,73 +28,45 @@ The file:
   attention.head_count and attention.head_count_kv as int32 arrays of block_count entries.
   Tensors use gguf's own names for MODEL_ARCH.DECI (token_embd, output_norm, output when untied,
   blk.N.attn_norm / attn_q / attn_k / attn_v / attn_output / ffn_norm / ffn_gate / ffn_up / ffn_down,
-  and blk.N.attn_output.bias when compensation gave o_proj a bias). attn_q / attn_k rows are permuted
-  for llama.cpp's rotary layout with formats.gguf.permute (the inverse of what the loader undoes).
-  dtype "f32": every tensor F32. "f16": 2-D weights F16, norms and biases F32 (what llama.cpp's
-  converter does); general.file_type says which.
+  blk.N.attn_q / attn_k / attn_v.bias (qwen2; llama.cpp's deci creates them optionally, sized by the layer's
+  own head counts), and blk.N.attn_output.bias when compensation gave o_proj a bias). attn_q / attn_k rows
+  (and their biases) are permuted for llama.cpp's rotary layout with formats.gguf.permute (the inverse of
+  what the loader undoes). dtype "f32": every tensor F32. "f16": 2-D weights F16, norms and biases F32 (what
+  llama.cpp's converter does); general.file_type says which.
 
-Groups. llama.cpp reads K/V by broadcasting: query head i of a layer reads KV head i // (n_head / n_head_kv),
-so each layer needs contiguous, equal-size groups. A layer pruned unevenly (group sizes 3, 2, 3) or merged
-into non-contiguous groups (kv_head_of 0 0 0 1 1 1 0 0 0) is still written EXACTLY:
-  1. its query heads are reordered group by group (the Q rows and the matching o_proj columns move
-     together, so the layer's output is the same sum in another order);
-  2. KV head k, read by s_k query heads, is written s_k / g times (identical copies), g = gcd of the
-     group sizes, so every group has g query heads. That is the smallest exact expansion with K/V copies:
-     a written group can only hold queries of one original KV head, so its size must divide every s_k.
-  Cost: the layer's KV cache in llama.cpp grows from n_kv to n_heads / g heads (sizes 3, 2, 3: 3 -> 8,
-  8/3 x; sizes 6, 3: 2 -> 3, 1.5 x); weights grow by the copied K/V rows. Uniform layers are unchanged.
-  (Padding the small groups with zero query heads would keep the KV cache and cost query compute
-  instead; not done: the brief asks for K/V duplication, and a reader would then see dummy heads.)
-  headcount.models.load reads the file back with the file's counts (the copies stay separate KV heads).
+Groups (gguf_write.group_layout). llama.cpp needs each layer's groups contiguous and equal. A layer pruned
+unevenly (group sizes 3, 2, 3) or merged into non-contiguous groups (kv_head_of 0 0 0 1 1 1 0 0 0) is still
+written EXACTLY: its query heads are reordered group by group, and KV head k, read by s_k query heads, is
+written s_k / g times (identical copies), g = gcd of the group sizes. That is the smallest exact expansion
+with K/V copies. Cost: the layer's KV cache in llama.cpp grows from n_kv to n_heads / g heads (sizes 3, 2, 3:
+3 -> 8, 8/3 x; sizes 6, 3: 2 -> 3, 1.5 x); weights grow by the copied K/V rows. Uniform layers are unchanged.
+(Padding the small groups with zero query heads would keep the KV cache and cost query compute
+instead; not done: the brief asks for K/V duplication, and a reader would then see dummy heads.)
+headcount.models.load reads the file back with the file's counts (the copies stay separate KV heads).
 A layer with no query heads cannot arise (MultiHeadAttention and prune_heads refuse it); export refuses
 one anyway rather than write llama.cpp's attention-free block, whose semantics differ when o_proj has a bias.
 
-Tokenizer. llama.cpp needs the tokenizer.ggml.* fields; they are COPIED from the GGUF the model came
-from (its `name`: "smollm2" -> the shipped SmolLM2 GGUF; a path to a .gguf file; a headcount save or
-GGUF cache directory -> the name / source recorded inside it), or from `tokenizer_from=`. They are not
-rebuilt from a tokenizer.json: llama.cpp's pre-tokenizer name ("smollm", "llama-bpe", ...) selects a
-regex that cannot be derived reliably from the tokenizers library's pipeline. No source: a clear error.
+Tokenizer: the tokenizer.ggml.* fields are copied from the model's source GGUF (gguf_write.py).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from headcount.models.formats.gguf import (GGUFError, dequantized, field, open_reader, permute, reverse_permute,
                                           token_ids, tokenizer_backend, tokenizer_info)
+from headcount.models.formats.gguf_own import check_gemma3, own_file, qwen2_misfit, window_layers
+from headcount.models.formats.gguf_write import (DTYPES, check_gguf_path, display_name, finish, group_layout,
+                                                 numpy32, rows, source_gguf, tokenizer_fields, tokenizer_source,
+                                                 write_gguf)
 
-DTYPES = ("f32", "f16")
+__all__ = ["ARCH", "DTYPES", "check_gguf_path", "choose_architecture", "display_name", "export_gguf", "group_layout",
+           "load_deci", "plan_gguf_export", "read_deci", "source_gguf"]
+
 ARCH = "deci"
-F16_MAX = 65504.0
-
-
-# --------------------------------------------------------------------------------------- layout
-def group_layout(kv_head_of) -> tuple[list[int], list[int]]:
-    """(query order, KV head written in each slot) for llama.cpp's contiguous equal groups.
-
-    query order: the original query heads in the order they are written (group by group);
-    slots: for each written KV head, which original KV head it copies. With g = gcd(group sizes),
-    written query head j reads slot j // g, and slots[j // g] == kv_head_of[order[j]] (exact).
-    """
-    kv_head_of = [int(k) for k in kv_head_of]
-    if not kv_head_of:
-        raise ValueError("model: a layer with no query heads cannot be written")
-    readers: dict[int, list[int]] = {}
-    for i, k in enumerate(kv_head_of):
-        readers.setdefault(k, []).append(i)
-    g = math.gcd(*(len(r) for r in readers.values()))
-    order, slots = [], []
-    for k in sorted(readers):  # KV heads no query reads are dropped (nothing reads them: exact)
-        order += readers[k]
-        slots += [k] * (len(readers[k]) // g)
-    return order, slots
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -261,23 +241,21 @@ def load_deci(path: str | Path, *, dtype=None):
     return model.eval()
 
 
-# ------------------------------------------------------------------------------------------ writing
-def _rows(heads: list[int], dh: int, offset: int = 0) -> list[int]:
-    return [offset + h * dh + j for h in heads for j in range(dh)]
+# ------------------------------------------------------------------------------------------ choosing
+WRITTEN_FAMILIES = ("llama", "qwen2", "gemma3")
 
 
-def _check_model(model) -> None:
+def _check_common(model) -> None:
     from headcount.models.decoder import Decoder
 
     if not isinstance(model, Decoder):
-        raise ValueError(f"model: export_gguf writes Llama-family decoders; this is {type(model).__name__}")
+        raise ValueError(f"model: export_gguf writes decoders ({', '.join(WRITTEN_FAMILIES)}); this is "
+                         f"{type(model).__name__}")
     cfg = model.config
-    if (cfg.family, cfg.norm, cfg.mlp, cfg.position) != ("llama", "rms", "gated_silu", "rotary"):
+    if cfg.family not in WRITTEN_FAMILIES:
         raise ValueError(f"model: family={cfg.family!r} (norm {cfg.norm}, mlp {cfg.mlp}, positions {cfg.position}); "
-                         "llama.cpp's deci graph is Llama's (RMSNorm, gated SiLU, rotary), so only llama decoders "
-                         "are written")
-    if cfg.mlp_bias:
-        raise ValueError("model: MLP biases are not written (Llama checkpoints have none)")
+                         f"export_gguf writes {', '.join(WRITTEN_FAMILIES)} decoders (llama.cpp's deci, qwen2 and "
+                         "gemma3 graphs)")
     for i, layer in enumerate(model.layers):
         attn = layer.attn
         if attn.n_heads < 1:
@@ -286,152 +264,111 @@ def _check_model(model) -> None:
         if attn.head_dim != cfg.head_dim:
             raise ValueError(f"model: layer {i} has head_dim {attn.head_dim}, the config {cfg.head_dim}; a GGUF file "
                              "has one key_length")
+
+
+def _check_deci(model) -> None:
+    """What llama.cpp's deci graph (Llama's, with optional biases) needs of a llama / qwen2 model."""
+    cfg = model.config
+    if (cfg.norm, cfg.mlp, cfg.position) != ("rms", "gated_silu", "rotary"):
+        raise ValueError(f"model: family={cfg.family!r} with norm {cfg.norm}, mlp {cfg.mlp}, positions {cfg.position}; "
+                         "llama.cpp's deci graph is Llama's (RMSNorm, gated SiLU, rotary)")
+    if cfg.mlp_bias:
+        raise ValueError("model: MLP biases are not written (Llama and Qwen2 checkpoints have none)")
+    for key, plain in (("sliding_window", None), ("qk_norm", False), ("post_norms", False), ("embed_scale", None),
+                       ("rope_scaling", 1.0), ("causal", True)):
+        if getattr(cfg, key) != plain:
+            raise ValueError(f"model: {key}={getattr(cfg, key)!r}; llama.cpp's deci graph has none "
+                             f"(it needs {key}={plain!r})")
+    for i, layer in enumerate(model.layers):
+        attn = layer.attn
         if not math.isclose(attn.softmax_scale, 1.0 / math.sqrt(attn.head_dim), rel_tol=1e-6):
             raise ValueError(f"model: layer {i} has softmax_scale {attn.softmax_scale}; llama.cpp's deci uses "
                              f"1/sqrt(head_dim) = {1 / math.sqrt(attn.head_dim)}")
-        bias = attn.qkv_proj.bias
-        if bias is not None and attn.n_heads * attn.head_dim != cfg.d_model and \
-                bool(bias[: attn.n_heads * attn.head_dim].detach().abs().max() > 0):
-            raise ValueError(f"model: layer {i} has a query bias with {attn.n_heads} heads x {attn.head_dim} != "
-                             f"d_model {cfg.d_model}; llama.cpp creates blk.N.attn_q.bias with embedding_length "
-                             "entries, so it cannot hold it")
 
 
-# -------------------------------------------------------------------------------------- tokenizer
-def _json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
+def choose_architecture(model) -> tuple[str, str]:
+    """(llama.cpp architecture export_gguf writes for `model`, why), or a one-line ValueError naming what no
+    llama.cpp architecture can run (and the alternatives)."""
+    _check_common(model)
+    family = model.config.family
+    if family == "gemma3":
+        check_gemma3(model)
+        return "gemma3", "Gemma 3's own architecture: the same head counts in every layer"
+    _check_deci(model)
+    if family == "qwen2":
+        why = qwen2_misfit(model)
+        if why is None:
+            return "qwen2", "Qwen2's own architecture: every layer keeps its query heads and one KV count"
+        return "deci", (f"llama.cpp's qwen2 cannot hold it ({why}); deci is the Llama graph with per-layer head "
+                        "counts and q/k/v biases, which is Qwen2's math")
+    return "deci", "llama.cpp's deci: the Llama graph with per-layer head counts"
 
 
-def source_gguf(model) -> Path | None:
-    """The GGUF file `model` was loaded from (`model.source_gguf`, which headcount.models.load sets on models
-    born from a GGUF and headcount saves keep), else followed through `model.name` to a .gguf file, a save or
-    a GGUF cache directory; None when there is none."""
-    given = getattr(model, "source_gguf", None)
-    if given is not None and Path(given).is_file():
-        return Path(given)
-    name, seen = getattr(model, "name", None), set()
-    while name is not None and str(name) not in seen and len(seen) < 16:
-        seen.add(str(name))
-        path = Path(str(name)).expanduser()
-        if path.is_file() and path.suffix == ".gguf":
-            return path
-        meta = _json(path / "headcount.json") if path.is_dir() else None
-        if meta is None:
-            return None
-        if meta.get("format") == "headcount" and meta.get("source_gguf"):
-            return Path(meta["source_gguf"])
-        # a headcount save records the model's name; a GGUF cache directory its source file
-        name = meta.get("name") if meta.get("format") == "headcount" else meta.get("source")
-    return None
-
-
-def _tokenizer_fields(model, source: Path) -> list[tuple[str, object, object, object]]:
-    """(key, value, type, array sub-type) of every tokenizer.* field of `source`, checked against the model."""
-    import gguf
-
-    try:
-        reader = open_reader(source)
-    except GGUFError as e:
-        raise ValueError(f"tokenizer_from: {e}") from None
-    fields = []
-    for key, entry in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        vtype = entry.types[0]
-        sub = entry.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
-        fields.append((key, entry.contents(), vtype, sub))
-    tokens = dict((k, v) for k, v, _, _ in fields).get("tokenizer.ggml.tokens")
-    if not tokens or "tokenizer.ggml.model" not in dict((k, v) for k, v, _, _ in fields):
-        raise ValueError(f"tokenizer_from: {source} has no tokenizer.ggml.model / tokens to copy")
-    vocab = model.config.vocab_size
-    if len(tokens) != vocab:
-        raise ValueError(f"tokenizer_from: {source} has {len(tokens)} tokens, the model's embedding {vocab} rows; "
-                         "llama.cpp needs them equal (is this the model's source?)")
-    tok = getattr(model, "tokenizer", None)
-    if tok is not None:
-        backend = tok.backend
-        bad = next((i for i, t in enumerate(tokens) if backend.id_to_token(i) != t), None)
-        if bad is not None:
-            raise ValueError(f"tokenizer_from: token {bad} is {tokens[bad]!r} in {source} but "
-                             f"{backend.id_to_token(bad)!r} in the model's tokenizer (not the model's source)")
-    return fields
-
-
-# ------------------------------------------------------------------------------------------ write
-def _numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to("cpu", torch.float32).contiguous().numpy()
-
-
-def _tensors(model, dtype: str) -> tuple[dict[str, np.ndarray], list[int], list[int]]:
+# ------------------------------------------------------------------------------------------ writing
+def _written_tensors(model, dtype: str) -> tuple[dict[str, np.ndarray], list[int], list[int]]:
     """GGUF name -> array (numpy order [out, in]; the writer reverses it to ggml's ne), per-layer counts."""
-
     cfg = model.config
-    d, dh, ff = cfg.d_model, cfg.head_dim, cfg.d_ff
-    out: dict[str, np.ndarray] = {"token_embd.weight": _numpy(model.embed.weight)}
+    dh, ff = cfg.head_dim, cfg.d_ff
+    out: dict[str, np.ndarray] = {"token_embd.weight": numpy32(model.embed.weight)}
     heads, kv_heads = [], []
     for i, layer in enumerate(model.layers):
         attn, b = layer.attn, f"blk.{i}."
         nh, nkv = attn.n_heads, attn.n_kv_heads
         order, slots = group_layout(attn.kv_head_of)
         w = attn.qkv_proj.weight
-        q_rows = _rows(order, dh)
-        k_rows, v_rows = _rows(slots, dh, nh * dh), _rows(slots, dh, (nh + nkv) * dh)
+        q_rows = rows(order, dh)
+        k_rows, v_rows = rows(slots, dh, nh * dh), rows(slots, dh, (nh + nkv) * dh)
         n_slots = len(slots)
-        out[b + "attn_norm.weight"] = _numpy(layer.attn_norm.weight)
-        out[b + "attn_q.weight"] = permute(_numpy(w[q_rows]), nh)
-        out[b + "attn_k.weight"] = permute(_numpy(w[k_rows]), n_slots)
-        out[b + "attn_v.weight"] = _numpy(w[v_rows])
-        out[b + "attn_output.weight"] = _numpy(attn.o_proj.weight[:, q_rows])
+        out[b + "attn_norm.weight"] = numpy32(layer.attn_norm.weight)
+        out[b + "attn_q.weight"] = permute(numpy32(w[q_rows]), nh)
+        out[b + "attn_k.weight"] = permute(numpy32(w[k_rows]), n_slots)
+        out[b + "attn_v.weight"] = numpy32(w[v_rows])
+        out[b + "attn_output.weight"] = numpy32(attn.o_proj.weight[:, q_rows])
         bias = attn.qkv_proj.bias
-        if bias is not None:
-            qb = _numpy(bias[q_rows])
-            if nh * dh == d or np.any(qb):
-                out[b + "attn_q.bias"] = permute(qb, nh)
-            out[b + "attn_k.bias"] = permute(_numpy(bias[k_rows]), n_slots)
-            out[b + "attn_v.bias"] = _numpy(bias[v_rows])
+        if bias is not None:  # llama.cpp's deci: optional, [n_head(il) * key_length] and [n_head_kv(il) * ...]
+            out[b + "attn_q.bias"] = permute(numpy32(bias[q_rows]), nh)
+            out[b + "attn_k.bias"] = permute(numpy32(bias[k_rows]), n_slots)
+            out[b + "attn_v.bias"] = numpy32(bias[v_rows])
         if attn.o_proj.bias is not None:
-            out[b + "attn_output.bias"] = _numpy(attn.o_proj.bias)
+            out[b + "attn_output.bias"] = numpy32(attn.o_proj.bias)
         gu = layer.mlp.gate_up_proj.weight
-        out[b + "ffn_norm.weight"] = _numpy(layer.mlp_norm.weight)
-        out[b + "ffn_gate.weight"] = _numpy(gu[:ff])
-        out[b + "ffn_up.weight"] = _numpy(gu[ff:])
-        out[b + "ffn_down.weight"] = _numpy(layer.mlp.down_proj.weight)
+        out[b + "ffn_norm.weight"] = numpy32(layer.mlp_norm.weight)
+        out[b + "ffn_gate.weight"] = numpy32(gu[:ff])
+        out[b + "ffn_up.weight"] = numpy32(gu[ff:])
+        out[b + "ffn_down.weight"] = numpy32(layer.mlp.down_proj.weight)
         heads.append(nh)
         kv_heads.append(n_slots)
-    out["output_norm.weight"] = _numpy(model.norm.weight)
+    out["output_norm.weight"] = numpy32(model.norm.weight)
     if not cfg.tie_embeddings:
-        out["output.weight"] = _numpy(model.lm_head.weight)
-    if dtype == "f16":
-        for name, a in out.items():
-            if a.ndim == 2:
-                if np.abs(a).max(initial=0.0) > F16_MAX:
-                    raise ValueError(f"dtype: tensor {name} has values beyond float16's range ({F16_MAX}); use f32")
-                out[name] = a.astype(np.float16)
-    for name, a in out.items():
-        if not np.isfinite(a).all():
-            raise ValueError(f"model: tensor {name} holds NaN or infinite values")
-    return out, heads, kv_heads
+        out["output.weight"] = numpy32(model.lm_head.weight)
+    return finish(out, dtype), heads, kv_heads
 
 
-def display_name(model) -> str:
-    """A name for general.name: the zoo name, or the last part of the path it was loaded from (a local
-    directory layout is nobody else's business)."""
-    name = getattr(model, "name", None)
-    if not name:
-        return "headcount export"
-    path = Path(str(name))
-    return path.stem if path.suffix == ".gguf" else path.name or str(name)
+def _deci_file(model, dtype: str) -> tuple[list[tuple], dict[str, np.ndarray]]:
+    cfg = model.config
+    tensors, heads, kv_heads = _written_tensors(model, dtype)
+    p = f"{ARCH}."
+    meta = [(p + "vocab_size", cfg.vocab_size), (p + "context_length", cfg.max_position),
+            (p + "embedding_length", cfg.d_model), (p + "block_count", cfg.n_layers),
+            (p + "feed_forward_length", cfg.d_ff),
+            (p + "attention.head_count", heads), (p + "attention.head_count_kv", kv_heads),  # int32 arrays
+            (p + "attention.key_length", cfg.head_dim), (p + "attention.value_length", cfg.head_dim),
+            (p + "rope.dimension_count", cfg.head_dim), (p + "rope.freq_base", float(cfg.rope_theta)),
+            (p + "attention.layer_norm_rms_epsilon", float(cfg.norm_eps))]
+    return meta, tensors
 
 
 def plan_gguf_export(model, dtype: str = "f32") -> dict:
     """What llama.cpp will hold for this model once exported, against what headcount holds now, computed
-    before writing: per-layer query / KV heads as written (uneven groups cost copied KV heads), KV-cache
-    bytes per token (both in f16, llama.cpp's default cache type, so the two compare), and parameters.
-    `grows` is True when the exported KV cache per token is larger than the model's (a warning to print)."""
+    before writing: the architecture chosen and why, per-layer query / KV heads as written (uneven groups cost
+    copied KV heads in deci), KV-cache bytes (both in f16, llama.cpp's default cache type, so the two compare)
+    and parameters. KV bytes per token count the layers whose cache grows with the context; Gemma 3's
+    sliding-window layers stop at their window in both runtimes (llama.cpp keeps the window plus one batch of
+    cells), so they are a fixed `kv_bytes_window_*` at a full window. `grows` is True when the exported KV
+    cache is larger than the model's (a warning to print). Raises what export_gguf would raise for the model."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    arch, why = choose_architecture(model)
     dh = model.config.head_dim
     heads, kv_written, kv_model = [], [], []
     for layer in model.layers:
@@ -440,92 +377,39 @@ def plan_gguf_export(model, dtype: str = "f32") -> dict:
         heads.append(attn.n_heads)
         kv_written.append(len(slots))
         kv_model.append(attn.n_kv_heads)
-    kv_model_bytes = sum(2 * n * dh * 2 for n in kv_model)
-    kv_llama_bytes = sum(2 * n * dh * 2 for n in kv_written)  # llama.cpp caches K and V in f16 by default
+    local = window_layers(model)
+    window = model.config.sliding_window if any(local) else None
+
+    def kv_bytes(counts, sliding: bool) -> int:  # K and V, f16 (llama.cpp's default cache type)
+        return sum(2 * n * dh * 2 for n, w in zip(counts, local) if w == sliding)
+
     extra = sum(2 * (w - m) * dh * model.config.d_model for w, m in zip(kv_written, kv_model))  # copied K/V rows
     params = sum(p.numel() for p in model.parameters())
-    return {"architecture": ARCH, "dtype": dtype, "query_heads": heads, "kv_heads_model": kv_model,
-            "kv_heads_written": kv_written, "kv_bytes_per_token_model": kv_model_bytes,
-            "kv_bytes_per_token_llama_cpp": kv_llama_bytes,
+    return {"architecture": arch, "reason": why, "dtype": dtype, "query_heads": heads, "kv_heads_model": kv_model,
+            "kv_heads_written": kv_written, "kv_bytes_per_token_model": kv_bytes(kv_model, False),
+            "kv_bytes_per_token_llama_cpp": kv_bytes(kv_written, False),
+            "sliding_window": window, "sliding_layers": sum(local),
+            "kv_bytes_window_model": kv_bytes(kv_model, True) * (window or 0),
+            "kv_bytes_window_llama_cpp": kv_bytes(kv_written, True) * (window or 0),
             "kv_heads_copied": sum(kv_written) - sum(kv_model), "params_model": params,
             "params_written": params + extra,
             "grows": sum(kv_written) > sum(kv_model)}
 
 
-def check_gguf_path(path, force: bool, flag: str = "out") -> Path:
-    """The path export_gguf will write: a .gguf file name, not a directory, not existing unless force."""
-    if path is None:
-        raise ValueError(f"{flag}: expected a FILE.gguf to write the model to")
-    path = Path(path).expanduser()
-    if path.suffix != ".gguf":
-        raise ValueError(f"{flag}: {path} does not end in .gguf")
-    if path.is_dir():
-        raise ValueError(f"{flag}: {path} is a directory; expected a .gguf file name")
-    if path.exists() and not force:
-        raise ValueError(f"{flag}: {path} already exists; pass force=True (--force) to replace it")
-    return path
-
-
 def export_gguf(model, path, *, dtype: str = "f32", force: bool = False, tokenizer_from=None) -> Path:
-    """Write `model` (a llama Decoder, pruned or merged, any per-layer heads) to `path` as a llama.cpp
-    `deci` GGUF file; see the module doc for the format, the group expansion and its KV-cache cost.
+    """Write `model` (a llama, qwen2 or gemma3 Decoder, pruned or merged) to `path` as a llama.cpp GGUF file:
+    `deci` for llama (any per-layer heads), `qwen2` or `deci` for qwen2, `gemma3` for gemma3 with the same
+    counts in every layer (choose_architecture says which and why; see the module doc).
 
     dtype: "f32" (exact) or "f16" (2-D weights rounded to float16).
     force: replace an existing `path` (otherwise refused). Written to a temporary sibling and renamed.
     tokenizer_from: a .gguf file to copy the tokenizer.* fields from (default: the model's source GGUF).
     Read back with headcount.models.load(path).
     """
-    import gguf
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
     path = check_gguf_path(path, force)
-    _check_model(model)
-    source = Path(tokenizer_from).expanduser() if tokenizer_from is not None else source_gguf(model)
-    if source is None:
-        raise ValueError(f"model: no GGUF file to copy the tokenizer metadata from (model.name={model.name!r} "
-                         "leads to none); llama.cpp needs tokenizer.ggml.*, which headcount copies from the model's "
-                         "source GGUF rather than rebuilding it. Export a model loaded from smollm2 or a .gguf file "
-                         "(or a save of one), or pass tokenizer_from=FILE.gguf")
-    if not source.is_file():
-        raise ValueError(f"tokenizer_from: {source}: no such file")
-    tok_fields = _tokenizer_fields(model, source)
-    tensors, heads, kv_heads = _tensors(model, dtype)
-
-    cfg = model.config
-    writer = gguf.GGUFWriter(None, ARCH)
-    writer.add_name(display_name(model))  # the model's name, never a local path
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32 if dtype == "f32" else gguf.LlamaFileType.MOSTLY_F16)
-    writer.add_vocab_size(cfg.vocab_size)
-    writer.add_context_length(cfg.max_position)
-    writer.add_embedding_length(cfg.d_model)
-    writer.add_block_count(cfg.n_layers)
-    writer.add_feed_forward_length(cfg.d_ff)
-    writer.add_head_count(heads)  # a list: an int32 array, one entry per layer
-    writer.add_head_count_kv(kv_heads)
-    writer.add_key_length(cfg.head_dim)
-    writer.add_value_length(cfg.head_dim)
-    writer.add_rope_dimension_count(cfg.head_dim)
-    writer.add_rope_freq_base(cfg.rope_theta)
-    writer.add_layer_norm_rms_eps(cfg.norm_eps)
-    for key, value, vtype, sub in tok_fields:
-        writer.add_key_value(key, value, vtype, sub_type=sub)
-    for name, array in tensors.items():
-        writer.add_tensor(name, array)
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        writer.write_header_to_file(tmp)
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        tmp.chmod(0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    arch, _ = choose_architecture(model)
+    tok_fields = tokenizer_fields(model, tokenizer_source(model, tokenizer_from))
+    meta, tensors = _deci_file(model, dtype) if arch == ARCH else own_file(model, arch, dtype)
+    return write_gguf(path, arch, meta, tok_fields, tensors, model=model, dtype=dtype)
