@@ -52,7 +52,7 @@ from typing import Sequence
 
 import torch
 
-from headcount.analysis import objectives
+from headcount.analysis import grad_memory, objectives
 from headcount.analysis.batches import sentence_batches, split_sentences, token_windows
 from headcount.analysis.refit import DEFAULT_RIDGE, GramStats, objective, removal_errors
 from headcount.analysis.scores import HeadScores
@@ -428,7 +428,7 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
                max_sentences: int = 256, heads_per_forward: int | None = None, probes: int | None = 4,
                ridge: float | None = None, estimator: str = "second", greedy: bool = True,
                source: str | None = None,
-               part: str = "calibration") -> HeadScores:
+               part: str = "calibration", activation_budget: int | None = None) -> HeadScores:
     """Score every head of `model` (see the module docstring for the methods).
 
     texts: a string or list of strings; None = the calibration part of the default corpus.
@@ -438,6 +438,8 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
         a list of (input_ids, attention_mask) batches for an encoder).
     batch_size: windows (decoder) or sentences (encoder) per forward; None = a per-method default.
     group: None, "auto" or a torch.distributed process group (data-parallel scoring).
+    activation_budget: bytes the gradient / reconstruction backward may keep (None = grad_memory's default);
+        layers are checkpointed to fit it. info["memory"] says how many; info["forward_equivalents"] the cost.
     reconstruction only: ridge (relative, default refit.DEFAULT_RIDGE), estimator ("second" | "first" |
         "both"), greedy (False: each head's cost when removed alone, no sequence).
     """
@@ -469,8 +471,18 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
     model.eval()
     try:
         info: dict = {}
+        if method in ("gradient", "reconstruction"):  # frozen weights, layers checkpointed to fit the budget
+            shape = (max(b.ids.shape[0] for b in batches), max(b.ids.shape[1] for b in batches))
+            with grad_memory.gradient_pass(model, shape, activation_budget) as memory:
+                if method == "gradient":
+                    scores, count = _gradient(model, batches, hpl, shard, probes, progress)
+                else:
+                    scores, count = _reconstruction(model, batches, hpl, shard, probes, ridge, estimator,
+                                                    progress, greedy)
+            info["memory"] = memory
+            backwards = 1 if decoder else (model.config.d_model if probes is None else probes)
+            info["forward_equivalents"] = round(1.0 + backwards * (memory["forward_equivalents"] - 1.0), 3)
         if method == "gradient":
-            scores, count = _gradient(model, batches, hpl, shard, probes, progress)
             info["loss"] = "next-token cross-entropy" if decoder else \
                 "embedding fidelity, second-order (Gauss-Newton) term with random probes"
             if not decoder:
@@ -480,8 +492,8 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
             info["loss"] = "mean next-token NLL increase (nats)" if decoder else "mean 1 - cos increase"
         elif method == "confidence":
             scores, count = _confidence(model, batches, hpl, shard, progress)
+            info["forward_equivalents"] = 1.0
         else:
-            scores, count = _reconstruction(model, batches, hpl, shard, probes, ridge, estimator, progress, greedy)
             info.update(estimator=estimator, ridge=DEFAULT_RIDGE if ridge is None else ridge, greedy=greedy)
     finally:
         model.train(was_training)

@@ -17,40 +17,26 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from headcount.models.decoder import chunked_nll
+
 Tensor = torch.Tensor
 
-LOGIT_CHUNK = 256  # positions per lm_head call without grad (bounds memory at CHUNK x vocab floats)
 
 
 def is_decoder(model) -> bool:
     return hasattr(model, "lm_head")
 
 
-def _wide(logits: Tensor) -> Tensor:
-    return logits if logits.dtype == torch.float64 else logits.float()
-
-
 def lm_nll(model, ids: Tensor, head_gates=None, *, replicas: int = 1) -> Tensor:
     """[B] float64 summed next-token NLL of tokens 1..T-1 of each row of ids [B, T].
 
+    The logits are made a chunk of positions at a time (decoder.chunked_nll; with gradients each chunk is
+    checkpointed): never a [B, T, vocab] tensor, which is 1.2 GiB per 2 x 512 tokens of Qwen2.5's vocabulary.
     replicas: the forward returns replicas x B rows (a hook repeated the batch inside the model, see
     importance._replicate_from); row r * B + b is scored against ids[b]: result [replicas * B]."""
     hidden = model(ids, head_gates=head_gates, compute_logits=False).hidden_states  # (B', T, d)
     ids = ids.repeat(replicas, 1) if replicas > 1 else ids
-    targets = ids[:, 1:]
-    if torch.is_grad_enabled():  # one lm_head call: the graph needs the logits anyway
-        logits = _wide(model.lm_head(hidden[:, :-1]))
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-        return nll.view(targets.shape).sum(1).double()
-    total = torch.zeros(ids.shape[0], dtype=torch.float64, device=ids.device)
-    length = ids.shape[1]
-    for start in range(0, length - 1, LOGIT_CHUNK):
-        end = min(start + LOGIT_CHUNK, length - 1)
-        logits = _wide(model.lm_head(hidden[:, start:end]))
-        t = ids[:, start + 1:end + 1]
-        nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1), reduction="none")
-        total += nll.view(t.shape).double().sum(1)
-    return total
+    return chunked_nll(hidden[:, :-1], ids[:, 1:], model.lm_head).double().sum(1)
 
 
 def pooled(model, ids: Tensor, mask: Tensor, head_gates=None, *, replicas: int = 1) -> Tensor:

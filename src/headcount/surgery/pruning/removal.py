@@ -33,11 +33,11 @@ WINDOW = 512
 CALIBRATION_SENTENCES = 256
 DEFAULT_CALIBRATION = None  # the default corpus's calibration prose
 
-# Forward-pass equivalents per calibration token, counting a backward pass as two forwards:
-# gradient and reconstruction run one forward and one backward (to the o_proj inputs / the layer outputs);
-# confidence one forward with weights; random none. Ablation runs one forward per head per layer group
+# Forward-pass equivalents per calibration token when the scores do not say (HeadScores.info carries
+# "forward_equivalents" for gradient / reconstruction: 1 forward + 1 input-gradient backward through the frozen
+# weights + the layers grad_memory recomputed, 2..3); confidence one forward with weights; random none. Ablation runs one forward per head per layer group
 # (heads_per_forward at a time) and is not a default anywhere; it is counted by its batches' repeats.
-SCORING_PASSES = {"gradient": 3.0, "reconstruction": 3.0, "confidence": 1.0, "random": 0.0}
+SCORING_PASSES = {"gradient": 2.0, "reconstruction": 2.0, "confidence": 1.0, "random": 0.0}
 # The sequential refit calls each layer on the pruned stream twice (unpruned to capture, pruned to move on)
 # and, for targets that need it, once on the original stream: 3 (output / residual) or 2 (local).
 REFIT_PASSES = {"output": 3.0, "residual": 3.0, "local": 2.0}
@@ -187,13 +187,21 @@ def resolve_scores(model, order, *, calibration=DEFAULT_CALIBRATION, seed: int =
 
     A method is scored on the SAME calibration inputs the refit uses (the one calibration path), so
     `calibration="mixed"` or a user's text chooses the heads as well as fitting o_proj."""
+    scores, name, _ = _scores_and_cost(model, order, calibration=calibration, seed=seed,
+                                       calibration_windows=calibration_windows, window=window, group=group)
+    return scores, name
+
+
+def _scores_and_cost(model, order, *, calibration, seed, calibration_windows, window, group):
+    """resolve_scores plus the scoring's cost in forward equivalents of the calibration tokens."""
     if isinstance(order, str):
         if order == "random":
-            return _plan.random_scores(model, seed), f"random(seed={seed})"
+            return _plan.random_scores(model, seed), f"random(seed={seed})", 0.0
         from headcount.analysis import importance
-        return _plan.head_scores(model, importance(model, method=order, progress=False, group=group, **scoring_inputs(
-            model, calibration, calibration_windows=calibration_windows, window=window))), order
-    return _plan.head_scores(model, order), getattr(order, "method", "scores")
+        hs = importance(model, method=order, progress=False, group=group, **scoring_inputs(
+            model, calibration, calibration_windows=calibration_windows, window=window))
+        return _plan.head_scores(model, hs), order, hs.info.get("forward_equivalents", SCORING_PASSES.get(order, 0.0))
+    return _plan.head_scores(model, order), getattr(order, "method", "scores"), 0.0
 
 
 def scoring_inputs(model, calibration, *, calibration_windows: int = CALIBRATION_WINDOWS,
@@ -224,11 +232,12 @@ def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "que
     needs = compensate != "none" or (isinstance(order, str) and order != "random")
     if not ready and needs:  # texts (or None, "mixed"): batch once, then score and refit on the same batches
         calibration = calibration_batches(model, calibration, calibration_windows=calibration_windows, window=window)
-    scores, name = resolve_scores(model, order, calibration=calibration, seed=seed,
-                                  calibration_windows=calibration_windows, window=window, group=kwargs.get("group"))
+    scores, name, scoring = _scores_and_cost(model, order, calibration=calibration, seed=seed,
+                                             calibration_windows=calibration_windows, window=window,
+                                             group=kwargs.get("group"))
     chosen = _plan.plan_fraction(model, fraction, scores, mode=mode, uniform=bool(uniform))
     result = prune(model, chosen, mode=mode, compensate=compensate, calibration=calibration, **kwargs)
     result.order, result.fraction, result.uniform = name, float(fraction), bool(uniform)
     result.method = "retraining-free"
-    result.forward_equivalents += SCORING_PASSES.get(order if isinstance(order, str) else "", 0.0)
+    result.forward_equivalents += scoring
     return result
