@@ -327,3 +327,90 @@ def test_real_gates(tiny, tmp_path):
     assert g["steps"] == 4 and g["heads_removed"] == 4 and g["heads_before"] == 8  # half of 2 x 4 heads
     assert g["ppl_before"] > 0 and g["ppl_after"] > 0 and g["window"] == 32
     assert by["C12"]["status"] in ("held", "did not hold") and by["C12"]["number"] is not None
+    assert g["source"] == "run" and "the gates bench has no saved result for this model" in by["C12"]["source"]
+
+
+def test_pruning_and_merge_show_the_three_held_out_domains(tiny, tmp_path, monkeypatch):
+    """Issue 16: on the default corpus the default prune and the K/V merge report prose, code and stdlib source,
+    through surgery's own held_out_report (called once per model measured) and domain_rows."""
+    import headcount.surgery.cli_common as common
+    from headcount.report.claims import domain_table
+    from headcount.report.collect import HeldOut
+    from headcount.report.html import render_html
+
+    calls = []
+    real = common.held_out_report
+
+    def counted(model, held_out, eval_windows, window, reference=None):
+        calls.append((held_out, eval_windows, window))
+        return real(model, held_out, eval_windows, window, reference)
+    monkeypatch.setattr(common, "held_out_report", counted)
+    import inspect
+    import textwrap
+
+    import headcount.data as data
+    # short stand-ins for the two other domains (the real ones take seconds to gather): docstrings, stdlib source
+    code = [inspect.getdoc(torch.nn.Linear), inspect.getdoc(torch.nn.functional.scaled_dot_product_attention)]
+    monkeypatch.setattr(data, "held_out_domains", lambda: {"prose": data.default_corpus().texts("held_out"),
+                                                           "code": code, "source": [inspect.getsource(textwrap)]})
+    sizes = Sizes(**{**TINY.__dict__, "pruning_fractions": (0.2,), "random_fractions": (), "eval_windows": 1,
+                     "domain_windows": 1, "domain_window": 64})
+    timings = {}
+    r = collect(tiny, None, sizes=sizes, only=("shape", "pruning", "kv_merge"), progress=False, timings=timings,
+                cache=ResultCache(tmp_path, enabled=False), results_dir=None)
+    assert calls == [(None, 1, 64)] * 3  # the unmodified model once, then the pruned and the merged model
+    assert timings[HeldOut.DOMAIN_TIMING] > 0
+    base = real(tiny, None, 1, 64)[2]
+    for name, key, after in (("pruning", "default", "ppl"), ("kv_merge", None, "ppl_after")):
+        section = r[name]
+        assert list(section["ppl_by_domain_before"]) == ["prose", "code", "source"]
+        assert section["domain_sizes"] == {"prose": [1, 64], "code": [1, 64], "source": [1, 64]}
+        headline = (section[key] if key else section)[after]
+        assert section["ppl_by_domain_after"]["prose"] == headline  # one prose number on the page
+        for domain in ("code", "source"):
+            assert section["ppl_by_domain_before"][domain] == normalise(base[domain])
+            assert section["ppl_by_domain_after"][domain] > 0
+        assert [row[0] for row in domain_table(section)] == ["prose", "code", "source"]
+    assert r["pruning"]["ppl_by_domain_before"]["prose"] == r["pruning"]["base_ppl"] == r["kv_merge"]["ppl_before"]
+    by = {c["id"]: c for c in r["claims"]}
+    for cid in ("C11", "C15"):
+        assert "on the other held-out domains: code " in by[cid]["finding"] and ", source " in by[cid]["finding"]
+    page = render_html(r)
+    assert page.count('class="data domains"') == 2 and "<td>source</td><td>1 \u00d7 64</td>" in page
+    # a user's text has one held-out set: no domains, and the section says why
+    r = collect(tiny, TEXT, sizes=sizes, only=("shape", "kv_merge"), progress=False,
+                cache=ResultCache(tmp_path, enabled=False), results_dir=None)
+    assert "ppl_by_domain_before" not in r["kv_merge"] and "one held-out set" in r["kv_merge"]["domains_note"]
+    assert "Held-out domains: the report" in render_html(r)
+
+
+def test_c12_prefers_the_gates_benchs_saved_result(tiny, tmp_path, monkeypatch):
+    import headcount.surgery as surgery
+    from headcount.report.html import render_html
+
+    real = surgery.__getattr__
+
+    def no_training(name):  # train_gates is there, but the saved result must be preferred: never called
+        if name in ("train_gates", "apply_gates"):
+            return lambda *a, **k: pytest.fail("the report trained gates although a saved result exists")
+        return real(name)
+    monkeypatch.setattr(surgery, "__getattr__", no_training)
+    results = tmp_path / "results"
+    results.mkdir()
+    point = {"fraction": 0.5, "heads_kept": 4, "ppl_by_text": {"prose": 11.0}, "method": "l0 + lstsq"}
+    bench = {"gates": {"quick": True, "tiny": {"model": "tiny", "heads": 8, "steps": 300,
+                                                "base": {"ppl_by_text": {"prose": 10.0}}, "points": [point]}}}
+    (results / "surgery_gates.json").write_text(json.dumps(bench))
+    cache = ResultCache(tmp_path / "cache")
+    r = collect(tiny, TEXT, sizes=TINY, only=("shape", "gates"), progress=False, cache=cache, results_dir=results)
+    assert r["gates"]["source"] == "saved" and r["gates"]["quick"] is True
+    c12 = next(c for c in r["claims"] if c["id"] == "C12")
+    assert "saved --quick result in benchmarks/results/surgery_gates.json" in c12["source"]
+    assert "preferred to a short run" in c12["source"] and c12["status"] == "held"
+    assert "Source: the gates bench&#x27;s saved --quick result" in render_html(r)
+    # the file is part of the cache key: a new saved result is read, not the cached old one
+    bench["gates"]["tiny"]["points"][0]["ppl_by_text"] = {"prose": 13.0}
+    (results / "surgery_gates.json").write_text(json.dumps(bench))
+    again = ResultCache(tmp_path / "cache")
+    r = collect(tiny, TEXT, sizes=TINY, only=("shape", "gates"), progress=False, cache=again, results_dir=results)
+    assert "gates" not in again.hits and r["gates"]["points"][0]["ppl"] == 13.0

@@ -177,73 +177,61 @@ def _low_rank(section: dict | None) -> tuple[bool, str, float] | None:
     return ok, finding, one[0]["error"]
 
 
+def quality(before: float | None, after: float | None, cosine: float | None = None,
+            max_rise: float = float("inf")) -> tuple[bool, str, float] | None:
+    """An edit's held-out quality, stated one way by every claim (C11, C12, C15): (within the limit, the words,
+    the number). Decoders: perplexity before -> after, the number its relative rise, within when <= max_rise;
+    encoders: the mean cosine of held-out sentence embeddings to the unmodified model's, within when
+    >= PRUNE_COSINE. None when neither was measured."""
+    if before and after is not None:
+        rise = after / before - 1
+        return rise <= max_rise + 1e-12, f"held-out perplexity {before:.2f} -> {after:.2f} ({rise:+.1%})", rise
+    if cosine is not None:
+        return cosine >= PRUNE_COSINE, f"held-out sentence embeddings at mean cosine {cosine:.3f}", cosine
+    return None
+
+
+def _limit(decoder: bool, max_rise: float) -> str:
+    return (f"held-out perplexity up by <= {max_rise:.0%}" if decoder else
+            f"held-out sentence embeddings at mean cosine >= {PRUNE_COSINE} to the unmodified model's")
+
+
 def c11_pruning(pruning: dict | None) -> dict:
     title, claim = "Many heads can be removed", (
         "A large share of heads can be pruned at inference without a marked drop: 20% (translation) to 40% "
         "(BERT) in Michel et al. 2019; 38 of 48 encoder heads in Voita et al. 2019.")
-    test = f">= {PRUNE_FRACTION:.0%} of heads removed with held-out perplexity up by <= {PRUNE_PPL_RISE:.0%}"
-    points = (pruning or {}).get("points") or []
-    base = (pruning or {}).get("base_ppl")
-    default = (pruning or {}).get("default")
+    pruning = pruning or {}
+    base, default = pruning.get("base_ppl"), pruning.get("default")
     if default:  # the project's defaults at exactly PRUNE_FRACTION: that point decides
-        return _c11_default(title, claim, default, base, pruning)
-    if points and not base and any(p.get("cosine") is not None for p in points):
-        return _c11_encoder(title, claim, points)
-    if not points or not base:
-        return _claim("C11", title, claim, test, NOT_MEASURED, "the pruning curve is not available in this report")
-    ok = [p for p in points if p.get("ppl") is not None and p["ppl"] <= base * (1 + PRUNE_PPL_RISE)]
-    best = max(ok, key=lambda p: (p["fraction"], -p["ppl"])) if ok else None
-    status = HELD if best is not None and best["fraction"] >= PRUNE_FRACTION - 1e-9 else NOT_HELD
-    if best is not None:
-        rise = best["ppl"] / base - 1
-        finding = (f"removing {best['fraction']:.0%} of heads ({best.get('heads_removed')} heads, order "
-                   f"{best.get('order')}, {_comp(best)}) moves held-out perplexity {base:.2f} -> {best['ppl']:.2f} "
-                   f"({rise:+.1%})")
-        number = best["fraction"]
-    else:
-        first = min((p for p in points if p.get("ppl") is not None), key=lambda p: p["fraction"], default=None)
-        finding = "no tested fraction stays within the limit"
-        if first is not None:
-            finding += (f"; the smallest, {first['fraction']:.0%}, already moves perplexity {base:.2f} -> "
-                        f"{first['ppl']:.2f} ({first['ppl'] / base - 1:+.1%})")
-        number = 0.0
-    return _claim("C11", title, claim, test, status, finding, number)
-
-
-def _c11_default(title: str, claim: str, p: dict, base: float | None, pruning: dict | None = None) -> dict:
-    how = (f"headcount.surgery.prune_to(model, {p['fraction']:g}) with its defaults: order {p.get('order')}, "
-           f"{_comp(p)}")
-    if base and p.get("ppl") is not None:
         test = (f"{PRUNE_FRACTION:.0%} of the heads removed by prune_to with the project's default order and "
-                f"compensation, held-out perplexity up by <= {PRUNE_PPL_RISE:.0%}")
-        rise = p["ppl"] / base - 1
-        status = HELD if p["fraction"] >= PRUNE_FRACTION - 1e-9 and rise <= PRUNE_PPL_RISE + 1e-12 else NOT_HELD
-        finding = (f"{how}: {p.get('heads_removed')} of {p.get('heads_before', '?')} heads removed; held-out "
-                   f"perplexity {base:.2f} -> {p['ppl']:.2f} ({rise:+.1%})" + domain_finding(pruning))
-        return _claim("C11", title, claim, test, status, finding, rise)
-    test = (f"{PRUNE_FRACTION:.0%} of the heads removed by prune_to with the project's default order and "
-            f"compensation, held-out sentence embeddings at mean cosine >= {PRUNE_COSINE} to the original's")
-    cos = p.get("cosine")
-    if cos is None:
-        return _claim("C11", title, claim, test, NOT_MEASURED, "the default pruning point has no quality measure")
-    status = HELD if p["fraction"] >= PRUNE_FRACTION - 1e-9 and cos >= PRUNE_COSINE else NOT_HELD
-    finding = (f"{how}: {p.get('heads_removed')} of {p.get('heads_before', '?')} heads removed; held-out sentence "
-               f"embeddings at mean cosine {cos:.3f}")
-    return _claim("C11", title, claim, test, status, finding, cos)
-
-
-def _c11_encoder(title: str, claim: str, points: list[dict]) -> dict:
-    test = (f">= {PRUNE_FRACTION:.0%} of heads removed with held-out sentence embeddings at mean cosine "
-            f">= {PRUNE_COSINE} to the unpruned model's")
-    ok = [p for p in points if p.get("cosine") is not None and p["cosine"] >= PRUNE_COSINE]
-    best = max(ok, key=lambda p: (p["fraction"], p["cosine"])) if ok else None
-    status = HELD if best is not None and best["fraction"] >= PRUNE_FRACTION - 1e-9 else NOT_HELD
+                f"compensation, {_limit(bool(base and default.get('ppl') is not None), PRUNE_PPL_RISE)}")
+        q = quality(base, default.get("ppl"), default.get("cosine"), PRUNE_PPL_RISE)
+        if q is None:
+            return _claim("C11", title, claim, test, NOT_MEASURED, "the default pruning point has no quality measure")
+        ok, words, number = q
+        status = HELD if default["fraction"] >= PRUNE_FRACTION - 1e-9 and ok else NOT_HELD
+        finding = (f"headcount.surgery.prune_to(model, {default['fraction']:g}) with its defaults: order "
+                   f"{default.get('order')}, {_comp(default)}: {default.get('heads_removed')} of "
+                   f"{default.get('heads_before', '?')} heads removed; {words}" + domain_finding(pruning))
+        return _claim("C11", title, claim, test, status, finding, number)
+    # a report without the default point (older report.json): the largest fraction of the curve within the limit
+    test = f">= {PRUNE_FRACTION:.0%} of heads removed with {_limit(bool(base), PRUNE_PPL_RISE)}"
+    scored = [(p, q) for p in pruning.get("points") or []
+              if (q := quality(base, p.get("ppl"), p.get("cosine"), PRUNE_PPL_RISE)) is not None]
+    if not scored:
+        return _claim("C11", title, claim, test, NOT_MEASURED, "the pruning curve is not available in this report")
+    better = -1 if base else 1  # of two points at one fraction, the lower perplexity / the higher cosine
+    best = max((pq for pq in scored if pq[1][0]), key=lambda pq: (pq[0]["fraction"], better * pq[1][2]),
+               default=None)
     if best is None:
-        return _claim("C11", title, claim, test, status, "no tested fraction keeps the embeddings that close", 0.0)
-    finding = (f"removing {best['fraction']:.0%} of heads ({best.get('heads_removed')} heads, order "
-               f"{best.get('order')}, {_comp(best)}) keeps held-out sentence embeddings at mean cosine "
-               f"{best['cosine']:.3f}")
-    return _claim("C11", title, claim, test, status, finding, best["fraction"])
+        first, (_, words, _) = min(scored, key=lambda pq: pq[0]["fraction"])
+        return _claim("C11", title, claim, test, NOT_HELD, f"no tested fraction stays within the limit; the "
+                      f"smallest, {first['fraction']:.0%}, already gives {words}", 0.0)
+    p, (_, words, _) = best
+    status = HELD if p["fraction"] >= PRUNE_FRACTION - 1e-9 else NOT_HELD
+    finding = (f"removing {p['fraction']:.0%} of heads ({p.get('heads_removed')} heads, order {p.get('order')}, "
+               f"{_comp(p)}): {words}")
+    return _claim("C11", title, claim, test, status, finding, p["fraction"])
 
 
 def _comp(p: dict) -> str:
@@ -300,14 +288,12 @@ def c15_gqa(accounts: dict | None, merge: dict | None, merge_missing: str | None
             f" ({r['kv_bytes_per_token'] / mha['kv_bytes_per_token']:.0%})" for r in rows]
     finding = "KV cache per token in " + accounts.get("dtype", "") + ": " + ", ".join(bits)
     number = None
-    if merge and merge.get("ppl_before") and merge.get("ppl_after") is not None:
-        rise = merge["ppl_after"] / merge["ppl_before"] - 1
-        number = rise
+    q = quality((merge or {}).get("ppl_before"), (merge or {}).get("ppl_after"))
+    if q is not None:
+        _, words, number = q
         how = f"method {merge['method']}, no training" if merge.get("method") else "no training"
         finding += (f". Merging this model's K/V heads {merge.get('heads_before')} -> {merge.get('heads_after')} "
-                    f"({how}) moves held-out perplexity {merge['ppl_before']:.2f} -> "
-                    f"{merge['ppl_after']:.2f} ({rise:+.1%}): the memory is saved at a cost in quality"
-                    + domain_finding(merge))
+                    f"({how}) gives {words}: the memory is saved at a cost in quality" + domain_finding(merge))
         status = HELD if exact else NOT_HELD
     else:
         finding += (f". The quality side (a K/V merge) is not measured ({merge_missing.rstrip('.')})"
@@ -443,20 +429,12 @@ def c12_gates(gates: dict | None, model: str | None = None) -> dict:
                     f"({gates.get('n_removed_ranked') or 0} of them still open, ranked out)")
     if reached is False:
         bits.append("the L0 target was NOT reached in the steps given")
-    if gates.get("ppl_before") and gates.get("ppl_after") is not None:
-        rise = gates["ppl_after"] / gates["ppl_before"] - 1
-        quality = rise <= C12_PPL_RISE
-        bits.append(f"held-out perplexity {gates['ppl_before']:.2f} -> {gates['ppl_after']:.2f} ({rise:+.1%}), "
-                    f"compensation {gates.get('compensate')}")
-        number = rise
-    elif gates.get("cosine") is not None:
-        quality = gates["cosine"] >= PRUNE_COSINE
-        bits.append(f"held-out sentence embeddings at mean cosine {gates['cosine']:.3f}")
-        number = gates["cosine"]
-    else:
-        quality, number = False, None
+    q = quality(gates.get("ppl_before"), gates.get("ppl_after"), gates.get("cosine"), C12_PPL_RISE)
+    within, number = (q[0], q[2]) if q else (False, None)
+    if q:
+        bits.append(q[1] + (f", compensation {gates.get('compensate')}" if gates.get("compensate") else ""))
     enough = share is not None and share >= C12_FRACTION - 1e-9
-    status = HELD if enough and reached is not False and quality else NOT_HELD
+    status = HELD if enough and reached is not False and within else NOT_HELD
     return _claim("C12", title, claim, test, status, "; ".join(bits), number,
                   run_source(model) + " (headcount.surgery.train_gates, a short run, cached: the gates bench has no "
                   f"saved result for this model in benchmarks/results/{GATES_FILE}; `headcount bench surgery --part "
@@ -464,30 +442,21 @@ def c12_gates(gates: dict | None, model: str | None = None) -> dict:
 
 
 def _c12_saved(title: str, claim: str, test: str, gates: dict) -> dict:
-    pts = [p for p in gates.get("points") or [] if p.get("heads_before") and p.get("heads_removed") is not None
-           and ((p.get("base_ppl") and p.get("ppl")) or p.get("cosine") is not None)]
+    pts = [(p, q) for p in gates.get("points") or [] if p.get("heads_before") and p.get("heads_removed") is not None
+           and (q := quality(p.get("base_ppl"), p.get("ppl"), p.get("cosine"), C12_PPL_RISE)) is not None]
     if not pts:
         return _claim("C12", title, claim, test, NOT_MEASURED, f"{gates.get('path')} holds no usable point")
 
-    def share(p):
-        return p["heads_removed"] / p["heads_before"]
+    def share(pq):
+        return pq[0]["heads_removed"] / pq[0]["heads_before"]
 
-    def quality_ok(p):
-        return p["ppl"] <= p["base_ppl"] * (1 + C12_PPL_RISE) if p.get("base_ppl") else p["cosine"] >= PRUNE_COSINE
-
-    ok = [p for p in pts if share(p) >= C12_FRACTION - 1e-9 and quality_ok(p)]
-    best = max(ok, key=share) if ok else max((p for p in pts if share(p) >= C12_FRACTION - 1e-9), key=share,
-                                             default=max(pts, key=share))
-    if best.get("base_ppl"):
-        number = best["ppl"] / best["base_ppl"] - 1
-        q = f"held-out perplexity {best['base_ppl']:.2f} -> {best['ppl']:.2f} ({number:+.1%})"
-    else:
-        number = best["cosine"]
-        q = f"held-out sentence embeddings at mean cosine {number:.3f}"
+    enough = [pq for pq in pts if share(pq) >= C12_FRACTION - 1e-9]
+    ok = [pq for pq in enough if pq[1][0]]
+    best, (_, words, number) = max(ok or enough or pts, key=share)
     finding = (f"{best.get('model') or 'the model'}: gates trained {gates.get('steps')} steps then lstsq removed "
-               f"{best['heads_removed']} of {best['heads_before']} heads; {q}"
-               + (f" (other targets: " + ", ".join(f"{p['heads_removed']} removed" for p in pts if p is not best) + ")"
-                  if len(pts) > 1 else ""))
+               f"{best['heads_removed']} of {best['heads_before']} heads; {words}"
+               + (f" (other targets: " + ", ".join(f"{p['heads_removed']} removed" for p, _ in pts if p is not best)
+                  + ")" if len(pts) > 1 else ""))
     quick = " --quick" if gates.get("quick") else ""
     return _claim("C12", title, claim, test, HELD if ok else NOT_HELD, finding, number,
                   f"the gates bench's saved{quick} result in {gates.get('path')} (`headcount bench surgery --part "
@@ -603,7 +572,7 @@ def c10_shapes(check: dict | None, model: str | None = None) -> dict:
                   "the presets (headcount.cost) and the model's config, read in this report's run")
 
 
-def c14_kv(check: dict | None, model: str | None = None) -> dict:
+def c14_kv(check: dict | None, model: str | None = None, accounts: dict | None = None) -> dict:
     title, claim = "KV cache per token = 2 x n_kv x head_dim x layers x bytes", (
         "Each token keeps one K and one V vector per KV head per layer: 2 x n_kv_heads x head_dim x layers x bytes; "
         "Llama 3 8B going from 32 to 8 KV heads cuts it to 1/4.")
@@ -614,6 +583,12 @@ def c14_kv(check: dict | None, model: str | None = None) -> dict:
     finding = (f"{model or 'the model'}, {check['dtype']}: KVCache.nbytes {check['measured']:,} bytes per token; formula "
                f"{check['formula']:,}; by hand 2 x {check['n_kv_heads']} x {check['head_dim']} x {check['n_layers']} x "
                f"{check['bytes']} = {check['by_hand']:,}")
+    win = (accounts or {}).get("window")
+    mine = next((r for r in (accounts or {}).get("rows") or [] if r.get("is_model")), {})
+    if win and mine.get("kv_bytes_per_token_past_window") is not None:
+        finding += (f" (while the context is within the {win['size']:,}-token sliding window; past it the "
+                    f"{win['local_layers']} local layers stop growing and each token adds "
+                    f"{mine['kv_bytes_per_token_past_window']:,} bytes, the {win['global_layers']} global layers')")
     return _claim("C14", title, claim, test, HELD if ok else NOT_HELD, finding, check["measured"], run_source(model))
 
 
@@ -645,7 +620,7 @@ def read_claims(report: dict) -> list[dict]:
         measured["C11"],
         c12_gates(report.get("gates"), model),
         measured["C13"],
-        c14_kv(checks.get("c14"), model),
+        c14_kv(checks.get("c14"), model, report.get("accounts")),
         measured["C15"],
     ]
     assert [c["id"] for c in claims] == list(CLAIM_IDS)

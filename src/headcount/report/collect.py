@@ -136,8 +136,10 @@ class HeldOut:
     """Held-out quality through surgery's one measure (headcount.surgery.held_out): the sets built once, the
     unmodified model's quality evaluated once per report run, whichever step asks first."""
 
-    def __init__(self, model, held, sizes: Sizes):
-        self.model, self.held, self.sizes = model, held, sizes
+    DOMAIN_TIMING = "of which held-out domains"  # collect(timings=): the seconds the code / source measures took
+
+    def __init__(self, model, held, sizes: Sizes, timings: dict | None = None):
+        self.model, self.held, self.sizes, self.timings = model, held, sizes, timings
         self._sets = self._base = self._refs = self._domain_base = None
         self.window = min(sizes.window, model.config.max_position)  # of the held-out windows, once `sets` is built
 
@@ -200,7 +202,10 @@ class HeldOut:
         from headcount.surgery.cli_common import held_out_report
 
         windows, w = self.domain_sizes["code"]
+        t0 = time.perf_counter()
         _, _, found = held_out_report(model, None, windows, w)
+        if self.timings is not None:
+            self.timings[self.DOMAIN_TIMING] = self.timings.get(self.DOMAIN_TIMING, 0.0) + time.perf_counter() - t0
         return None if found is None else dict(found) | {"prose": prose}
 
     @property
@@ -339,7 +344,7 @@ def pruning_section(model, *, calibration, held: HeldOut, sizes: Sizes, seed: in
 
 
 def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progress: bool,
-           done: dict, results_dir=None) -> list[Step]:
+           done: dict, results_dir=None, timings: dict | None = None) -> list[Step]:
     """The report's steps in order; `done` holds the results so far (pruning reuses importance)."""
     from headcount.report.accounts import _variants, accounts, shape_json, shape_of, window_note
     from headcount.report.checks import chapter_checks
@@ -355,7 +360,7 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
         held_s = split_sentences(held, part="held_out", max_sentences=sizes.encoder_sentences)
     else:
         cal_s, held_s = cal, held
-    held_out = HeldOut(model, held_s, sizes)
+    held_out = HeldOut(model, held_s, sizes, timings)
     sentence = sample or DEFAULT_SAMPLE
     faith_layers = _spread(n_layers, sizes.faithfulness_layers)
     w = min(sizes.window, model.config.max_position)
@@ -443,7 +448,7 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
     domain_key = {"domains": [sizes.domain_windows, sizes.domain_window]}  # issue 16: code and source too
     steps = [
         Step("shape", {"version": 2}, shape_step),  # 2: q/k norms, post norms, windows, gated GELU, RMSNorm
-        Step("checks", {"sentence": sentence, "version": 2}, lambda: chapter_checks(model, sentence)),
+        Step("checks", {"sentence": sentence, "version": 3}, lambda: chapter_checks(model, sentence)),
         Step("sample", {"sentence": sentence}, lambda: sample_attention(model, sentence)),
         Step("roles", sized | {"tokens": sizes.roles_tokens, "sentences": sizes.roles_sentences}, roles_step),
         Step("faithfulness", sized | {"layers": faith_layers, "examples": sizes.faithfulness_examples,
@@ -483,7 +488,8 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
 
     texts: None = the calibration part of the default corpus; a string or list of strings otherwise.
     only: run just these steps (the others are marked unavailable: "not run"); sizes: override FULL / QUICK.
-    timings: a dict to receive each step's wall-clock seconds (kept out of report.json: it varies).
+    timings: a dict to receive each step's wall-clock seconds (kept out of report.json: it varies), and under
+        HeldOut.DOMAIN_TIMING the part of the pruning and kv_merge steps spent on the two extra held-out domains.
     results_dir: where saved full experiment runs are read from (default: the source checkout's
         benchmarks/results/, when there is one; None: always the experiments' --quick runs).
     """
@@ -504,7 +510,7 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
         from headcount.report.trained import results_dir as default_results
         results_dir = default_results()
     steps = _steps(model, texts, seed=seed, sizes=sizes, sample=sample, progress=progress, done=got.results,
-                   results_dir=results_dir)
+                   results_dir=results_dir, timings=timings)
     bar = _progress(len(steps), progress)
     try:
         for step in steps:
