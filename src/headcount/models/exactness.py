@@ -5,6 +5,11 @@
 - smollm2: logits vs LlamaForCausalLM on a padded batch (real tokens), plain and packed paths;
 - smollm2 perplexity on the held-out part of the default corpus vs transformers' loss on the same
   windows (each window's first token unscored, as evaluation.py defines it);
+- qwen2.5-coder-0.5b and gemma3-270m (issue 14) against transformers' AutoModelForCausalLM loading the same
+  dequantised checkpoint directory (zoo.checkpoint_dir, byte-equal to transformers' own GGUF loader): logits
+  on the first 64 tokens of the held-out corpus (plain and packed), perplexity on the first few windows of
+  512, 32 greedy tokens with the KV cache against transformers' generate(); for gemma3-270m also a prompt
+  of 600 tokens, past its 512-token sliding window (every position's logits, then 32 greedy tokens);
 - one random small model of each family headcount reads (built with transformers' own config classes,
   no download: llama, qwen2 and qwen3 with sliding-window layers, mistral, gemma3_text causal and
   bidirectional, gemma3's language model): logits (last hidden states for the bidirectional one) on a
@@ -68,6 +73,145 @@ def smollm2_vs_transformers(window: int = 1024) -> dict:
     return {"logits_max_abs_diff": plain, "logits_max_abs_diff_packed": fast, "window": window,
             "perplexity": result.perplexity, "perplexity_transformers": ref_ppl,
             "perplexity_rel_diff": abs(result.perplexity - ref_ppl) / ref_ppl, "scored_tokens": n}
+
+
+# ------------------------------------------------------------------- the GGUF zoo models (issue 14)
+# name -> what is checked beyond logits, perplexity and greedy decoding: a prompt longer than the model's
+# sliding window (gemma3-270m: 512 on 5 of every 6 layers), or None.
+GGUF_MODELS = {"qwen2.5-coder-0.5b": None, "gemma3-270m": 600}
+REAL_MODELS = ("minilm", "smollm2", *GGUF_MODELS)
+FAMILIES = "families"  # the name of the random-families rows in `models`
+ALL = (*REAL_MODELS, FAMILIES)
+# the issue's targets (bounds the rendered table and `ok` use)
+TARGETS = {"logits_max_abs_diff": 1e-3, "perplexity_rel_diff": 1e-4}
+GGUF_WINDOW, GGUF_WINDOWS, LOGIT_TOKENS, NEW_TOKENS = 512, 4, 64, 32
+
+
+def _held_out_ids(model, n: int) -> list[int]:
+    """The first n token ids of the held-out corpus as a prompt (with the model's BOS where its tokenizer
+    adds one: Gemma's)."""
+    from headcount.data import default_corpus
+
+    ids = model.tokenizer.encode("\n\n".join(default_corpus().texts("held_out")))
+    if len(ids) < n:
+        raise ValueError(f"the held-out corpus has {len(ids)} tokens; {n} are needed")
+    return ids[:n]
+
+
+def _max_logit_diff(ours, hf, ids, *, chunk: int = 128) -> tuple[float, float]:
+    """(max |logits diff|, max |logit|) over every position of one sequence, the logits built `chunk`
+    positions at a time from each side's final hidden states (600 x 262,144 fp32 logits would be 630 MB)."""
+    import torch
+
+    x = torch.tensor([ids])
+    with torch.inference_mode():
+        h_ours = ours(x, compute_logits=False).hidden_states[0]
+        h_hf = hf.model(input_ids=x).last_hidden_state[0]
+        diff = scale = 0.0
+        for i in range(0, len(ids), chunk):
+            ref = hf.lm_head(h_hf[i:i + chunk]).float()
+            diff = max(diff, float((ours.lm_head(h_ours[i:i + chunk]).float() - ref).abs().max()))
+            scale = max(scale, float(ref.abs().max()))
+    return diff, scale
+
+
+def _greedy(ours, hf, prompt: list[int], new_tokens: int) -> dict:
+    """new_tokens greedy tokens: headcount's generate() (KV cache, packed weights) against transformers'
+    generate(), neither stopping at end-of-sequence so both always give new_tokens tokens."""
+    import copy
+
+    import torch
+
+    config = copy.deepcopy(hf.generation_config)
+    config.update(do_sample=False, eos_token_id=None, max_new_tokens=new_tokens, min_new_tokens=None,
+                  pad_token_id=hf.config.pad_token_id if hf.config.pad_token_id is not None else 0,
+                  temperature=None, top_p=None, top_k=None)
+    x = torch.tensor([prompt])
+    with torch.inference_mode():
+        want = hf.generate(x, attention_mask=torch.ones_like(x), generation_config=config)[0, len(prompt):].tolist()
+    from headcount.models import generate
+
+    got = generate(ours, prompt, new_tokens, stop_at_eos=False).new_ids
+    first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
+    return {"prompt_tokens": len(prompt), "greedy_tokens": len(want), "greedy_equal": got == want,
+            "first_difference": first, "distinct_tokens": len(set(want))}
+
+
+def gguf_model_vs_transformers(name: str, *, window: int = GGUF_WINDOW, max_windows: int | None = GGUF_WINDOWS,
+                               logit_tokens: int = LOGIT_TOKENS, new_tokens: int = NEW_TOKENS,
+                               long_prompt: int | None = None, log=None) -> dict:
+    """One GGUF zoo model (a key of GGUF_MODELS), loaded by headcount.models.load(name), against
+    transformers' AutoModelForCausalLM on the same checkpoint directory (fp32, sdpa).
+
+    - logits on the first `logit_tokens` tokens of the held-out corpus, every position (plain and packed);
+    - perplexity (evaluation.evaluate_perplexity) on the first `max_windows` windows of `window` tokens of
+      the held-out corpus (None = all of it) against transformers' loss on the same windows;
+    - `new_tokens` greedy tokens after those `logit_tokens` tokens, headcount's generate() against
+      transformers' generate();
+    - long_prompt (default: GGUF_MODELS[name]): every position's logits on a prompt of that many tokens and
+      greedy decoding after it (a prompt longer than a sliding window exercises the window's mask and cache).
+    """
+    import time
+
+    import torch
+    import transformers
+
+    from headcount.data import default_corpus
+    from headcount.models import evaluate_perplexity, load, packed, zoo
+    from headcount.models.evaluation import token_stream, windows
+
+    say = log or (lambda msg: None)
+    long_prompt = GGUF_MODELS[name] if long_prompt is None else long_prompt
+    t0 = time.perf_counter()
+    ours = load(name)
+    directory = zoo.checkpoint_dir(name)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(directory), dtype=torch.float32,
+                                                           attn_implementation="sdpa").eval()
+    row: dict = {"checkpoint": directory.name, "transformers_class": type(hf).__name__,
+                 "sliding_windows": sorted({layer.attn.sliding_window for layer in ours.layers
+                                            if layer.attn.sliding_window is not None})}
+    say(f"{name}: loaded both sides in {time.perf_counter() - t0:.1f} s")
+
+    ids = _held_out_ids(ours, max(logit_tokens, long_prompt or 0))
+    x = torch.tensor([ids[:logit_tokens]])
+    with torch.inference_mode():
+        ref = hf(input_ids=x).logits.float()
+        row["logits_tokens"] = logit_tokens
+        row["logits_max_abs_diff"] = float((ours(x).logits - ref).abs().max())
+        with packed(ours):
+            row["logits_max_abs_diff_packed"] = float((ours(x).logits - ref).abs().max())
+        row["logit_scale"] = float(ref.abs().max())
+    del ref
+    row.update(_greedy(ours, hf, ids[:logit_tokens], new_tokens))
+    say(f"{name}: logits and greedy decoding, {time.perf_counter() - t0:.1f} s")
+
+    texts = default_corpus().texts("held_out")
+    stream = token_stream(ours, texts)
+    chunks = windows(stream, window)[:max_windows]
+    result = evaluate_perplexity(ours, stream, window, max_tokens=sum(len(c) for c in chunks))
+    total, n = 0.0, 0
+    with torch.inference_mode():
+        for w in chunks:
+            xw = torch.tensor([w])
+            total += hf(input_ids=xw, labels=xw).loss.double().item() * (len(w) - 1)
+            n += len(w) - 1
+    ref_ppl = math.exp(total / n)
+    row.update(window=window, windows=len(chunks), scored_tokens=n, perplexity=result.perplexity,
+               perplexity_transformers=ref_ppl, perplexity_rel_diff=abs(result.perplexity - ref_ppl) / ref_ppl)
+    say(f"{name}: perplexity on {len(chunks)} windows of {window}, {time.perf_counter() - t0:.1f} s")
+
+    if long_prompt:
+        diff, scale = _max_logit_diff(ours, hf, ids[:long_prompt])
+        greedy = _greedy(ours, hf, ids[:long_prompt], new_tokens)
+        row["long_prompt"] = {"logits_max_abs_diff": diff, "logit_scale": scale, **greedy}
+        say(f"{name}: {long_prompt}-token prompt, {time.perf_counter() - t0:.1f} s")
+    row["ok"] = (row["logits_max_abs_diff"] <= TARGETS["logits_max_abs_diff"]
+                 and row["logits_max_abs_diff_packed"] <= TARGETS["logits_max_abs_diff"]
+                 and row["perplexity_rel_diff"] <= TARGETS["perplexity_rel_diff"] and row["greedy_equal"]
+                 and ("long_prompt" not in row or (row["long_prompt"]["greedy_equal"] and row["long_prompt"][
+                     "logits_max_abs_diff"] <= TARGETS["logits_max_abs_diff"])))
+    row["seconds"] = round(time.perf_counter() - t0, 1)
+    return row
 
 
 # ------------------------------------------------------------------------------- random small families
@@ -165,15 +309,69 @@ def random_families() -> list[dict]:
     return [random_family_vs_transformers(family) for family in RANDOM_FAMILIES]
 
 
-def run(window: int = 1024, *, real: bool = True, families: bool = True) -> dict:
-    """The real embedded models (real=True; needs their packages) and the random small families."""
+def parse_models(models, *, what: str = "--models") -> tuple[str, ...]:
+    """A comma-separated string (or a sequence) of names from ALL -> a tuple in ALL's order, no repeats.
+    Raises ValueError naming `what` for an unknown or empty list."""
+    names = [m.strip() for m in (models.split(",") if isinstance(models, str) else models)]
+    names = [m for m in names if m]
+    unknown = [m for m in names if m not in ALL]
+    if unknown or not names:
+        raise ValueError(f"{what}: {'unknown ' + repr(unknown[0]) if unknown else 'empty'}; expected a "
+                         f"comma-separated list of {', '.join(ALL)}")
+    return tuple(m for m in ALL if m in names)
+
+
+def run(window: int = 1024, *, real: bool = True, families: bool = True, models=None,
+        gguf_window: int = GGUF_WINDOW, gguf_windows: int | None = GGUF_WINDOWS, log=None) -> dict:
+    """The real embedded models and the random small families, as one dict (JSON-ready).
+
+    models: names from ALL (a comma-separated string or a sequence); None = every real model when `real`,
+        and the families when `families`. Named explicitly, a model whose packages are missing raises
+        ModelNotFoundError (a ValueError with the pip command); in the default list it becomes
+        {"skipped": <why>}.
+    window: smollm2's perplexity window (its whole held-out corpus is scored).
+    gguf_window, gguf_windows: qwen2.5-coder-0.5b's and gemma3-270m's perplexity: the first gguf_windows
+        windows of gguf_window tokens of the held-out corpus (None = all of it; slow on a CPU).
+    Keys: "minilm", "smollm2", "qwen2.5-coder-0.5b", "gemma3-270m" (each a dict), "families" (a list).
+    """
+    from headcount.models import zoo
+
+    for name, value, low in (("window", window, 2), ("gguf_window", gguf_window, 2), ("gguf_windows", gguf_windows, 1)):
+        if value is None and name == "gguf_windows":
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+    explicit = models is not None
+    if explicit:
+        chosen = parse_models(models)
+    else:
+        chosen = (REAL_MODELS if real else ()) + ((FAMILIES,) if families else ())
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything comes from installed packages
     out: dict = {}
-    if real:
-        out.update(minilm=minilm_vs_transformers(), smollm2=smollm2_vs_transformers(window))
-    if families:
-        out["families"] = random_families()
+    for name in chosen:
+        if name == FAMILIES:
+            out[FAMILIES] = random_families()
+            continue
+        if not zoo.installed(name):
+            if explicit:
+                zoo.package_dir(zoo.ZOO[name])  # raises ModelNotFoundError with the pip command
+            out[name] = {"skipped": f"not installed: {zoo.ZOO[name].pip_command}"}
+            continue
+        if name == "minilm":
+            out[name] = minilm_vs_transformers()
+        elif name == "smollm2":
+            out[name] = smollm2_vs_transformers(window)
+        else:
+            out[name] = gguf_model_vs_transformers(name, window=gguf_window, max_windows=gguf_windows, log=log)
     return out
+
+
+def _bound(value: float, bound: float) -> str:
+    return f"{bound:g}" + ("" if value <= bound else "  [red]missed[/]")
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "[red]NO[/]"
 
 
 def render(result: dict, console=None) -> None:
@@ -181,19 +379,47 @@ def render(result: dict, console=None) -> None:
     from rich.table import Table
 
     console = console or Console()
-    if "minilm" in result:
-        m, s = result["minilm"], result["smollm2"]
+    rows = [name for name in REAL_MODELS if name in result]
+    if rows:
         table = Table(title="headcount vs transformers on the same weights")
         for col in ("check", "measured", "bound (issue)"):
             table.add_column(col, justify="left" if col == "check" else "right")
-        table.add_row("minilm last hidden state, padded batch, max |diff|", f"{m['max_abs_diff']:.1e}", "1e-4")
-        table.add_row("  real tokens only", f"{m['max_abs_diff_real_tokens']:.1e}", "")
-        table.add_row("smollm2 logits, max |diff| (real tokens)", f"{s['logits_max_abs_diff']:.1e}", "1e-3")
-        table.add_row("  with packed weights (generate / perplexity path)", f"{s['logits_max_abs_diff_packed']:.1e}",
-                      "1e-3")
-        table.add_row(f"smollm2 perplexity, held-out, window {s['window']} ({s['scored_tokens']:,} tokens)",
-                      f"{s['perplexity']:.4f} vs {s['perplexity_transformers']:.4f}", "")
-        table.add_row("  relative difference", f"{s['perplexity_rel_diff']:.1e}", "1e-4")
+        for name in rows:
+            r = result[name]
+            if "skipped" in r:
+                table.add_row(f"{name}: skipped", r["skipped"], "")
+            elif name == "minilm":
+                table.add_row("minilm last hidden state, padded batch, max |diff|", f"{r['max_abs_diff']:.1e}", "1e-4")
+                table.add_row("  real tokens only", f"{r['max_abs_diff_real_tokens']:.1e}", "")
+            elif name == "smollm2":
+                table.add_row("smollm2 logits, max |diff| (real tokens)", f"{r['logits_max_abs_diff']:.1e}", "1e-3")
+                table.add_row("  with packed weights (generate / perplexity path)",
+                              f"{r['logits_max_abs_diff_packed']:.1e}", "1e-3")
+                table.add_row(f"smollm2 perplexity, held-out, window {r['window']} ({r['scored_tokens']:,} tokens)",
+                              f"{r['perplexity']:.4f} vs {r['perplexity_transformers']:.4f}", "")
+                table.add_row("  relative difference", f"{r['perplexity_rel_diff']:.1e}", "1e-4")
+            else:
+                bound = TARGETS["logits_max_abs_diff"]
+                table.add_row(f"{name} logits, {r['logits_tokens']} tokens, max |diff| (logits up to "
+                              f"{r['logit_scale']:.1f})", f"{r['logits_max_abs_diff']:.1e}",
+                              _bound(r["logits_max_abs_diff"], bound))
+                table.add_row("  with packed weights", f"{r['logits_max_abs_diff_packed']:.1e}",
+                              _bound(r["logits_max_abs_diff_packed"], bound))
+                table.add_row(f"  perplexity, held-out, {r['windows']} windows of {r['window']} "
+                              f"({r['scored_tokens']:,} tokens)",
+                              f"{r['perplexity']:.4f} vs {r['perplexity_transformers']:.4f}", "")
+                table.add_row("  relative difference", f"{r['perplexity_rel_diff']:.1e}",
+                              _bound(r["perplexity_rel_diff"], TARGETS["perplexity_rel_diff"]))
+                table.add_row(f"  {r['greedy_tokens']} greedy tokens after {r['prompt_tokens']} = generate()",
+                              _yes(r["greedy_equal"]), "equal")
+                long = r.get("long_prompt")
+                if long:
+                    window = ", ".join(str(w) for w in r["sliding_windows"]) or "none"
+                    table.add_row(f"  {long['prompt_tokens']}-token prompt (sliding window {window}): every "
+                                  f"position's logits, max |diff|", f"{long['logits_max_abs_diff']:.1e}",
+                                  _bound(long["logits_max_abs_diff"], bound))
+                    table.add_row(f"  {long['greedy_tokens']} greedy tokens after it = generate()",
+                                  _yes(long["greedy_equal"]), "equal")
         console.print(table)
     if result.get("families"):
         table = Table(title="random small models vs transformers, fp32 (bound 1e-4; greedy: 32 tokens after a "
@@ -208,3 +434,47 @@ def render(result: dict, console=None) -> None:
             table.add_row(row["family"] + what, f"{sum(w is not None for w in windows)}/{len(windows)}",
                           f"{row['max_abs_diff']:.1e}", greedy)
         console.print(table)
+
+
+def main(argv=None) -> int:
+    """benchmarks/exactness.py (and `python -m headcount.models.exactness`): the options of `run`."""
+    import argparse
+    import sys
+
+    parser = argparse.ArgumentParser(description="headcount against transformers on the same weights")
+    parser.add_argument("--models", default=None,
+                        help=f"comma-separated rows to run, from {','.join(ALL)} (default: all of them)")
+    parser.add_argument("--families-only", action="store_true", help="only the random small families "
+                        "(no model packages needed; the same as --models families)")
+    parser.add_argument("--window", type=int, default=1024, help="smollm2 perplexity window (default 1024)")
+    parser.add_argument("--gguf-window", type=int, default=GGUF_WINDOW,
+                        help=f"qwen2.5-coder-0.5b / gemma3-270m perplexity window (default {GGUF_WINDOW})")
+    parser.add_argument("--gguf-windows", type=int, default=GGUF_WINDOWS,
+                        help=f"how many of those windows, from the start of the held-out corpus (default "
+                             f"{GGUF_WINDOWS}; 0 = all of it, slow)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    args = parser.parse_args(argv)
+    try:
+        if args.families_only and args.models is not None:
+            raise ValueError("--families-only: give either it or --models, not both")
+        models = FAMILIES if args.families_only else args.models
+        if models is not None:
+            parse_models(models)
+        for flag, value, low in (("--window", args.window, 2), ("--gguf-window", args.gguf_window, 2),
+                                 ("--gguf-windows", args.gguf_windows, 0)):
+            if value < low:
+                raise ValueError(f"{flag}: expected an int >= {low}, got {value}")
+        result = run(args.window, models=models, gguf_window=args.gguf_window,
+                     gguf_windows=args.gguf_windows or None, log=lambda m: print(m, file=sys.stderr, flush=True))
+    except ValueError as err:
+        print(f"exactness: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        render(result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
