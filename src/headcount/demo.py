@@ -82,3 +82,45 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
         """headcount fused / eager vs inline SDPA vs torch.nn.MultiheadAttention, and peak memory per path."""
         from headcount.bench.attention import main
         main(repeats=repeats, as_json=json_out)
+
+    @bench_app.command("scale")
+    def bench_scale(models: str = typer.Option(",".join(("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b",
+                                                         "qwen2.5-coder-1.5b")), "--models",
+                                               help="comma-separated zoo names or paths"),
+                    steps: str = typer.Option("perplexity,importance,prune,report", "--steps",
+                                              help="some of perplexity, importance, prune, report"),
+                    dtypes: str = typer.Option("fp32", "--dtypes", help="comma-separated: fp32, bf16, fp16"),
+                    windows: Optional[int] = typer.Option(None, "--windows",
+                                                          help="calibration windows for importance and prune "
+                                                               "(default: each command's own)"),
+                    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds per step"),
+                    json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+                    save: Optional[Path] = typer.Option(None, "--save", help="also write the JSON here")) -> None:
+        """Time and peak memory of perplexity / importance / prune / report on models of growing size, each
+        step a fresh process with the command's defaults, and the slope against parameters."""
+        import json
+
+        from rich.console import Console
+
+        from headcount.bench import scale
+        from headcount.cli_errors import one_line_errors
+
+        with one_line_errors("bench scale"):
+            for d in dtypes.split(","):
+                if d not in ("fp32", "bf16", "fp16"):
+                    raise ValueError(f"--dtypes: expected fp32, bf16 or fp16, got {d!r}")
+            console = Console(stderr=json_out)
+
+            def progress(s):
+                console.print(f"{s.model} {s.dtype} {s.step}: {s.seconds:.1f} s, peak RSS "
+                              f"{s.peak_rss_bytes / 2**30:.2f} GiB" + (f" ({s.error})" if s.error else ""))
+
+            result = scale.run(models.split(","), steps.split(","), tuple(dtypes.split(",")), windows=windows,
+                               timeout=timeout, progress=progress)
+            if save is not None:
+                save.parent.mkdir(parents=True, exist_ok=True)
+                save.write_text(json.dumps(result.to_json(), indent=2))
+            if json_out:
+                typer.echo(json.dumps(result.to_json(), indent=2))
+            else:
+                scale.render(result, console)

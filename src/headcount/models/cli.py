@@ -83,7 +83,8 @@ def register(app, bench_app) -> None:
             result = evaluate_perplexity(lm, texts, window, batch_size=batch_size, max_tokens=max_tokens,
                                          progress=progress)
         if json_out:
-            typer.echo(json.dumps({"model": model, "source": source, **result.__dict__}))
+            typer.echo(json.dumps({"model": model, "source": source, "params": sum(p.numel() for p in lm.parameters()),
+                                    **result.__dict__}))
         else:
             typer.echo(f"{model} on {source}: {result}")
 
