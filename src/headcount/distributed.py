@@ -287,3 +287,28 @@ class DataParallel:
         t = t.clone()
         dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)
         return t
+
+    def sum_many(self, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each tensor summed over the ranks in ONE all-reduce (flattened, float64; complex tensors as their
+        real and imaginary parts): float64 (complex128) tensors of the same shapes, in the same order."""
+        if self.world == 1:
+            return [t.to(torch.complex128 if t.is_complex() else torch.float64) for t in tensors]
+        flat = [(torch.view_as_real(t.to(torch.complex128)) if t.is_complex() else t.double()).reshape(-1).cpu()
+                for t in tensors]
+        buf = torch.cat(flat) if flat else torch.zeros(0, dtype=torch.float64)
+        if dist.get_backend(self.group) == "nccl":
+            buf = buf.cuda()
+        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=self.group)
+        buf = buf.cpu()
+        out, start = [], 0
+        for t, f in zip(tensors, flat):
+            part = buf[start:start + f.numel()].clone()  # its own storage (view_as_complex needs an even offset)
+            start += f.numel()
+            if t.is_complex():
+                part = torch.view_as_complex(part.view(*t.shape, 2))
+            out.append(part.reshape(t.shape).to(t.device))
+        return out
+
+    def sum_float(self, value: float) -> float:
+        """A Python number summed over the ranks (float64)."""
+        return float(self.sum_many([torch.tensor([float(value)], dtype=torch.float64)])[0][0])

@@ -77,23 +77,39 @@ def register(app, bench_app) -> None:
         seed: int = typer.Option(0, "--seed", help="seed of the induction sequences"),
         json_out: bool = typer.Option(False, "--json", help="print the roles JSON"),
         png: Optional[Path] = typer.Option(None, "--png", help="save a heatmap per role"),
+        timeout: float = typer.Option(120.0, "--timeout", help="under torchrun: seconds a collective waits for "
+                                      "the other ranks before this rank gives up"),
     ) -> None:
         """What each head does: seven role scores per (layer, head), labelled past thresholds.
 
-        previous-token, duplicate-token, induction, positional, syntactic, rare-word and sink."""
-        with _errors("roles"):
+        previous-token, duplicate-token, induction, positional, syntactic, rare-word and sink.
+        Under torchrun the windows, sequences and sentences are split over the ranks (rank 0 prints)."""
+        import os
+
+        from headcount.cli_errors import rank_errors
+
+        with rank_errors("roles"):  # one line, prefixed with the rank under torchrun
             from headcount.analysis.plots import roles_png
             from headcount.paths import check_png
             from headcount.analysis.role_scores import roles
 
             if png is not None:
                 check_png(png)
+            if not timeout > 0:
+                raise ValueError(f"--timeout: expected a positive number of seconds, got {timeout}")
             texts = _texts(text)
+            group, main = None, True
+            if "WORLD_SIZE" in os.environ:  # under torchrun: each rank takes a share, the sums all-reduced
+                from headcount import distributed
+                group = distributed.init(timeout_s=timeout)
+                main = distributed.is_main(group)
             lm = _load(model, dtype, device)
             result = roles(lm, texts, max_tokens=max_tokens, max_sentences=max_sentences, seed=seed,
-                           progress=sys.stderr.isatty())
-            if png is not None:
+                           progress=main and sys.stderr.isatty(), group=group)
+            if png is not None and main:
                 roles_png(result.to_json(), png, title=f"{model}: head roles")
+        if not main:  # rank 0 prints and writes
+            return
         if json_out:
             typer.echo(json.dumps(result.to_json()))
             return

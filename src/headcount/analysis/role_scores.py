@@ -25,6 +25,12 @@ Inputs (texts=None = the calibration part of the default corpus):
 - `induction_batch` sequences of `induction_len` distinct tokens drawn (seeded) from the text's own
   tokens, each repeated twice; only the second copy's rows have a target;
 - sentences (headcount.analysis.batches.split_sentences), one per row, for syntactic and rare_word.
+
+Data parallelism (group=, issue 15): every rank builds the same inputs, then takes a share: the windows r::world
+(re-batched), the induction sequences r::world, and the sentence batches r::world (the batches of sentences
+of similar length that one process would run, unchanged); every role's sums and counts are all-reduced once
+in float64, so every rank returns the single process's scores (to summation order). More ranks than
+windows: ValueError on every rank before any forward.
 """
 
 from __future__ import annotations
@@ -168,7 +174,7 @@ def _device(model):
 
 
 # ------------------------------------------------------------------------------------ passes
-def _window_pass(model, batches, causal, acc, progress):
+def _window_pass(model, batches, causal, acc, progress, dp=None):
     mods = attention_modules(model)
     bar = _progress(len(batches), "roles: windows", progress)
     for ids in batches:
@@ -199,6 +205,15 @@ def _window_pass(model, batches, causal, acc, progress):
                 a["offsets"] = old + counts
         bar.update(1)
     bar.close()
+    if dp is not None and dp.world > 1:  # every window's sums: one float64 all-reduce
+        keys = ("prev", "dup", "sink")
+        parts = [t for a in acc for k in keys for t in a[k]] + [a["offsets"] for a in acc]
+        summed = iter(dp.sum_many(parts))
+        for a in acc:
+            for k in keys:
+                a[k] = (next(summed), next(summed))
+        for a in acc:
+            a["offsets"] = next(summed)
 
 
 def _pad_counts(counts: Tensor, width: int) -> Tensor:
@@ -206,13 +221,15 @@ def _pad_counts(counts: Tensor, width: int) -> Tensor:
     return torch.nn.functional.pad(counts, (extra, extra))
 
 
-def _sentence_pass(model, parsed, batch_size, acc, progress):
+def _sentence_pass(model, parsed, batch_size, acc, progress, dp=None):
     from headcount.analysis.syntax import relation_names
 
     mods = attention_modules(model)
     pad = model.tokenizer.pad_token_id
     order = sorted(range(len(parsed)), key=lambda i: len(parsed[i].ids))  # similar lengths together
     chunks = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    if dp is not None and dp.world > 1:  # whole batches r::world: each runs exactly as in one process
+        chunks = chunks[dp.rank::dp.world]
     bar = _progress(len(chunks), "roles: sentences", progress)
     names = relation_names()
     for chunk in chunks:
@@ -260,6 +277,20 @@ def _sentence_pass(model, parsed, batch_size, acc, progress):
         acc["n_rare"] += n_rare
         bar.update(1)
     bar.close()
+    if dp is not None and dp.world > 1:  # hits and counts of every rank's batches: one float64 all-reduce
+        layers = [k for k in acc if isinstance(k, int)]
+        parts = [acc[layer]["rel"][n] for layer in layers for n in names] + [acc[layer]["rare"] for layer in layers]
+        parts.append(torch.tensor([float(acc["n_rel"][n]) for n in names] + [float(acc["n_rare"])],
+                                  dtype=torch.float64))
+        summed = iter(dp.sum_many(parts))
+        for layer in layers:
+            for n in names:
+                acc[layer]["rel"][n] = next(summed)
+        for layer in layers:
+            acc[layer]["rare"] = next(summed)
+        counts = [int(round(float(x))) for x in next(summed)]
+        acc["n_rel"] = dict(zip(names, counts[:-1]))
+        acc["n_rare"] = counts[-1]
 
 
 def relation_baselines(parsed) -> dict[str, dict]:
@@ -282,14 +313,20 @@ def relation_baselines(parsed) -> dict[str, dict]:
 # -------------------------------------------------------------------------------------- main
 def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 2048, window: int = 256,
           max_sentences: int = 96, induction_len: int = 48, induction_batch_size: int = 4, batch_size: int = 4,
-          seed: int = 0, progress: bool = True, only: Sequence[str] | None = None) -> RoleScores:
+          seed: int = 0, progress: bool = True, only: Sequence[str] | None = None, group=None) -> RoleScores:
     """Score every head of `model` for each role (see the module docstring); texts=None = calibration text.
 
     max_tokens: tokens of windows for previous/duplicate/positional/sink; window: their length.
     max_sentences: sentences parsed for syntactic and rare_word.
     induction_len / induction_batch_size: the repeated random sequences (seed picks them).
     only: a subset of ROLES to compute (the others are absent from the result).
+    group: None (one process), "auto" (torch.distributed's default group when initialised) or a process
+    group: the windows, induction sequences and sentence batches split over its ranks, the sums all-reduced
+    (module docstring); every rank returns the same scores.
     """
+    from headcount.distributed import DataParallel
+
+    dp = DataParallel(group)
     mods = attention_modules(model)
     chosen = list(ROLES) if only is None else [r for r in ROLES if r in set(only)]
     if only is not None and (unknown := sorted(set(only) - set(ROLES))):
@@ -320,8 +357,17 @@ def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 
         # windows: previous_token, duplicate_token, positional, sink
         if {"previous_token", "duplicate_token", "positional", "sink"} & set(chosen):
             batches = window_batches(model, stream, window=window, max_tokens=max_tokens, batch_size=batch_size)
+            mine = batches
+            if dp.world > 1:  # windows r::world, in batches of batch_size as one process would
+                rows = torch.cat(batches)
+                if rows.shape[0] < dp.world:
+                    raise ValueError(f"max_tokens (--max-tokens): {dp.world} ranks (torchrun) but only "
+                                     f"{rows.shape[0]} window(s) of {rows.shape[1]} tokens to split over them; "
+                                     f"expected at least one window per rank: use at most {rows.shape[0]} "
+                                     f"rank(s) or raise max_tokens to {dp.world * rows.shape[1]}")
+                mine = list(rows[dp.rank::dp.world].split(batch_size))
             acc = [{"prev": (z, z), "dup": (z, z), "sink": (z, z), "offsets": None} for z in zeros]
-            _window_pass(model, batches, causal, acc, progress)
+            _window_pass(model, mine, causal, acc, progress, dp)
             meta["window_tokens"] = int(sum(b.numel() for b in batches))
             meta["window_length"] = int(batches[0].shape[1])
             ratio = lambda nd: [_round(float(x)) for x in torch.where(nd[1] > 0, nd[0] / nd[1].clamp_min(1e-300), 0)]  # noqa: E731
@@ -337,15 +383,16 @@ def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 
             meta["positional_offsets"] = [[int(x) for x in off] for _, off in pos]
         if "induction" in chosen:
             ids = induction_batch(model, stream, length=induction_len, batch=induction_batch_size, seed=seed)
-            pattern = patterns.induction_pattern(ids)
-            out = capture(model, ids.to(_device(model)),
-                          summaries=lambda layer, w: patterns.pattern_sums(w, pattern))
+            out = _induction_sums(model, ids[dp.rank::dp.world], len(mods), n_heads)
+            if dp.world > 1:
+                summed = iter(dp.sum_many([t for i in range(len(mods)) for t in out[i]]))
+                out = {i: (next(summed), next(summed)) for i in range(len(mods))}
             scores["induction"] = [[_round(float(x)) for x in torch.where(d > 0, n / d.clamp_min(1e-300), 0)]
                                    for n, d in (out[i] for i in range(len(mods)))]
             meta["induction"] = {"length": induction_len, "sequences": induction_batch_size,
                                  "source": "distinct tokens of the text, seeded, each sequence repeated twice"}
         if {"syntactic", "rare_word"} & set(chosen):
-            _sentences(model, texts, causal, max_sentences, batch_size, progress, n_heads, scores, meta)
+            _sentences(model, texts, causal, max_sentences, batch_size, progress, n_heads, scores, meta, dp)
     finally:
         model.train(was_training)
 
@@ -357,7 +404,16 @@ def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 
     return RoleScores(scores, thresholds, heads, meta)
 
 
-def _sentences(model, texts, causal, max_sentences, batch_size, progress, n_heads, scores, meta):
+def _induction_sums(model, ids: Tensor, n_layers: int, n_heads: list[int]) -> dict:
+    """{layer: (sum(A * P), sum(A))} of the induction pattern over these sequences (zeros for none)."""
+    if ids.shape[0] == 0:  # a rank with no sequence (more ranks than sequences) adds nothing
+        return {i: (torch.zeros(n_heads[i], dtype=torch.float64), torch.zeros(n_heads[i], dtype=torch.float64))
+                for i in range(n_layers)}
+    pattern = patterns.induction_pattern(ids)
+    return capture(model, ids.to(_device(model)), summaries=lambda layer, w: patterns.pattern_sums(w, pattern))
+
+
+def _sentences(model, texts, causal, max_sentences, batch_size, progress, n_heads, scores, meta, dp=None):
     from headcount.analysis.syntax import parse_sentences, relation_names
 
     sentences = split_sentences(texts, max_sentences=max_sentences)
@@ -373,7 +429,7 @@ def _sentences(model, texts, causal, max_sentences, batch_size, progress, n_head
     for layer, h in enumerate(n_heads):
         acc[layer] = {"rel": {n: torch.zeros(h, dtype=torch.float64) for n in names},
                       "rare": torch.zeros(h, dtype=torch.float64)}
-    _sentence_pass(model, parsed, max(batch_size, 16), acc, progress)  # short rows: larger batches
+    _sentence_pass(model, parsed, max(batch_size, 16), acc, progress, dp)  # short rows: larger batches
     base = relation_baselines(parsed)
     scored = [n for n in names if base[n]["n"] >= MIN_INSTANCES]
     detail = {}

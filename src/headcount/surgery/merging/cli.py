@@ -10,11 +10,18 @@ kv_bytes_per_token_before, kv_bytes_per_token_after, ppl_before, ppl_after (null
 Bad input (a KV-head count of 0, above the current count or one the method cannot reach, a layer out
 of range, an existing --out without --force) is one line on stderr and exit status 2, before
 anything is loaded or written where possible, and always before any weight changes.
+
+Under torchrun (`torchrun --nproc-per-node N -m headcount merge-kv ...`, issue 15) the calibration windows
+are split over the ranks and the merge's sums all-reduced (merge_kv(group=)): every rank computes the same
+merged model; rank 0 alone prints and writes --out, at the end. Errors are one line prefixed with the rank;
+a rank that dies makes the others' next collective fail within --timeout, one line each, nothing written.
+More ranks than calibration windows: exit 2 before loading. --uptrain-steps runs in one process only.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -43,11 +50,20 @@ def parse_layers(text: Optional[str]) -> Optional[list[int]]:
     return layers
 
 
+def _torchrun_world() -> int:
+    """WORLD_SIZE under torchrun (1 without it), read without importing torch."""
+    from headcount.distributed import env_world_size
+    return env_world_size()
+
+
 def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=None, uptrain_steps: int = 0,
               uptrain_lr: float = 1e-4, out: Optional[Path] = None, force: bool = False, text: Optional[Path] = None,
               calibration_windows: int = 16, eval_windows: int = 8, local_steps: int = 100, dtype: str = "fp32",
-              device: str = "cpu") -> dict:
-    """Load, validate, measure, merge, (uptrain), measure, save: the command's work, as data."""
+              device: str = "cpu", group=None, main: bool = True) -> dict | None:
+    """Load, validate, measure, merge, (uptrain), measure, save: the command's work, as data.
+
+    group: a process group to split the calibration over (torchrun); only `main` (rank 0) saves, and the
+    other ranks return None."""
     from headcount.models.options import check_finite, load_model
     from headcount.surgery.cli_common import calibration_and_held_out, held_out_report
     from headcount.surgery.merging.kv_merge import _targets, merge_kv
@@ -64,7 +80,8 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
         teacher = copy.deepcopy(model)
     quality_before, reference, by_domain_before = held_out_report(model, held_out, eval_windows, 512)
     result = merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
-                      n_windows=calibration_windows, local_steps=local_steps if method == "aware" else 0)
+                      n_windows=calibration_windows, local_steps=local_steps if method == "aware" else 0,
+                      group=group, progress=main)
     trained = None
     if uptrain_steps:
         from headcount.surgery.merging.uptraining import uptrain
@@ -72,6 +89,8 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     quality_after, _, by_domain_after = held_out_report(model, held_out, eval_windows, 512, reference)
     for value in ([quality_after] if isinstance(quality_after, float) else list(quality_after)):
         check_finite(value, "the merged model's held-out quality", model.embed.weight.dtype)
+    if not main:  # another rank under torchrun: rank 0 writes and prints
+        return None
     if out is not None:
         from headcount.surgery import save
         save(model, out, force=force)
@@ -97,7 +116,7 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
 
 def register(app, bench_app) -> None:
     """Add `headcount merge-kv`."""
-    from headcount.cli_errors import one_line_errors as _one_line_errors
+    from headcount.cli_errors import rank_errors as _one_line_errors  # rank-prefixed under torchrun
 
     @app.command("merge-kv")
     def merge_kv_cmd(
@@ -122,8 +141,12 @@ def register(app, bench_app) -> None:
                                                 "tokens"),
         eval_windows: int = typer.Option(8, "--eval-windows", help="held-out windows of 512 tokens measured"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        timeout: float = typer.Option(120.0, "--timeout", help="under torchrun: seconds a collective waits for "
+                                      "the other ranks before this rank gives up"),
     ) -> None:
-        """Merge K/V heads (MHA -> GQA -> MQA); print before/after and optionally save."""
+        """Merge K/V heads (MHA -> GQA -> MQA); print before/after and optionally save.
+
+        Under torchrun the calibration windows are split over the ranks (rank 0 prints and saves)."""
         with _one_line_errors("merge-kv"):
             if kv_heads < 1:
                 raise ValueError(f"--kv-heads: expected a positive number of KV heads, got {kv_heads}")
@@ -138,13 +161,31 @@ def register(app, bench_app) -> None:
             if calibration_windows < 1 or eval_windows < 1:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
             layer_list = parse_layers(layers)
+            if not timeout > 0:
+                raise ValueError(f"--timeout: expected a positive number of seconds, got {timeout}")
+            world = _torchrun_world()
+            if world > 1:
+                if uptrain_steps:
+                    raise ValueError(f"--uptrain-steps: uptraining runs in one process; run it without torchrun "
+                                     f"(got {world} ranks)")
+                if method == "aware" and calibration_windows < world:
+                    raise ValueError(f"--calibration-windows: torchrun started {world} ranks but only "
+                                     f"{calibration_windows} calibration windows; expected at least one window per "
+                                     f"rank (--calibration-windows >= {world})")
             if out is not None:
                 from headcount.surgery.cli_common import check_out_dir
                 out = check_out_dir(out, force)
+            group, main = None, True
+            if world > 1 or "WORLD_SIZE" in os.environ:
+                from headcount import distributed
+                group = distributed.init(timeout_s=timeout)
+                main = distributed.is_main(group)
             result = run_merge(model, kv_heads, method=method, layers=layer_list, uptrain_steps=uptrain_steps,
                                uptrain_lr=uptrain_lr, out=out, force=force, text=text,
                                calibration_windows=calibration_windows, eval_windows=eval_windows,
-                               local_steps=local_steps, dtype=dtype, device=device)
+                               local_steps=local_steps, dtype=dtype, device=device, group=group, main=main)
+        if result is None:  # a rank other than 0
+            return
         data, extra = result["json"], result["extra"]
         if json_out:
             typer.echo(json.dumps(data, indent=2))

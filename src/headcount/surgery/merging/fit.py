@@ -52,6 +52,20 @@ def _sqrtm_psd(a: Tensor, inverse: bool = False) -> Tensor:
     return (v * d.to(v.dtype)) @ v.mH
 
 
+def _canonical_phase(u: Tensor) -> Tensor:
+    """Each column times the unit number that makes its largest-magnitude entry real and positive (a sign
+    for real columns). An eigenvector's sign (phase) is arbitrary, and LAPACK's choice can flip under a
+    perturbation at rounding level (the same sums added in another order: data parallelism); the merged
+    layer computes the same function either way, so fixing it makes the weights themselves reproducible."""
+    if u.numel() == 0:
+        return u
+    cols = torch.arange(u.shape[1])
+    pivot = u[u.abs().argmax(dim=0), cols]
+    size = pivot.abs()
+    phase = torch.where(size > 0, pivot / size.clamp(min=1e-300), torch.ones_like(pivot))
+    return u * phase.conj() if u.is_complex() else u * phase
+
+
 def reduce(sigma: Tensor, g_metric: Tensor, r: int) -> tuple[Tensor, Tensor, float]:
     """(B [n, r], P [n, r], kept fraction): z = B^H x, x ~ P z in the G-metric (see module docstring)."""
     g_half = _sqrtm_psd(g_metric)
@@ -59,7 +73,7 @@ def reduce(sigma: Tensor, g_metric: Tensor, r: int) -> tuple[Tensor, Tensor, flo
     m = g_half @ sigma @ g_half
     m = (m + m.mH) / 2
     w, u = torch.linalg.eigh(m)  # ascending
-    u = u[:, -r:].flip(-1)
+    u = _canonical_phase(u[:, -r:].flip(-1))
     total = float(w.real.clamp(min=0).sum())
     kept = float(w[-r:].real.clamp(min=0).sum()) / total if total > 0 else 1.0
     return g_half @ u, g_ihalf @ u, kept
@@ -173,11 +187,13 @@ class MergedWeights:
 
 
 def merged_weights(attn, stats: LayerStats, groups: list[list[int]], *, captures=None,
-                   refine_steps: int = 0) -> MergedWeights:
+                   refine_steps: int = 0, dp=None) -> MergedWeights:
     """New Q / K / V rows and o_proj columns for the given grouping of old KV heads (float64).
 
     refine_steps > 0 (rotary only): the closed-form key mix is then refined on `captures` by
-    refine_rotary_keys (a few hundred parameters per layer; the model's weights are not trained)."""
+    refine_rotary_keys (a few hundred parameters per layer; the model's weights are not trained).
+    dp: data parallelism (headcount.distributed.DataParallel); `stats` are already summed over the ranks,
+    and refine_rotary_keys all-reduces its loss and gradients."""
     nh, nkv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
     half = d // 2
     w = attn.qkv_proj.weight.detach().double()
@@ -216,7 +232,8 @@ def merged_weights(attn, stats: LayerStats, groups: list[list[int]], *, captures
                 cs[f], gammas[f] = c * s, gamma / s
             head_gamma = {i: gammas[:, j].clone() for j, g in enumerate(group) for i in _readers(kv_of, g)}
             if refine_steps and len(group) > 1 and captures:
-                cs, head_gamma = refine_rotary_keys(attn, captures, group, cs, head_gamma, steps=refine_steps)
+                cs, head_gamma = refine_rotary_keys(attn, captures, group, cs, head_gamma, steps=refine_steps,
+                                                    dp=dp)
             new_k.append(sum(pair_scale(k_w[g], cs[:, j]) for j, g in enumerate(group)))
             new_kb.append(sum(pair_scale(k_b[g], cs[:, j]) for j, g in enumerate(group))
                           if bias is not None else None)
@@ -295,8 +312,11 @@ def set_kv_map(attn, kv_head_of, n_kv: int) -> None:
                                                       device=attn.qkv_proj.weight.device)
 
 
-def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: float = 1e-2) -> float:
+def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: float = 1e-2, dp=None) -> float:
     """Ridge refit of o_proj so that attn(x) ~ target on the captured tokens; returns the relative error.
+
+    dp (headcount.distributed.DataParallel): the Gram statistics are summed over the ranks in float64 (one
+    all-reduce) before the solve, so every rank computes the same weights, the single process's.
 
     The ridge pulls towards the CURRENT o_proj (the merged one, with the value back-maps folded in), not
     towards zero: min ||C W^T + b - Y||^2 + lam ||W - W0||^2, lam = ridge * mean diag(C^T C). With fewer
@@ -326,6 +346,10 @@ def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: fl
                 stats = s if stats is None else stats + s
     finally:
         handle.remove()
+    if dp is not None and dp.world > 1:
+        xtx, xty, yty, n = dp.sum_many([stats.xtx, stats.xty, stats.yty,
+                                        torch.tensor([float(stats.n_tokens)], dtype=torch.float64)])
+        stats = GramStats(xtx, xty, yty, int(round(float(n[0]))))
     fit_bias = attn.o_proj.bias is not None
     n_in = stats.n_inputs
     idx = list(range(n_in)) + ([n_in] if fit_bias else [])
@@ -351,8 +375,8 @@ def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: fl
     return rel
 
 
-def output_error(attn, captures: list[dict], targets: list[Tensor]) -> float:
-    """Relative error ||attn(x) - target|| / ||target|| over the captured real tokens."""
+def output_error(attn, captures: list[dict], targets: list[Tensor], dp=None) -> float:
+    """Relative error ||attn(x) - target|| / ||target|| over the captured real tokens (of every rank, with dp)."""
     num, den = 0.0, 0.0
     with torch.no_grad():
         for cap, y in zip(captures, targets):
@@ -362,28 +386,44 @@ def output_error(attn, captures: list[dict], targets: list[Tensor]) -> float:
                 diff, yy = diff[cap["mask"]], yy[cap["mask"]]
             num += float(diff.double().pow(2).sum())
             den += float(yy.double().pow(2).sum())
+    if dp is not None and dp.world > 1:
+        num, den = (float(x) for x in dp.sum_many([torch.tensor([num, den], dtype=torch.float64)])[0])
     return (num / den) ** 0.5 if den > 0 else 0.0
 
 
+def _global_rows(captures: list[dict]) -> list[list[int]]:
+    """Each capture's global row numbers (merge stream's "rows"; counted in order when absent)."""
+    out, start = [], 0
+    for cap in captures:
+        n = cap["x"].shape[0]
+        rows = cap.get("rows")
+        out.append(list(rows) if rows is not None else list(range(start, start + n)))
+        start += n
+    return out
+
+
 def refine_rotary_keys(attn, captures: list[dict], group: list[int], cs: Tensor, head_gamma: dict, *,
-                       steps: int = 40, lr: float = 0.02, max_windows: int = 2) -> tuple[Tensor, dict]:
+                       steps: int = 40, lr: float = 0.02, max_windows: int = 2, dp=None) -> tuple[Tensor, dict]:
     """Refine the per-frequency complex key mix cs [d/2, |S|] and each reading query head's complex
     scales gamma_i [d/2] so that the merged attention reproduces each head's context in the metric of
     o_proj: minimise sum_i ||(A'_i - A_i) v_g L_i||^2 / sum_i ||A_i v_g L_i||^2 (L_i L_i^T = O_i^T O_i)
     on calibration tokens. Only these complex scales move (2 * d/2 * (|S| + readers) numbers), so the
     merged key stays a rotary key and the scales still fold into W_Q; Adam on multiplicative corrections.
+
+    The data are the first `max_windows` calibration rows (global rows, so under data parallelism each rank
+    takes the ones it holds); with dp the loss and its gradients are summed over the ranks (float64) before
+    each Adam step, so every rank takes the same steps as one process.
     """
     nh, d = attn.n_heads, attn.head_dim
     kv_of = attn.kv_head_of
     heads = sorted(head_gamma)
     data = []
     with torch.no_grad():
-        windows = 0
-        for cap in captures:
-            if windows >= max_windows:
-                break
-            x = cap["x"][: max_windows - windows]
-            windows += x.shape[0]
+        for cap, rows in zip(captures, _global_rows(captures)):
+            take = [p for p, row in enumerate(rows) if row < max_windows]
+            if not take:
+                continue
+            x = cap["x"][take] if take != list(range(len(take))) else cap["x"][:len(take)]
             q, k, v = split_qkv(attn, x)
             kw = cap["kwargs"]
             qt = kw.get("qk_transform")
@@ -393,7 +433,7 @@ def refine_rotary_keys(attn, captures: list[dict], group: list[int], cs: Tensor,
             t = q.shape[2]
             mask = _causal_or_padding(kw, t, t, x.device)
             if mask is not None and mask.dim() == 4:
-                mask = mask[: x.shape[0]]
+                mask = mask[take]
             w_list = []
             for i in heads:
                 o = attn.o_proj.weight[:, i * d:(i + 1) * d].detach().double()
@@ -412,11 +452,17 @@ def refine_rotary_keys(attn, captures: list[dict], group: list[int], cs: Tensor,
     dg = torch.zeros(g0.shape + (2,), requires_grad=True)
     opt = torch.optim.Adam([dc, dg], lr=lr)
     scale = attn.softmax_scale
+    parallel = dp is not None and dp.world > 1
+    norm = 0.0
+    for *_, tnorm in data:
+        norm += tnorm
+    if parallel:
+        norm = dp.sum_float(norm)
 
     def loss_fn():
         c = c0 * (1 + torch.view_as_complex(dc))
         g = g0 * (1 + torch.view_as_complex(dg))
-        total, norm = 0.0, 0.0
+        total = (dc.sum() + dg.sum()) * 0.0  # a rank holding none of the rows adds zero (with a gradient)
         for qc, kc, wv, mask, target, tnorm in data:
             z = torch.einsum("bgtf,fg->btf", kc, c)  # (B, T, d/2)
             a = qc * g.conj()[None, :, None, :]  # (B, H, T, d/2)
@@ -425,7 +471,6 @@ def refine_rotary_keys(attn, captures: list[dict], group: list[int], cs: Tensor,
                 logits = logits.masked_fill(~mask, float("-inf"))
             out = torch.softmax(logits, -1) @ wv
             total = total + (out - target).pow(2).sum()
-            norm += tnorm
         return total / norm
 
     with torch.enable_grad():
@@ -434,12 +479,18 @@ def refine_rotary_keys(attn, captures: list[dict], group: list[int], cs: Tensor,
             opt.zero_grad()
             loss = loss_fn()
             value = float(loss.detach())
+            loss.backward()
+            if parallel:  # the loss and the gradient of every rank's rows, summed
+                value_t, g_dc, g_dg = dp.sum_many([torch.tensor([value], dtype=torch.float64), dc.grad, dg.grad])
+                value = float(value_t[0])
+                dc.grad, dg.grad = g_dc.to(dc.dtype), g_dg.to(dg.dtype)
             if value < best[0]:
                 best = (value, (dc.detach().clone(), dg.detach().clone()))
-            loss.backward()
             opt.step()
         with torch.no_grad():
             value = float(loss_fn())
+            if parallel:
+                value = dp.sum_float(value)
         if value < best[0]:
             best = (value, (dc.detach().clone(), dg.detach().clone()))
     dc_best, dg_best = best[1]

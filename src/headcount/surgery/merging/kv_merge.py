@@ -28,6 +28,13 @@ more approximation, which the o_proj refit and the local reconstruction (local_s
 
 Calibration: None = the calibration part of the default corpus (decoders: `n_windows` windows of
 `window` tokens; encoders: sentences); nothing here reads held-out text.
+
+Data parallelism (group=, issue 15): the calibration rows (windows, or sentences) are split over the ranks,
+global row w on rank w % world (merging.stream.shard_batches); every statistic a solve reads (the key and
+value moments, the o_proj Gram matrices, the errors) is summed over the ranks in float64 first, and the
+gradient steps (local_steps, refine_steps) all-reduce their gradients per global batch, so every rank
+computes the same merged weights, the single process's to summation order. Under torchrun:
+`torchrun --nproc-per-node N -m headcount merge-kv ...` (rank 0 prints and writes).
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from dataclasses import asdict, dataclass, field
 from headcount.surgery.merging import fit as merge_fit
 from headcount.surgery.merging.refine import refine_layer
 from headcount.surgery.merging.stats import layer_stats
-from headcount.surgery.merging.stream import Stream, calibration_batches
+from headcount.surgery.merging.stream import Stream, calibration_batches, shard_batches
 
 METHODS = ("aware", "mean")
 TARGETS = ("local", "stream", "residual")
@@ -161,10 +168,12 @@ def _contiguous(n_old: int, n_new: int) -> list[list[int]]:
 
 def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, grouping="auto",
                 refit: bool = True, ridge: float = 0.3, refine_steps: int = 0, local_steps: int = 0,
-                local_lr: float = 2e-3) -> LayerMerge:
-    """The aware merge of one attention module, from captured inputs and target outputs (in place)."""
+                local_lr: float = 2e-3, dp=None, n_batches: int | None = None) -> LayerMerge:
+    """The aware merge of one attention module, from captured inputs and target outputs (in place).
+
+    dp / n_batches: data parallelism (this rank's captures; the number of global calibration batches)."""
     n_old, d = attn.n_kv_heads, attn.head_dim
-    stats = layer_stats(attn, captures)
+    stats = layer_stats(attn, captures, dp=dp)
     if isinstance(grouping, (list, tuple)):
         groups = [sorted(int(g) for g in grp) for grp in grouping]
         flat = sorted(g for grp in groups for g in grp)
@@ -177,11 +186,12 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
         groups = merge_fit.choose_groups(stats, attn.o_proj.weight.detach(), attn.kv_head_of, n_old, n_new, d)
     else:
         raise ValueError(f"grouping: expected 'auto', 'contiguous' or a list of groups, got {grouping!r}")
-    mw = merge_fit.merged_weights(attn, stats, groups, captures=captures, refine_steps=refine_steps)
+    mw = merge_fit.merged_weights(attn, stats, groups, captures=captures, refine_steps=refine_steps, dp=dp)
     merge_fit.install(attn, mw)
-    before = merge_fit.output_error(attn, captures, targets)
-    after = merge_fit.refit_o_proj(attn, captures, targets, ridge=ridge) if refit else before
-    local = refine_layer(attn, captures, targets, steps=local_steps, lr=local_lr) if local_steps else {}
+    before = merge_fit.output_error(attn, captures, targets, dp=dp)
+    after = merge_fit.refit_o_proj(attn, captures, targets, ridge=ridge, dp=dp) if refit else before
+    local = (refine_layer(attn, captures, targets, steps=local_steps, lr=local_lr, dp=dp, n_batches=n_batches)
+             if local_steps else {})
     return LayerMerge(-1, n_old, n_new, groups, list(attn.kv_head_of), mw.k_kept, mw.v_kept, before, after,
                       local.get("validation"))
 
@@ -189,9 +199,16 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
 def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibration=None, n_windows: int = 8,
              window: int = 512, grouping="auto", target: str = "local", refit: bool = True, ridge: float = 0.3,
              refine_steps: int = 0, local_steps: int = 0, local_lr: float = 2e-3,
-             progress: bool = True) -> MergeResult:
+             progress: bool = True, group=None) -> MergeResult:
     """Merge K/V heads of `model` in place down to `n_kv_heads` (an int for every layer in `layers`, a
-    {layer: n} mapping, or a MergePlan from merge_plan). See the module docstring for the methods."""
+    {layer: n} mapping, or a MergePlan from merge_plan). See the module docstring for the methods.
+
+    group: None (one process), "auto" (torch.distributed's default group when initialised) or a process
+    group: the calibration rows split over its ranks, the sums all-reduced (module docstring); every rank
+    ends with the same merged model. More ranks than calibration rows: ValueError before any change."""
+    from headcount.distributed import DataParallel
+
+    dp = DataParallel(group)
     wanted = _targets(model, n_kv_heads, layers, method)
     if target not in TARGETS:
         raise ValueError(f"target: expected one of {TARGETS}, got {target!r}")
@@ -219,7 +236,7 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     else:
         _merge_aware(model, wanted, result, calibration=calibration, n_windows=n_windows, window=window,
                      grouping=grouping, target=target, refit=refit, ridge=ridge, refine_steps=refine_steps,
-                     local_steps=local_steps, local_lr=local_lr, progress=progress)
+                     local_steps=local_steps, local_lr=local_lr, progress=progress, dp=dp)
     result.kv_heads_after = [layer.attn.n_kv_heads for layer in model.layers]
     result.kv_bytes_per_token_after = kv_bytes_per_token(model)
     result.seconds = time.perf_counter() - start
@@ -248,14 +265,17 @@ def _forward_equivalents(model, result: MergeResult) -> float:
 
 
 def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibration, n_windows, window,
-                 grouping, target, refit, ridge, refine_steps, local_steps, local_lr, progress) -> None:
+                 grouping, target, refit, ridge, refine_steps, local_steps, local_lr, progress, dp) -> None:
     from tqdm.auto import tqdm
 
     was_training = model.training
-    model.eval()
     batches = calibration_batches(model, calibration, n_windows=n_windows, window=window)
     result.calibration_tokens = sum(b.n_tokens for b in batches)
-    current = Stream(model, batches)
+    mine, index = shard_batches(batches, dp)  # every rank's share (all of them in one process)
+    if dp.world > 1:
+        result.options["ranks"] = dp.world
+    model.eval()
+    current = Stream(model, mine, index)
     original = current.copy() if target != "local" else None
     last = max(wanted)
     try:
@@ -277,7 +297,7 @@ def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibrat
                 targets = [r["y"] + (r["h"] - c["h"]) for r, c in zip(reference, caps)]
             info = merge_layer(model.layers[i].attn, caps, targets, wanted[i], grouping=grouping, refit=refit,
                                ridge=ridge, refine_steps=refine_steps, local_steps=local_steps,
-                               local_lr=local_lr)
+                               local_lr=local_lr, dp=dp, n_batches=len(batches))
             info.layer = i
             result.layers.append(info)
             if i != last:

@@ -12,7 +12,7 @@ Tensor = torch.Tensor
 
 
 def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: int = 100, lr: float = 2e-3,
-                 validation: int = 1) -> dict:
+                 validation: int = 1, dp=None, n_batches: int | None = None) -> dict:
     """Local reconstruction of one merged layer: Adam on its own weights (qkv_proj, o_proj) so that the
     layer's output reproduces `targets` on calibration tokens, starting from the closed-form merge.
 
@@ -21,19 +21,31 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
     it can fix the attention patterns the closed form (which fits logits and values in mean square) gets
     wrong. The last `validation` capture batches are held aside (still calibration text) and the
     weights with the lowest error on them are kept, so the refinement cannot make the layer worse there
-    than the closed form. Returns {"fit": .., "validation": .., "closed_form_validation": .., "steps": ..}."""
+    than the closed form. Returns {"fit": .., "validation": .., "closed_form_validation": .., "steps": ..}.
+
+    Data parallelism (dp, a headcount.distributed.DataParallel; n_batches = the number of GLOBAL calibration
+    batches): each capture carries its global batch number ("slot", from merging.stream.shard_batches); step
+    s uses global batch s mod n_fit, to which every rank adds the gradient of the rows it holds (zero when
+    it holds none), all-reduced in float64 before the Adam step, and the errors are summed over the ranks:
+    every rank takes the single process's steps and keeps the same weights."""
     if steps <= 0 or not captures:
         return {}
-    if len(captures) <= validation:
+    slots = [cap.get("slot", b) for b, cap in enumerate(captures)]
+    n_global = n_batches if n_batches is not None else len(captures)
+    if n_global <= validation:
         validation = 0
-    fit = list(zip(captures, targets))[: len(captures) - validation] if validation else list(zip(captures, targets))
-    val = list(zip(captures, targets))[len(captures) - validation:] if validation else fit
+    n_fit = n_global - validation
+    pairs = list(zip(captures, targets))
+    fit = [pair for pair, slot in zip(pairs, slots) if slot < n_fit]
+    val = [pair for pair, slot in zip(pairs, slots) if slot >= n_fit] if validation else fit
+    fit_by_slot = {slot: pair for pair, slot in zip(pairs, slots) if slot < n_fit}
+    parallel = dp is not None and dp.world > 1
     params = [p for p in (attn.qkv_proj.weight, attn.qkv_proj.bias, attn.o_proj.weight, attn.o_proj.bias)
               if p is not None]
     flags = [p.requires_grad for p in params]
 
     def err(pairs) -> float:
-        return output_error(attn, [c for c, _ in pairs], [y for _, y in pairs])
+        return output_error(attn, [c for c, _ in pairs], [y for _, y in pairs], dp=dp)
 
     def snapshot() -> list[Tensor]:
         return [p.detach().clone() for p in params]
@@ -41,8 +53,11 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
     best_val = err(val)
     closed = best_val
     best = snapshot()
-    den = [float((y.reshape(-1, y.shape[-1])[c["mask"]] if c["mask"] is not None else y).double().pow(2).sum())
-           for c, y in fit]
+    den = [0.0] * n_fit
+    for slot, (c, y) in fit_by_slot.items():
+        den[slot] = float((y.reshape(-1, y.shape[-1])[c["mask"]] if c["mask"] is not None else y).double().pow(2).sum())
+    if parallel:
+        den = [float(x) for x in dp.sum_many([torch.tensor(den, dtype=torch.float64)])[0]]
     opt = torch.optim.Adam(params, lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=steps)
     check_every = max(1, steps // 10)
@@ -51,15 +66,20 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
             p.requires_grad_(True)
         with torch.enable_grad():
             for step in range(steps):
-                j = step % len(fit)
-                cap, y = fit[j]
-                diff = attn(cap["x"], **cap["kwargs"]).output - y
-                diff = diff.reshape(-1, diff.shape[-1])
-                if cap["mask"] is not None:
-                    diff = diff[cap["mask"]]
-                loss = diff.pow(2).sum() / max(den[j], 1e-30)
+                j = step % n_fit
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                if j in fit_by_slot:
+                    cap, y = fit_by_slot[j]
+                    diff = attn(cap["x"], **cap["kwargs"]).output - y
+                    diff = diff.reshape(-1, diff.shape[-1])
+                    if cap["mask"] is not None:
+                        diff = diff[cap["mask"]]
+                    loss = diff.pow(2).sum() / max(den[j], 1e-30)
+                    loss.backward()
+                if parallel:  # every rank's share of global batch j: one float64 all-reduce of the gradients
+                    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+                    for p, g in zip(params, dp.sum_many(grads)):
+                        p.grad = g.to(p.dtype)
                 opt.step()
                 sched.step()
                 if (step + 1) % check_every == 0 or step + 1 == steps:

@@ -49,8 +49,13 @@ def to_complex(t: Tensor) -> Tensor:
     return torch.complex(t[..., :half].double(), t[..., half:].double())
 
 
-def layer_stats(attn, captures: list[dict], *, attention_weight: float = 0.0) -> LayerStats:
+def layer_stats(attn, captures: list[dict], *, attention_weight: float = 0.0, dp=None) -> LayerStats:
     """Collect the second moments the merge needs from captured attention inputs (merge_stream.Stream).
+
+    dp (a headcount.distributed.DataParallel over ranks that each captured a share of the calibration
+    rows): the float64 sums are all-reduced (one collective), so every rank returns the same statistics,
+    the single process's to summation order; `slow` is rank 0's (it holds global row 0, the batch one
+    process would probe).
 
     attention_weight beta: each key token's weight in the key moments is (1 - beta) + beta * T * a(s),
     a(s) = the share of all attention (over heads and queries) that key s receives (mean 1 over tokens):
@@ -120,6 +125,16 @@ def layer_stats(attn, captures: list[dict], *, attention_weight: float = 0.0) ->
                 ctx = ctx[sel]
             ctx = ctx.double()
             v_sigma += torch.einsum("nhe,nhf->hef", ctx, ctx)
+    if dp is not None and dp.world > 1:
+        parts = [k_sigma, q_weight, v_sigma, k_energy, torch.tensor([float(n_tokens)], dtype=torch.float64)]
+        if rotary:
+            mine = slow.double() if (slow is not None and dp.rank == 0) else torch.zeros(half, dtype=torch.float64)
+            parts += [k_sum, mine]
+        summed = dp.sum_many(parts)
+        k_sigma, q_weight, v_sigma, k_energy = summed[:4]
+        n_tokens = int(round(float(summed[4][0])))
+        if rotary:
+            k_sum, slow = summed[5], summed[6] > 0.5
     return LayerStats(rotary, n_tokens, k_sigma, q_weight, v_sigma, k_energy, k_sum, slow)
 
 

@@ -1,7 +1,8 @@
 """A layer-by-layer walk through a model, for K/V merging (kv_merge.py, planner.py) and uptraining.
 
     calibration_batches, Batch, is_decoder     re-exported from headcount.analysis.batches (the one path)
-    Stream(model, batches)            the residual stream at the input of one layer, batch by batch;
+    shard_batches(batches, dp)        data parallelism: this rank's rows (global rows r::world) of each batch
+    Stream(model, batches, index=)    the residual stream at the input of one layer, batch by batch;
         .layer_io(l, ...)             run layer l, capture its attention's input / kwargs / output
         .advance(l)                   move the stream past layer l
     calibration_loss(model, batches, reference=None) -> float
@@ -37,11 +38,48 @@ def _first(out):
     return out[0] if isinstance(out, tuple) else out
 
 
-class Stream:
-    """The residual stream of `model` on calibration batches, at the input of one layer at a time."""
+def shard_batches(batches: list[Batch], dp) -> tuple[list[Batch], list[tuple[int, list[int]]]]:
+    """This rank's share of the calibration batches under data parallelism (dp: a
+    headcount.distributed.DataParallel): global row w (windows, or sentences for an encoder, counted across
+    the batches in order) goes to rank w % world, and each rank keeps its rows grouped by the batch they came
+    from (the same padded width), so a batch-by-batch step (refine.py's Adam steps) can all-reduce the
+    gradient of each global batch. Returns (batches, index): index[b] = (global batch number, global rows)
+    of this rank's b-th batch. A world of one gets the batches unchanged. More ranks than rows: ValueError."""
+    index, start = [], 0
+    for slot, batch in enumerate(batches):
+        n = batch.ids.shape[0]
+        index.append((slot, list(range(start, start + n))))
+        start += n
+    if dp.world == 1:
+        return list(batches), index
+    what = "calibration windows" if all(b.mask is None for b in batches) else "calibration sentences"
+    dp.shard(range(start), what)  # the error when there are fewer rows than ranks
+    out, out_index = [], []
+    for batch, (slot, rows) in zip(batches, index):
+        mine = [p for p, row in enumerate(rows) if row % dp.world == dp.rank]
+        if not mine:
+            continue
+        sel = torch.tensor(mine, dtype=torch.long, device=batch.ids.device)
+        out.append(Batch(batch.ids.index_select(0, sel),
+                         None if batch.mask is None else batch.mask.index_select(0, sel)))
+        out_index.append((slot, [rows[p] for p in mine]))
+    return out, out_index
 
-    def __init__(self, model, batches: list[Batch]):
+
+class Stream:
+    """The residual stream of `model` on calibration batches, at the input of one layer at a time.
+
+    index: per batch, (global batch number, global rows), as shard_batches returns it (default: batch b is
+    global batch b, rows counted in order); each capture of layer_io carries them as "slot" and "rows"."""
+
+    def __init__(self, model, batches: list[Batch], index: list[tuple[int, list[int]]] | None = None):
         self.model, self.batches = model, batches
+        if index is None:
+            index, start = [], 0
+            for slot, batch in enumerate(batches):
+                index.append((slot, list(range(start, start + batch.ids.shape[0]))))
+                start += batch.ids.shape[0]
+        self.index = index
         self.hidden: list[Tensor] = []
         self.kwargs: list[dict] = []
         layer0 = model.layers[0]
@@ -65,7 +103,7 @@ class Stream:
 
     def copy(self) -> "Stream":
         other = Stream.__new__(Stream)
-        other.model, other.batches = self.model, self.batches
+        other.model, other.batches, other.index = self.model, self.batches, self.index
         other.hidden, other.kwargs, other.layer = list(self.hidden), self.kwargs, self.layer
         return other
 
@@ -99,7 +137,7 @@ class Stream:
                     current.clear()
                     new_h = _first(block(h, **kw))
                     out.append({"x": current["x"], "kwargs": current["kwargs"], "y": current["y"], "h": h,
-                                "mask": self.token_mask(b)})
+                                "mask": self.token_mask(b), "slot": self.index[b][0], "rows": self.index[b][1]})
                     if advance:
                         self.hidden[b] = new_h.detach()
         finally:
