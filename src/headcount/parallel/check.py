@@ -1,5 +1,6 @@
 """`torchrun --nproc-per-node N -m headcount.parallel.check --model smollm2 [--json]`: the sharded model
-against the same model in one process.
+against the same model in one process. `--prompt-tokens 600` takes the prompt from the held-out corpus
+instead (past gemma3-270m's 512-token sliding window).
 
 Every rank loads the model, computes the one-process reference itself (logits of the prompt, and greedy
 tokens with the KV cache), shards the model with tensor_parallel (which first checks that every rank
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Optional
 
 import typer
 
@@ -41,8 +43,39 @@ class CheckResult:
         return {"world_size": self.world_size, "max_abs_diff": self.max_abs_diff, "tokens_equal": self.tokens_equal}
 
 
-def run(name: str = "smollm2", *, prompt: str = DEFAULT_PROMPT, new_tokens: int = 16, group=None) -> CheckResult:
-    """Run the check on every rank of `group` (initialised); every rank returns the same CheckResult."""
+def _held_out_prompt(model, n: int) -> list[int]:
+    """The first n tokens of the default corpus's held-out part (with the tokenizer's BOS, where it adds one)."""
+    from headcount.data import default_corpus
+
+    ids = model.tokenizer.encode("\n\n".join(default_corpus().texts("held_out")))
+    if len(ids) < n:
+        raise ValueError(f"--prompt-tokens: the held-out corpus has only {len(ids)} tokens, fewer than {n}")
+    return ids[:n]
+
+
+def _compare(out, ref, lm_head=None, chunk: int = 64) -> tuple[float, float]:
+    """(max |out - ref|, max |ref|); with lm_head (replicated on every rank, so the same on both sides) the
+    logits of the hidden states, `chunk` positions at a time: gemma3-270m's 600 x 262,144 fp32 logits would
+    be 630 MB on every rank, several times over with the temporaries."""
+    import torch
+
+    if lm_head is None:
+        return float((out - ref).abs().max()), float(ref.abs().max())
+    diff = scale = 0.0
+    with torch.inference_mode():
+        for i in range(0, ref.shape[0], chunk):
+            want = lm_head(ref[i:i + chunk])
+            diff = max(diff, float((lm_head(out[i:i + chunk]) - want).abs().max()))
+            scale = max(scale, float(want.abs().max()))
+    return diff, scale
+
+
+def run(name: str = "smollm2", *, prompt: str = DEFAULT_PROMPT, new_tokens: int = 16, group=None,
+        prompt_tokens: int | None = None) -> CheckResult:
+    """Run the check on every rank of `group` (initialised); every rank returns the same CheckResult.
+
+    prompt_tokens: use the first N tokens of the held-out corpus as the prompt instead of `prompt` (a prompt
+    longer than a sliding window, e.g. 600 tokens on gemma3-270m, exercises the window's mask and cache)."""
     import torch
     import torch.distributed as dist
 
@@ -53,6 +86,9 @@ def run(name: str = "smollm2", *, prompt: str = DEFAULT_PROMPT, new_tokens: int 
 
     if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
         raise ValueError(f"new_tokens: expected a positive int, got {new_tokens!r}")
+    if prompt_tokens is not None and (isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int)
+                                      or prompt_tokens < 1):
+        raise ValueError(f"prompt_tokens: expected a positive int or None, got {prompt_tokens!r}")
     group, rank, world = runtime.resolve(group)
     backend = dist.get_backend(group)
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
@@ -60,11 +96,15 @@ def run(name: str = "smollm2", *, prompt: str = DEFAULT_PROMPT, new_tokens: int 
     if model.tokenizer is None:
         raise ValueError(f"model {name!r} has no tokenizer; the check needs one to encode its prompt")
     is_decoder = isinstance(model, Decoder)
-    ids = torch.tensor([model.tokenizer.encode(prompt)], device=device)[:, : model.max_position - new_tokens]
+    if prompt_tokens is not None and prompt_tokens + new_tokens > model.max_position:
+        raise ValueError(f"--prompt-tokens: {prompt_tokens} + {new_tokens} new tokens is past the model's context of "
+                         f"{model.max_position}")
+    encoded = model.tokenizer.encode(prompt) if prompt_tokens is None else _held_out_prompt(model, prompt_tokens)
+    ids = torch.tensor([encoded], device=device)[:, : model.max_position - new_tokens]
 
-    def forward():
+    def forward():  # a decoder's final hidden states: the logits are built from them chunk by chunk below
         with torch.inference_mode():
-            return model(ids).logits if is_decoder else model(ids).last_hidden_state
+            return model(ids, compute_logits=False).hidden_states[0] if is_decoder else model(ids).last_hidden_state
 
     ref = forward()
     ref_tokens = generate(model, ids[0], new_tokens, stop_at_eos=False).new_ids if is_decoder else None
@@ -72,8 +112,8 @@ def run(name: str = "smollm2", *, prompt: str = DEFAULT_PROMPT, new_tokens: int 
     out = forward()
     tokens = generate(model, ids[0], new_tokens, stop_at_eos=False).new_ids if is_decoder else None
 
-    stats = torch.tensor([float((out - ref).abs().max()), float(ref.abs().max()),
-                          0.0 if tokens == ref_tokens else 1.0], dtype=torch.float64, device=device)
+    diff, scale = _compare(out, ref, model.lm_head if is_decoder else None)
+    stats = torch.tensor([diff, scale, 0.0 if tokens == ref_tokens else 1.0], dtype=torch.float64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX, group=group)
     attn = model.layers[0].attn
     cache_bytes = sum(c.nbytes for c in model.new_cache(1, ids.shape[1] + new_tokens)) if is_decoder else 0
@@ -109,8 +149,12 @@ app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 @app.command()
 def main(
-    model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2, minilm) or a checkpoint directory"),
+    model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2, minilm, gemma3-270m, "
+                              "qwen2.5-coder-0.5b, ...) or a checkpoint directory"),
     prompt: str = typer.Option(DEFAULT_PROMPT, "--prompt", help="the text whose logits are compared"),
+    prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="instead of --prompt, the first N "
+                                                "tokens of the held-out corpus (e.g. 600 on gemma3-270m: past its "
+                                                "512-token sliding window)"),
     new_tokens: int = typer.Option(16, "--new-tokens", "-n", help="greedy tokens generated with the KV cache"),
     timeout: float = typer.Option(120.0, "--timeout", help="seconds any rank waits for the others"),
     json_out: bool = typer.Option(False, "--json", help='print {"world_size", "max_abs_diff", "tokens_equal"}'),
@@ -125,12 +169,14 @@ def main(
 
         if new_tokens < 1:
             raise ValueError(f"--new-tokens: expected a positive number, got {new_tokens}")
+        if prompt_tokens is not None and prompt_tokens < 1:
+            raise ValueError(f"--prompt-tokens: expected a positive number, got {prompt_tokens}")
         if not timeout > 0:
             raise ValueError(f"--timeout: expected a positive number of seconds, got {timeout}")
         group = runtime.init_or_single(timeout_s=timeout, log=lambda m: typer.echo(f"headcount: {m}", err=True))
         rank = dist.get_rank(group)
         try:
-            result = run(model, prompt=prompt, new_tokens=new_tokens, group=group)
+            result = run(model, prompt=prompt, new_tokens=new_tokens, group=group, prompt_tokens=prompt_tokens)
         finally:
             runtime.shutdown()
     if rank == 0:
