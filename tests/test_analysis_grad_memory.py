@@ -57,3 +57,21 @@ def test_plan_fits_the_budget_with_as_few_checkpointed_layers_as_possible():
             assert fewer > budget
     with pytest.raises(ValueError, match="budget"):
         grad_memory.plan(model, (2, 64), budget=-1)
+
+
+def test_an_overflowing_calibration_pass_is_a_clear_error_and_nothing_changes():
+    """fp16 activations past 65,504 (made here by scaling the embedding): importance and prune say where, in
+    which dtype, and the model is left as it was."""
+    from headcount.surgery import prune
+
+    model = decoder().to(torch.float16)
+    with torch.no_grad():
+        model.embed.weight.mul_(1e5)  # inf in fp16
+    windows = torch.randint(1, 50, (2, 16), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"--dtype: .*inf/NaN.*float16.*bf16 or fp32"):
+        importance(model, method="gradient", windows=windows, max_windows=None, window=16, progress=False)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"inf/NaN at layer 0's output"):
+        prune(model, {1: [0]}, calibration=windows, progress=False)
+    assert model.layers[1].attn.n_heads == 4
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

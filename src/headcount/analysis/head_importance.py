@@ -219,7 +219,8 @@ def _gradient(model, batches, hpl, group: _Group, probes: int, progress: bool):
             with torch.enable_grad(), _o_proj_io(model) as (ctx, _):
                 scored = objectives.scored_positions(batch.ids, batch.mask, decoder)
                 if decoder:
-                    loss = objectives.lm_nll(model, batch.ids).sum()
+                    loss = objectives.require_finite(objectives.lm_nll(model, batch.ids).sum(), "the loss",
+                                                     model.embed.weight.dtype)
                     grads = torch.autograd.grad(loss, [ctx[i] for i in range(len(hpl))])
                     for i, n in enumerate(hpl):
                         gp = _gate_grads(ctx[i], grads[i], n).abs()
@@ -315,7 +316,8 @@ def _reconstruction_stats(model, batches, hpl, group: _Group, probes: int, progr
             with torch.enable_grad(), _o_proj_io(model, want_output=True) as (ctx, out):
                 tokens = batch.mask.reshape(-1).bool() if batch.mask is not None else None
                 if decoder:
-                    loss = objectives.lm_nll(model, batch.ids).sum()
+                    loss = objectives.require_finite(objectives.lm_nll(model, batch.ids).sum(), "the loss",
+                                                     model.embed.weight.dtype)
                     gs = [torch.autograd.grad(loss, [out[i] for i in range(n_layers)])]
                 else:
                     emb = objectives.pooled(model, batch.ids, batch.mask)
@@ -472,7 +474,8 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
     try:
         info: dict = {}
         if method in ("gradient", "reconstruction"):  # frozen weights, layers checkpointed to fit the budget
-            shape = (max(b.ids.shape[0] for b in batches), max(b.ids.shape[1] for b in batches))
+            shape = (max((b.ids.shape[0] for b in batches), default=1),  # a rank may hold none
+                     max((b.ids.shape[1] for b in batches), default=2))
             with grad_memory.gradient_pass(model, shape, activation_budget) as memory:
                 if method == "gradient":
                     scores, count = _gradient(model, batches, hpl, shard, probes, progress)

@@ -27,6 +27,18 @@ def is_decoder(model) -> bool:
     return hasattr(model, "lm_head")
 
 
+def require_finite(t: Tensor, where: str, dtype: torch.dtype | None = None) -> Tensor:
+    """t unchanged, or a ValueError when it holds inf / NaN: the calibration pass overflowed (fp16 activations
+    past 65,504 are the usual cause). One vectorised sum, so the check costs ~nothing per layer.
+    dtype: the model's weights' dtype, named in the message (default: t's)."""
+    dtype = t.dtype if dtype is None else dtype
+    if t.numel() and not bool(torch.isfinite(t.detach().sum())) and not bool(torch.isfinite(t.detach()).all()):
+        hint = (" (fp16 overflows past 65,504: use --dtype bf16 or fp32)" if dtype == torch.float16 else "")
+        raise ValueError(f"--dtype: the calibration pass holds inf/NaN at {where} in {dtype}{hint}; "
+                         f"nothing was written")
+    return t
+
+
 def lm_nll(model, ids: Tensor, head_gates=None, *, replicas: int = 1) -> Tensor:
     """[B] float64 summed next-token NLL of tokens 1..T-1 of each row of ids [B, T].
 

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from headcount.analysis.objectives import require_finite
 from headcount.analysis.refit import GramStats, ridge_solve
 
 Tensor = torch.Tensor
@@ -162,7 +163,7 @@ def prune_sequential(model, plan: dict[int, list[int]], batches: list[tuple[Tens
             layer = model.layers[l]
             if l not in plan:
                 for s in streams:
-                    s[0] = layer(s[0], **s[2])[0]
+                    s[0] = require_finite(layer(s[0], **s[2])[0], f"layer {l}'s output")
                     if need_orig:
                         s[1] = layer(s[1], **s[2])[0]
                 bar.update(1)
@@ -235,7 +236,7 @@ def prune_sequential(model, plan: dict[int, list[int]], batches: list[tuple[Tens
             attn.prune_heads(removed_cur)
             _set_o_proj(attn, weight, bias)
             for s in streams:
-                s[0] = layer(s[0], **s[2])[0]
+                s[0] = require_finite(layer(s[0], **s[2])[0], f"layer {l}'s output")
             bar.update(1)
         bar.close()
     return fits
