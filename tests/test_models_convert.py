@@ -298,3 +298,24 @@ def test_bf16_decoder_runs():
         logits = ours(_ids(1, 6)).logits
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits).all()
     assert isinstance(ours, Decoder)
+
+
+def test_packing_is_bounded_and_partial_packing_gives_the_same_results():
+    """max_bytes packs Linears in module order until the next would pass it (the default bound keeps the
+    packed copies under PACK_FIXED + PACK_OF_WEIGHTS x the weights); the output does not change."""
+    from headcount.models import packed
+    from headcount.models.packing import available
+
+    if not available():
+        pytest.skip("oneDNN packing ops are not available in this torch build")
+    ours = from_transformers(llama(tie=True))
+    ids = _ids(2, 9)
+    linears = [m for m in ours.modules() if isinstance(m, torch.nn.Linear)]
+    first = linears[0].weight.numel() * 4
+    with torch.no_grad():
+        plain = ours(ids).logits
+        with packed(ours, max_bytes=first):  # room for the first Linear only
+            patched = [lin for lin in linears if "forward" in lin.__dict__]
+            part = ours(ids).logits
+    assert patched == linears[:1]
+    torch.testing.assert_close(part, plain, rtol=1e-4, atol=1e-4)

@@ -27,6 +27,12 @@ import torch.nn.functional as F
 from torch import nn
 
 PACK_BATCH_HINT = 512  # oneDNN's blocked layout chosen for ~512 rows; measured as fast for 1 row too
+# The packed copies are bounded (the scale issue's peak-memory target is 1.3 x the weights + 1 GiB): a model
+# of at most PACK_WHOLE bytes of weights packs whole (smollm2's 540 MB); a larger one packs its first Linears up
+# to PACK_FIXED + PACK_OF_WEIGHTS x its weights' bytes and runs the rest through MKL (slower on AMD CPUs).
+PACK_WHOLE = 768 << 20
+PACK_FIXED = 256 << 20
+PACK_OF_WEIGHTS = 0.15
 
 _available: bool | None = None
 _depth: "weakref.WeakKeyDictionary[nn.Module, int]" = weakref.WeakKeyDictionary()
@@ -68,10 +74,12 @@ def _packed_forward(linear: nn.Linear, weight: nn.Parameter, packed: torch.Tenso
 
 
 @contextlib.contextmanager
-def packed(model: nn.Module, *, enabled: bool = True):
+def packed(model: nn.Module, *, enabled: bool = True, max_bytes: int | None = None):
     """Pack the model's fp32 CPU Linear weights for oneDNN for the duration of the block.
 
-    Costs one pass over the weights (~0.3 s for SmolLM2's 540 MB) and as much memory again.
+    Costs one pass over the weights (~0.3 s for SmolLM2's 540 MB) and as much memory again, up to max_bytes
+    (None = everything for a model of at most PACK_WHOLE bytes, else PACK_FIXED + PACK_OF_WEIGHTS x its
+    weights' bytes): Linears are packed in module order until the next one would pass it; the rest stay plain.
     """
     if is_packed(model):  # nested: reuse the outer scope's packing
         _depth[model] += 1
@@ -85,11 +93,18 @@ def packed(model: nn.Module, *, enabled: bool = True):
         return
     linears = [m for m in model.modules()
                if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+    if max_bytes is None:
+        weights = sum(p.numel() * p.element_size() for p in model.parameters())
+        max_bytes = weights if weights <= PACK_WHOLE else int(PACK_FIXED + PACK_OF_WEIGHTS * weights)
     patched = []
+    used = 0
     try:
         with torch.no_grad():
             for lin in linears:
                 w = lin.weight
+                used += w.numel() * w.element_size()
+                if used > max_bytes:
+                    break
                 p = torch.ops.mkldnn._reorder_linear_weight(w.detach().contiguous(), PACK_BATCH_HINT)
                 lin.forward = _packed_forward(lin, w, p)  # an instance attribute shadows Linear.forward
                 patched.append(lin)
