@@ -586,9 +586,9 @@ def c14_kv(check: dict | None, model: str | None = None, accounts: dict | None =
     win = (accounts or {}).get("window")
     mine = next((r for r in (accounts or {}).get("rows") or [] if r.get("is_model")), {})
     if win and mine.get("kv_bytes_per_token_past_window") is not None:
-        finding += (f" (while the context is within the {win['size']:,}-token sliding window; past it the "
-                    f"{win['local_layers']} local layers stop growing and each token adds "
-                    f"{mine['kv_bytes_per_token_past_window']:,} bytes, the {win['global_layers']} global layers')")
+        finding += (f" while the context is within the {win['size']:,}-token sliding window; past it the "
+                    f"{win['local_layers']} local layers stop growing and only the {win['global_layers']} global "
+                    f"layers do: {mine['kv_bytes_per_token_past_window']:,} bytes per token")
     return _claim("C14", title, claim, test, HELD if ok else NOT_HELD, finding, check["measured"], run_source(model))
 
 
