@@ -367,7 +367,7 @@ def run(window: int = 1024, *, real: bool = True, families: bool = True, models=
 
 
 def _bound(value: float, bound: float) -> str:
-    return f"{bound:g}" + ("" if value <= bound else "  [red]missed[/]")
+    return f"{bound:.0e}".replace("e-0", "e-") + ("" if value <= bound else "  [red]missed[/]")
 
 
 def _yes(flag: bool) -> str:
