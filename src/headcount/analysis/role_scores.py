@@ -26,11 +26,13 @@ Inputs (texts=None = the calibration part of the default corpus):
   tokens, each repeated twice; only the second copy's rows have a target;
 - sentences (headcount.analysis.batches.split_sentences), one per row, for syntactic and rare_word.
 
-Data parallelism (group=, issue 15): every rank builds the same inputs, then takes a share: the windows r::world
-(re-batched), the induction sequences r::world, and the sentence batches r::world (the batches of sentences
-of similar length that one process would run, unchanged); every role's sums and counts are all-reduced once
-in float64, so every rank returns the single process's scores (to summation order). More ranks than
-windows: ValueError on every rank before any forward.
+Data parallelism (group=, issue 15): every rank builds the same inputs, then takes a share: the window batches
+r::world (as one process runs them; with fewer batches than ranks, the windows r::world), the induction
+sequences (one batch) on the last rank, and the sentence batches r::world (the batches of sentences of
+similar length that one process would run, unchanged); every role's sums and counts are all-reduced once in
+float64, so every rank returns the single process's scores (to summation order, and to float32 rounding
+where a window batch was split).
+More ranks than windows: ValueError on every rank before any forward.
 """
 
 from __future__ import annotations
@@ -321,8 +323,8 @@ def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 
     induction_len / induction_batch_size: the repeated random sequences (seed picks them).
     only: a subset of ROLES to compute (the others are absent from the result).
     group: None (one process), "auto" (torch.distributed's default group when initialised) or a process
-    group: the windows, induction sequences and sentence batches split over its ranks, the sums all-reduced
-    (module docstring); every rank returns the same scores.
+    group: the window batches, the induction batch and the sentence batches split over its ranks, the sums
+    all-reduced (module docstring); every rank returns the same scores.
     """
     from headcount.distributed import DataParallel
 
@@ -358,14 +360,15 @@ def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 
         if {"previous_token", "duplicate_token", "positional", "sink"} & set(chosen):
             batches = window_batches(model, stream, window=window, max_tokens=max_tokens, batch_size=batch_size)
             mine = batches
-            if dp.world > 1:  # windows r::world, in batches of batch_size as one process would
+            if dp.world > 1:  # whole batches r::world (each runs as in one process), or windows r::world
                 rows = torch.cat(batches)
                 if rows.shape[0] < dp.world:
                     raise ValueError(f"max_tokens (--max-tokens): {dp.world} ranks (torchrun) but only "
                                      f"{rows.shape[0]} window(s) of {rows.shape[1]} tokens to split over them; "
                                      f"expected at least one window per rank: use at most {rows.shape[0]} "
                                      f"rank(s) or raise max_tokens to {dp.world * rows.shape[1]}")
-                mine = list(rows[dp.rank::dp.world].split(batch_size))
+                mine = (batches[dp.rank::dp.world] if len(batches) >= dp.world
+                        else list(rows[dp.rank::dp.world].split(batch_size)))
             acc = [{"prev": (z, z), "dup": (z, z), "sink": (z, z), "offsets": None} for z in zeros]
             _window_pass(model, mine, causal, acc, progress, dp)
             meta["window_tokens"] = int(sum(b.numel() for b in batches))
@@ -383,7 +386,9 @@ def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 
             meta["positional_offsets"] = [[int(x) for x in off] for _, off in pos]
         if "induction" in chosen:
             ids = induction_batch(model, stream, length=induction_len, batch=induction_batch_size, seed=seed)
-            out = _induction_sums(model, ids[dp.rank::dp.world], len(mods), n_heads)
+            # one batch, as one process runs it, on the last rank (a split batch is not bitwise the same
+            # forward, and the scores' 6-digit rounding would show it); the others add zeros
+            out = _induction_sums(model, ids if dp.rank == dp.world - 1 else ids[:0], len(mods), n_heads)
             if dp.world > 1:
                 summed = iter(dp.sum_many([t for i in range(len(mods)) for t in out[i]]))
                 out = {i: (next(summed), next(summed)) for i in range(len(mods))}
@@ -406,7 +411,7 @@ def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 
 
 def _induction_sums(model, ids: Tensor, n_layers: int, n_heads: list[int]) -> dict:
     """{layer: (sum(A * P), sum(A))} of the induction pattern over these sequences (zeros for none)."""
-    if ids.shape[0] == 0:  # a rank with no sequence (more ranks than sequences) adds nothing
+    if ids.shape[0] == 0:  # a rank that does not run the induction batch adds nothing
         return {i: (torch.zeros(n_heads[i], dtype=torch.float64), torch.zeros(n_heads[i], dtype=torch.float64))
                 for i in range(n_layers)}
     pattern = patterns.induction_pattern(ids)

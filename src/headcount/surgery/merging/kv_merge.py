@@ -29,8 +29,9 @@ more approximation, which the o_proj refit and the local reconstruction (local_s
 Calibration: None = the calibration part of the default corpus (decoders: `n_windows` windows of
 `window` tokens; encoders: sentences); nothing here reads held-out text.
 
-Data parallelism (group=, issue 15): the calibration rows (windows, or sentences) are split over the ranks,
-global row w on rank w % world (merging.stream.shard_batches); every statistic a solve reads (the key and
+Data parallelism (group=, issue 15): the calibration batches are split over the ranks, batches r::world
+(with fewer batches than ranks, the rows: global window / sentence w on rank w % world;
+merging.stream.shard_batches); every statistic a solve reads (the key and
 value moments, the o_proj Gram matrices, the errors) is summed over the ranks in float64 first, and the
 gradient steps (local_steps, refine_steps) all-reduce their gradients per global batch, so every rank
 computes the same merged weights, the single process's to summation order. Under torchrun:
@@ -204,8 +205,9 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     {layer: n} mapping, or a MergePlan from merge_plan). See the module docstring for the methods.
 
     group: None (one process), "auto" (torch.distributed's default group when initialised) or a process
-    group: the calibration rows split over its ranks, the sums all-reduced (module docstring); every rank
-    ends with the same merged model. More ranks than calibration rows: ValueError before any change."""
+    group: the calibration batches (or rows) split over its ranks, the sums all-reduced (module docstring);
+    every rank ends with the same merged model. More ranks than calibration rows: ValueError before any
+    change."""
     from headcount.distributed import DataParallel
 
     dp = DataParallel(group)

@@ -1,7 +1,7 @@
 """A layer-by-layer walk through a model, for K/V merging (kv_merge.py, planner.py) and uptraining.
 
     calibration_batches, Batch, is_decoder     re-exported from headcount.analysis.batches (the one path)
-    shard_batches(batches, dp)        data parallelism: this rank's rows (global rows r::world) of each batch
+    shard_batches(batches, dp)        data parallelism: this rank's batches (r::world), or rows when too few
     Stream(model, batches, index=)    the residual stream at the input of one layer, batch by batch;
         .layer_io(l, ...)             run layer l, capture its attention's input / kwargs / output
         .advance(l)                   move the stream past layer l
@@ -40,11 +40,14 @@ def _first(out):
 
 def shard_batches(batches: list[Batch], dp) -> tuple[list[Batch], list[tuple[int, list[int]]]]:
     """This rank's share of the calibration batches under data parallelism (dp: a
-    headcount.distributed.DataParallel): global row w (windows, or sentences for an encoder, counted across
-    the batches in order) goes to rank w % world, and each rank keeps its rows grouped by the batch they came
-    from (the same padded width), so a batch-by-batch step (refine.py's Adam steps) can all-reduce the
-    gradient of each global batch. Returns (batches, index): index[b] = (global batch number, global rows)
-    of this rank's b-th batch. A world of one gets the batches unchanged. More ranks than rows: ValueError."""
+    headcount.distributed.DataParallel). With at least as many batches as ranks, whole batches r::world:
+    each batch then runs exactly as in one process (a float32 forward of a batch is not bitwise the same
+    as of part of it, and the merge's eigenvectors amplify that), so only the float64 sums' order differs.
+    With fewer batches, rows: global row w (windows, or sentences for an encoder, counted across the batches
+    in order) on rank w % world, kept grouped by the batch they came from (the same padded width). Either
+    way a batch-by-batch step (refine.py's Adam steps) can all-reduce the gradient of each global batch.
+    Returns (batches, index): index[b] = (global batch number, global rows) of this rank's b-th batch.
+    A world of one gets the batches unchanged. More ranks than rows: ValueError."""
     index, start = [], 0
     for slot, batch in enumerate(batches):
         n = batch.ids.shape[0]
@@ -54,6 +57,8 @@ def shard_batches(batches: list[Batch], dp) -> tuple[list[Batch], list[tuple[int
         return list(batches), index
     what = "calibration windows" if all(b.mask is None for b in batches) else "calibration sentences"
     dp.shard(range(start), what)  # the error when there are fewer rows than ranks
+    if len(batches) >= dp.world:
+        return list(batches[dp.rank::dp.world]), index[dp.rank::dp.world]
     out, out_index = [], []
     for batch, (slot, rows) in zip(batches, index):
         mine = [p for p, row in enumerate(rows) if row % dp.world == dp.rank]
