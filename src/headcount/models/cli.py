@@ -134,14 +134,24 @@ def register(app, bench_app) -> None:
 
     @bench_app.command("exactness")
     def bench_exactness(
-        window: int = typer.Option(1024, "--window", help="perplexity window"),
+        window: int = typer.Option(1024, "--window", help="smollm2's perplexity window"),
+        models: Optional[str] = typer.Option(None, "--models", help="comma-separated rows: minilm, smollm2, "
+                                             "qwen2.5-coder-0.5b, gemma3-270m, families (default: all)"),
+        gguf_window: int = typer.Option(512, "--gguf-window", help="qwen2.5-coder-0.5b / gemma3-270m "
+                                        "perplexity window"),
+        gguf_windows: int = typer.Option(4, "--gguf-windows", help="their held-out windows (0 = the whole "
+                                         "held-out corpus)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
-        """minilm and smollm2 against transformers on the same weights: max |diff| and perplexity."""
+        """Every embedded model (and a random small model of every family) against transformers on the same
+        weights: logits, perplexity, greedy tokens, Gemma past its sliding window."""
         with _one_line_errors("bench exactness"):
             from headcount.models import exactness
 
-            result = exactness.run(window)
+            if gguf_windows < 0:
+                raise ValueError(f"--gguf-windows: expected >= 0, got {gguf_windows}")
+            result = exactness.run(window, models=models, gguf_window=gguf_window,
+                                   gguf_windows=gguf_windows or None, log=_log)
         if json_out:
             typer.echo(json.dumps(result, indent=2))
         else:

@@ -6,7 +6,10 @@ Definition (what `perplexity(model, texts, window)` computes, exactly):
    special tokens: a token stream x_0 .. x_{N-1}. (A single string is used as is.)
 2. The stream is cut into consecutive, non-overlapping windows of `window` tokens:
    [x_0 .. x_{w-1}], [x_w .. x_{2w-1}], ...; the last window holds what is left and is dropped
-   if it has fewer than 2 tokens.
+   if it has fewer than 2 tokens. Where the model's tokenizer opens every sequence with BOS (Gemma 3:
+   `bos_id(model)`), each window is BOS followed by the next `window - 1` stream tokens, as llama.cpp's
+   perplexity tool does; without it Gemma 3 scores a perplexity in the thousands. Token ids given
+   directly are taken as already windowed (analysis.batches.token_windows adds the same BOS).
 3. Each window is run through the model on its own (no context carried over from the previous
    window). Within a window, token j >= 1 is scored with its negative log-likelihood
    -log p(x_j | the window's tokens before it). The FIRST token of each window is not scored: it has
@@ -58,9 +61,21 @@ def token_stream(model, texts: str | Sequence[str]) -> list[int]:
     return model.tokenizer.encode(text, add_special_tokens=False)
 
 
-def windows(ids: Sequence[int], window: int) -> list[list[int]]:
-    """Step 2: consecutive non-overlapping windows; a last window of fewer than 2 tokens is dropped."""
-    out = [list(ids[i:i + window]) for i in range(0, len(ids), window)]
+def bos_id(model) -> int | None:
+    """The BOS token every window opens with, where the decoder's tokenizer adds one (Gemma 3); else None."""
+    tok = getattr(model, "tokenizer", None)
+    if tok is None or not hasattr(model, "lm_head") or not getattr(tok, "add_special_tokens", False):
+        return None
+    return tok.bos_token_id
+
+
+def windows(ids: Sequence[int], window: int, bos: int | None = None) -> list[list[int]]:
+    """Step 2: consecutive non-overlapping windows (each BOS + window - 1 tokens when bos is given); a last
+    window of fewer than 2 tokens is dropped."""
+    if bos is None:
+        out = [list(ids[i:i + window]) for i in range(0, len(ids), window)]
+    else:
+        out = [[bos] + list(ids[i:i + window - 1]) for i in range(0, len(ids), window - 1)]
     return [w for w in out if len(w) >= 2]
 
 
@@ -87,15 +102,17 @@ def evaluate_perplexity(model, texts: str | Sequence[str] | Sequence[int] | Tens
         raise ValueError(f"window: expected an int >= 2, got {window!r}")
     if window > model.config.max_position:
         raise ValueError(f"window: {window} tokens is past the model's context of {model.config.max_position}")
+    bos = None  # given ids are the windows' own tokens
     if isinstance(texts, Tensor):
         ids = texts.reshape(-1).tolist()
     elif isinstance(texts, (list, tuple)) and texts and all(isinstance(t, int) for t in texts):
         ids = list(texts)
     else:
         ids = token_stream(model, texts)
+        bos = bos_id(model)
     if max_tokens is not None:
         ids = ids[:max_tokens]
-    chunks = windows(ids, window)
+    chunks = windows(ids, window, bos)
     if not chunks:
         raise ValueError(f"perplexity: the text has {len(ids)} token(s); at least 2 are needed")
     device = model.embed.weight.device
