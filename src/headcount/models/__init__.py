@@ -6,6 +6,7 @@
     chunked_nll                                        the loss from hidden states, never a [T, vocab] tensor
     Encoder, EncoderConfig                             BERT / MiniLM (encoder.py)
     from_transformers, load_checkpoint, save, export_*  every format in and out (formats/)
+    attention_copy                                     a copy for an attention edit: only attn is copied
     generate, perplexity                               (generation.py, evaluation.py: modules named
                                                        so they never shadow the functions)
 
@@ -30,7 +31,7 @@ _EXPORTS = {
     "RotaryEmbedding": "rotary",
     "generate": "generation", "stream_tokens": "generation", "GenerationResult": "generation",
     "perplexity": "evaluation", "evaluate_perplexity": "evaluation", "PerplexityResult": "evaluation",
-    "demo_tour": "tour", "packed": "packing",
+    "demo_tour": "tour", "packed": "packing", "attention_copy": "copying",
 }
 
 __getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS)

@@ -13,7 +13,6 @@ tuples as lists, NaN / inf as null, so the same seed gives a byte-identical repo
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import sys
@@ -21,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from headcount.models.copying import attention_copy
 from headcount.report.cache import ResultCache, cache_key, text_hash, weights_hash
 from headcount.report.calls import MISSING, NotApplicable, call_with, default_of  # noqa: F401 (re-exported)
 from headcount.report.calls import fn as _fn
@@ -241,7 +241,7 @@ def kv_merge_section(model, target: int, *, calibration, held: HeldOut, sizes: S
     kv_bytes_per_token_before/after, ppl_before, ppl_after, method, merge, and HeldOut.domains' keys: the three
     held-out domains before / after, or why not}."""
     merge_kv = _fn("surgery", "merge_kv")
-    copy_ = copy.deepcopy(model)
+    copy_ = attention_copy(model)  # the merge edits attention only: the rest is shared
     decoder = hasattr(model, "lm_head")
     before = {"heads_before": model.layers[0].attn.n_kv_heads, "params_before": _n_params(model),
               "kv_bytes_per_token_before": sum(l.attn.new_cache(1, 1).nbytes for l in model.layers),
@@ -320,12 +320,12 @@ def pruning_section(model, *, calibration, held: HeldOut, sizes: Sizes, seed: in
         points += data["points"]
         held.know_base(data)
     for f in sizes.random_fractions:  # the baseline: a random order, nothing refit (no scoring, no calibration)
-        pruned = copy.deepcopy(model)
+        pruned = attention_copy(model)
         r = call_with(prune_to, pruned, f, order="random", compensate="none", seed=seed, calibration=calibration,
                       progress=progress).to_json()
         points.append(_point(model, f, "random", "none", r, held.first(held.evaluate(pruned))) | {"seed": seed})
         del pruned
-    pruned = copy.deepcopy(model)
+    pruned = attention_copy(model)
     result = call_with(prune_to, pruned, C11_FRACTION, calibration=calibration,
                        calibration_windows=common["calibration_windows"], window=w, progress=progress)
     r = result.to_json() if hasattr(result, "to_json") else {}

@@ -14,10 +14,11 @@ caches it like every step). Neither depends on the report's model.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from pathlib import Path
+
+from headcount.models.copying import attention_copy
 
 EXPERIMENT_NAMES = ("multi-relation", "write-address", "heads-sweep", "low-rank")
 GATES_FILES = ("surgery_gates.json", "gates.json")  # what the gates bench may have saved, first found wins
@@ -154,7 +155,7 @@ def gates_section(model, *, calibration, held, steps: int, n_windows: int, windo
 
     train = fn("surgery", "train_gates")
     apply = fn("surgery", "apply_gates")
-    pruned = copy.deepcopy(model)
+    pruned = attention_copy(model)
     kwargs = dict(fraction=fraction, steps=steps, calibration=calibration, n_windows=n_windows, window=window,
                   progress=progress)
     if lr is not None:

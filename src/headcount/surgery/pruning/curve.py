@@ -17,11 +17,11 @@ Quality is measured on held-out text only:
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, field
 
 from headcount.analysis.batches import is_decoder
+from headcount.models.copying import attention_copy
 from headcount.surgery.held_out import EVAL_WINDOWS, embed, evaluate, held_out_sets
 from headcount.surgery.pruning import plan as _plan
 from headcount.surgery.pruning.removal import CALIBRATION_WINDOWS, WINDOW, prune, prune_to, resolve_scores
@@ -83,7 +83,7 @@ def pruning_curve(model, *, fractions=FRACTIONS, orders=("gradient", "random"), 
     for name, seed, s in resolved:
         for comp in compensations:
             for frac in fractions:
-                pruned = copy.deepcopy(model)
+                pruned = attention_copy(model)
                 plan = _plan.plan_fraction(pruned, frac, s, mode=mode, uniform=uniform)
                 result = prune(pruned, plan, mode=mode, compensate=comp, calibration=calibration,
                                calibration_windows=calibration_windows, window=window, progress=progress,
@@ -116,5 +116,5 @@ def pruning_curve(model, *, fractions=FRACTIONS, orders=("gradient", "random"), 
 
 def prune_to_copy(model, fraction: float, **kwargs):
     """A pruned deep copy of `model` (the original is left alone) and its PruneResult."""
-    pruned = copy.deepcopy(model)
+    pruned = attention_copy(model)
     return pruned, prune_to(pruned, fraction, **kwargs)
