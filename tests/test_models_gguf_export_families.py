@@ -281,3 +281,17 @@ def test_cli_export_says_which_architecture_and_why(tmp_path, vocab, monkeypatch
     assert "llama.cpp gemma3 GGUF" in r.output and "on the 1 full-attention layers" in r.output
     assert "for the 5 sliding-window layers once 8 tokens fill their window" in r.output
     assert math.isclose(os.path.getsize(tmp_path / "g.gguf"), os.path.getsize(gemma), rel_tol=0.01)
+
+
+def test_cli_refuses_per_layer_gemma3_in_one_line(tmp_path, vocab, monkeypatch):
+    from headcount.surgery import save
+
+    monkeypatch.setenv("HEADCOUNT_CACHE", str(tmp_path / "cache"))
+    source = export_gguf(gemma3(), tmp_path / "src.gguf", tokenizer_from=vocab["gemma3"])
+    save(_prune(load(source), {1: [1]}), tmp_path / "pruned")
+    out = tmp_path / "pruned.gguf"
+    r = runner.invoke(app, ["export", "--model", str(tmp_path / "pruned"), "--to", "gguf", "--out", str(out)])
+    assert r.exit_code == 2
+    lines = [line for line in r.output.splitlines() if line.startswith("headcount export:")]
+    assert len(lines) == 1 and "gemma3 layers keep different head counts" in lines[0] and "--uniform" in lines[0]
+    assert not out.exists()

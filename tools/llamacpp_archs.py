@@ -31,7 +31,7 @@ N_IDS, N_PROMPT, N_GREEDY = 40, 8, 8
 
 def _byte_chars() -> list[str]:
     """GPT-2's bytes -> printable characters table (bytes_to_unicode), in byte order."""
-    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1), *range(ord("\u00ae"), 256)]
     table, n = {}, 0
     for b in range(256):
         if b in keep:

@@ -41,9 +41,17 @@ Cases (`--cases`; the default is every case but the 1.5b model and the surgery o
   qwen2.5-coder-0.5b  the package's own GGUF (qwen2: Q5_0/Q8_0/Q6_K/Q4_K), unmodified
   qwen2.5-coder-0.5b-f32   the same, dequantised to F32
   qwen2.5-coder-1.5b  the package's own Q4_K_M GGUF (qwen2); not in the default
-  gemma3-270m-pruned20, qwen2.5-coder-0.5b-pruned20, qwen2.5-coder-0.5b-mqa
-                      the surgery on the new families, exported with export_gguf: rows that say what
-                      export_gguf answers (today it writes llama-family decoders only)
+  gemma3-270m-export, qwen2.5-coder-0.5b-export
+                      the unmodified model exported by export_gguf (f32): gemma3 and qwen2 as themselves
+  qwen2.5-coder-0.5b-pruned20   prune_to(0.2, mode="query") with the defaults: per-layer head counts, which
+                      llama.cpp's qwen2 cannot hold, so export_gguf writes deci with the q/k/v biases
+  gemma3-270m-uniform25   prune_to(0.25, mode="query", uniform=True, compensate="none"): 3 of 4 query heads
+                      in every layer, exported as gemma3 (lstsq / mean compensation give o_proj a bias, which
+                      llama.cpp's gemma3 cannot hold: export_gguf refuses those)
+  gemma3-270m-pruned20    prune_to(0.2, mode="query", compensate="none"): per-layer counts, which no llama.cpp
+                      architecture with Gemma 3's graph holds: the row is export_gguf's refusal; not in the default
+  qwen2.5-coder-0.5b-mqa  merge_kv(model, 1), exported; not in the default
+  Every export row's notes say which architecture export_gguf chose and why.
 
 Built models are kept in --workdir (default out/llamacpp/: a headcount save and the GGUF per case) and
 reused on the next run unless --rebuild; a reused case loads the save, which gives bit-identical logits.
@@ -72,9 +80,9 @@ SCORE = NODE_DIR / "score.mjs"
 NODE_LLAMA_CPP = "3.21.1"
 
 DEFAULT_CASES = ["smollm2", "smollm2-export", "smollm2-pruned20", "smollm2-mqa", "gemma3-270m", "gemma3-270m-f32",
-                 "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-f32"]
-ALL_CASES = DEFAULT_CASES + ["qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-f32", "gemma3-270m-pruned20", "qwen2.5-coder-0.5b-pruned20",
-                             "qwen2.5-coder-0.5b-mqa"]
+                 "gemma3-270m-export", "gemma3-270m-uniform25", "qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-f32",
+                 "qwen2.5-coder-0.5b-export", "qwen2.5-coder-0.5b-pruned20"]
+ALL_CASES = DEFAULT_CASES + ["qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-f32", "gemma3-270m-pruned20", "qwen2.5-coder-0.5b-mqa"]
 
 
 class Skip(Exception):
@@ -187,7 +195,7 @@ def build_case(name: str, workdir: Path, rebuild: bool) -> Case:
     from headcount.models import load
 
     base = name
-    for suffix in ("-export", "-pruned20", "-mqa", "-f32"):
+    for suffix in ("-export", "-pruned20", "-uniform25", "-mqa", "-f32"):
         if name.endswith(suffix):
             base = name[: -len(suffix)]
     surgery = name[len(base) + 1:] if name != base else ""
@@ -204,25 +212,31 @@ def build_case(name: str, workdir: Path, rebuild: bool) -> Case:
             notes.append(f"F32 copy written in {time.perf_counter() - t:.0f} s")
         return Case(name, load(base), gguf, f"{base}'s own GGUF, every tensor dequantised to F32", notes)
 
+    from headcount.models.formats.gguf_deci import choose_architecture
     from headcount.surgery import export_gguf, save
 
     save_dir, gguf = workdir / name, workdir / f"{name}.gguf"
-    what = {"export": "unmodified, exported (deci, f32)",
-            "pruned20": "20% of query heads pruned (query mode, defaults), exported (deci, f32)",
-            "mqa": "every layer merged to 1 K/V head (merge_kv, closed form), exported (deci, f32)"}[surgery]
+    what = {"export": "unmodified, exported (f32)",
+            "pruned20": "20% of query heads pruned (query mode, defaults), exported (f32)",
+            "uniform25": "25% of query heads pruned, the same number in every layer (query mode), exported (f32)",
+            "mqa": "every layer merged to 1 K/V head (merge_kv, closed form), exported (f32)"}[surgery]
     if not rebuild and save_dir.is_dir() and gguf.is_file():
-        return Case(name, load(save_dir), gguf, what, ["reused " + str(save_dir.relative_to(ROOT)
-                                                                        if save_dir.is_relative_to(ROOT) else save_dir)])
+        model = load(save_dir)
+        where = save_dir.relative_to(ROOT) if save_dir.is_relative_to(ROOT) else save_dir
+        return Case(name, model, gguf, what, [f"reused {where}", _why(choose_architecture(model))])
     model = load(base)
     notes = []
-    if surgery == "pruned20":
+    if surgery in ("pruned20", "uniform25"):
         _export_precheck(model)
         from headcount.surgery import prune_to
 
         t = time.perf_counter()
-        result = prune_to(model, 0.2, mode="query")
-        notes.append(f"prune_to 0.2 query: query heads {result.heads_before} -> {result.heads_after}, "
-                     f"{time.perf_counter() - t:.0f} s")
+        fraction, uniform = (0.2, False) if surgery == "pruned20" else (0.25, True)
+        # Gemma 3: no compensation, whose o_proj bias llama.cpp's gemma3 cannot hold (export_gguf refuses it)
+        compensate = "none" if model.config.family == "gemma3" else "lstsq"
+        result = prune_to(model, fraction, mode="query", uniform=uniform, compensate=compensate)
+        notes.append(f"prune_to {fraction} query{' uniform' if uniform else ''} compensate {compensate}: query heads "
+                     f"{result.heads_before} -> {result.heads_after}, {time.perf_counter() - t:.0f} s")
     elif surgery == "mqa":
         _export_precheck(model)
         from headcount.surgery import merge_kv
@@ -231,12 +245,17 @@ def build_case(name: str, workdir: Path, rebuild: bool) -> Case:
         merge_kv(model, 1, progress=False)
         notes.append(f"merge_kv 1: {time.perf_counter() - t:.0f} s")
     workdir.mkdir(parents=True, exist_ok=True)
-    save(model, save_dir, force=True)
     try:
-        export_gguf(model, gguf, force=True)
+        notes.append(_why(choose_architecture(model)))
     except ValueError as e:
-        raise Skip(f"export_gguf refused: {str(e).splitlines()[0]}") from None
+        raise Skip(f"export_gguf refuses it: {str(e).splitlines()[0]}") from None
+    save(model, save_dir, force=True)
+    export_gguf(model, gguf, force=True)
     return Case(name, model, gguf, what, notes)
+
+
+def _why(choice: tuple[str, str]) -> str:
+    return f"export_gguf wrote {choice[0]}: {choice[1]}"
 
 
 def f32_copy(source: Path, target: Path) -> None:
@@ -281,13 +300,11 @@ def f32_copy(source: Path, target: Path) -> None:
 
 
 def _export_precheck(model) -> None:
-    """export_gguf's own check of the model's family, before spending minutes on surgery it cannot write."""
+    """export_gguf's own check of the unmodified model, before spending minutes on surgery it cannot write."""
+    from headcount.models.formats.gguf_deci import choose_architecture
+
     try:
-        from headcount.models.formats.gguf_deci import _check_model
-    except ImportError:
-        return
-    try:
-        _check_model(model)
+        choose_architecture(model)
     except ValueError as e:
         raise Skip(f"export_gguf would refuse it: {str(e).splitlines()[0]}") from None
 

@@ -98,6 +98,9 @@ let model;
 try {
     model = await llama.loadModel({modelPath, gpuLayers: 0});
 } catch (e) {
+    // llama.cpp's own reason ("check_tensor_dims: tensor ... has wrong shape") reaches stderr through the
+    // addon's log callback, asynchronously: let it through before exiting
+    await new Promise((resolve) => setTimeout(resolve, 200));
     fail(`llama.cpp could not load ${modelPath}: ${e.message.split("\n")[0]}`);
 }
 const longest = Math.max(0, ...windows.map((w) => w.length), prompt.length + nGreedy);

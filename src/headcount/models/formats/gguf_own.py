@@ -129,9 +129,10 @@ def check_gemma3(model) -> None:
             raise ValueError(f"model: layer {i} has sliding_window {attn.sliding_window}, its config type says "
                              f"{cfg.sliding_window if local[i] else None}")
         if _has(attn.o_proj.bias):
-            raise ValueError(f"model: layer {i}'s o_proj has a bias (compensation); llama.cpp's gemma3 has no "
-                             "attn_output.bias and the post-attention norm follows it, so it cannot be folded: prune "
-                             "with compensate='none' or 'lstsq' without a bias")
+            raise ValueError(f"model: layer {i}'s o_proj has a bias (what lstsq and mean compensation add); "
+                             "llama.cpp's gemma3 has no attn_output.bias and the post-attention norm follows it, so "
+                             "it cannot be folded away: prune with compensate='none' (`headcount prune --compensate "
+                             "none`) to export a Gemma 3")
         if _has(attn.qkv_proj.bias):
             raise ValueError(f"model: layer {i} has q/k/v biases; headcount writes gemma3 without them")
 
