@@ -295,3 +295,15 @@ def test_cli_refuses_per_layer_gemma3_in_one_line(tmp_path, vocab, monkeypatch):
     lines = [line for line in r.output.splitlines() if line.startswith("headcount export:")]
     assert len(lines) == 1 and "gemma3 layers keep different head counts" in lines[0] and "--uniform" in lines[0]
     assert not out.exists()
+
+
+def test_gemma3_f16_equals_the_model_with_weights_rounded_to_f16(tmp_path, vocab):
+    model = _prune(gemma3(), {i: [2] for i in range(6)})
+    path = export_gguf(model, tmp_path / "m.gguf", dtype="f16", tokenizer_from=vocab["gemma3"])
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(str(path)).tensors}
+    assert types["blk.0.attn_q.weight"] == "F16" and types["blk.0.attn_q_norm.weight"] == "F32"
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.copy_(p.half().float())
+    assert_same_logits(load(path, cache_dir=tmp_path / "cache"), model, ids(268))
