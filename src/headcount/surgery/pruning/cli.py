@@ -50,8 +50,9 @@ def register(app, bench_app) -> None:
         curve: bool = typer.Option(False, "--curve", help="the pruning curve instead of one pruned model"),
         png: Optional[Path] = typer.Option(None, "--png", help="with --curve: write a plot"),
         seed: int = typer.Option(0, "--seed", help="seed of --order random"),
-        calibration_windows: int = typer.Option(16, "--calibration-windows", help="calibration windows of 512 tokens"),
-        eval_windows: int = typer.Option(8, "--eval-windows", help="held-out windows of 512 tokens measured "
+        calibration_windows: int = typer.Option(8, "--calibration-windows", help="calibration windows of 512 tokens "
+                                                 "(default corpus: half prose, half code-like text)"),
+        eval_windows: int = typer.Option(4, "--eval-windows", help="held-out windows of 512 tokens measured per domain "
                                          "(encoders: 16 sentences per window)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
         method: str = typer.Option("retraining-free", "--method", help="retraining-free (heads chosen by --order) "

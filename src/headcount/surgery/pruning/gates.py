@@ -63,7 +63,8 @@ Cost: `forward_equivalents` = forward passes over the calibration tokens that th
 the convention that a step is 3 forward passes of its batch for the student (forward + backward, the
 usual 1 + 2) plus 1 for the teacher's forward: sum over steps of 4 x batch tokens / calibration tokens.
 
-Calibration goes through the one calibration path, headcount.analysis.batches.calibration_batches.
+Calibration goes through the one calibration path, headcount.analysis.batches.calibration_batches; None is
+prune's default (removal.resolve_default: mixed prose + code-like text for a decoder).
 """
 
 from __future__ import annotations
@@ -305,8 +306,10 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     unit = "query heads" if mode == "query" else "KV groups"
     keep = resolve_target(n_gates, len(units), heads_to_keep, fraction, unit=unit)
     decoder = is_decoder(model)
-    batches = calibration_batches(model, calibration, n_windows=n_windows, window=window, batch_size=batch_size,
-                                  n_sentences=32 * n_windows)
+    from headcount.surgery.pruning.removal import resolve_default
+
+    batches = calibration_batches(model, resolve_default(model, calibration), n_windows=n_windows, window=window,
+                                  batch_size=batch_size, n_sentences=32 * n_windows)
     calibration_tokens = sum(b.n_tokens for b in batches)
     device = model.embed.weight.device
 

@@ -10,10 +10,12 @@ mode="group": whole GQA groups (query heads with their KV head): shrinks the KV 
 Removing every remaining head of a layer is refused (ValueError); prune_to never does it.
 Compensation and the sequential refit: compensate.py. Which heads: plan.py.
 
-calibration: None = the calibration part of the default corpus (decoders: at most
-`calibration_windows` windows of `window` tokens; encoders: calibration sentences); a string or
-list of strings; "mixed" = half default-corpus prose, half code-like text (headcount.data.code_corpus);
-or ready inputs (a LongTensor [N, T] of windows, or [(input_ids, attention_mask), ...]).
+calibration: None = the default: for a decoder "mixed" (half the default corpus's calibration prose, half
+code-like text, headcount.data.code_corpus; `calibration_windows` windows of `window` tokens), chosen because
+it transfers: at 20% removed on smollm2 it costs prose +7% where prose calibration costs +5%, and code-like
+text +7% where prose calibration costs +19% (docs/pruning.md); for an encoder the default corpus's
+calibration sentences. "prose" = the default corpus's calibration part alone (the default before); a string
+or list of strings; or ready inputs (a LongTensor [N, T] of windows, or [(input_ids, attention_mask), ...]).
 """
 
 from __future__ import annotations
@@ -28,10 +30,10 @@ from headcount.surgery.pruning.compensate import COMPENSATIONS, DEFAULT_RIDGE, D
 
 Tensor = torch.Tensor
 
-CALIBRATION_WINDOWS = 16
+CALIBRATION_WINDOWS = 8  # the curve in docs/pruning.md was measured with 8; 16 doubles the cost (issue 15)
 WINDOW = 512
 CALIBRATION_SENTENCES = 256
-DEFAULT_CALIBRATION = None  # the default corpus's calibration prose
+DEFAULT_CALIBRATION = None  # decoders: "mixed"; encoders: the default corpus's calibration sentences
 
 # Forward-pass equivalents per calibration token when the scores do not say (HeadScores.info carries
 # "forward_equivalents" for gradient / reconstruction: 1 forward + 1 input-gradient backward through the frozen
@@ -117,8 +119,18 @@ def calibration_batches(model, calibration=DEFAULT_CALIBRATION, *, calibration_w
 
     if isinstance(calibration_windows, bool) or not isinstance(calibration_windows, int) or calibration_windows < 1:
         raise ValueError(f"calibration_windows: expected a positive int, got {calibration_windows!r}")
+    calibration = resolve_default(model, calibration)
     return batches(model, calibration, n_windows=calibration_windows, window=window, batch_size=batch_size,
                    n_sentences=CALIBRATION_SENTENCES * calibration_windows // CALIBRATION_WINDOWS)
+
+
+def resolve_default(model, calibration):
+    """None -> "mixed" for a decoder (see the module doc); "prose" -> the default corpus alone (None below)."""
+    if calibration is None:
+        return "mixed" if hasattr(model, "lm_head") else None
+    if isinstance(calibration, str) and calibration == "prose":
+        return None
+    return calibration
 
 
 # ---------------------------------------------------------------------------------------------- prune
