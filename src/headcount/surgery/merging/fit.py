@@ -52,18 +52,19 @@ def _sqrtm_psd(a: Tensor, inverse: bool = False) -> Tensor:
     return (v * d.to(v.dtype)) @ v.mH
 
 
-def _canonical_phase(u: Tensor) -> Tensor:
-    """Each column times the unit number that makes its largest-magnitude entry real and positive (a sign
-    for real columns). An eigenvector's sign (phase) is arbitrary, and LAPACK's choice can flip under a
-    perturbation at rounding level (the same sums added in another order: data parallelism); the merged
-    layer computes the same function either way, so fixing it makes the weights themselves reproducible."""
+def _canonical_sign(u: Tensor) -> Tensor:
+    """Each column times +-1 so that its largest-magnitude entry has a positive real part (its imaginary part
+    when the real part is 0). An eigenvector's sign is arbitrary, and LAPACK's choice can flip under a
+    perturbation at rounding level (the same sums added in another order: data parallelism). A sign leaves
+    the merged layer's function exactly as it was (a key or value direction and its back-map flip together;
+    a per-head key norm commutes with it), so fixing it makes the weights themselves reproducible. Only a
+    sign: a complex phase would not commute with a key norm's per-dimension weights."""
     if u.numel() == 0:
         return u
-    cols = torch.arange(u.shape[1])
-    pivot = u[u.abs().argmax(dim=0), cols]
-    size = pivot.abs()
-    phase = torch.where(size > 0, pivot / size.clamp(min=1e-300), torch.ones_like(pivot))
-    return u * phase.conj() if u.is_complex() else u * phase
+    pivot = u[u.abs().argmax(dim=0), torch.arange(u.shape[1])]
+    if u.is_complex():
+        pivot = torch.where(pivot.real != 0, pivot.real, pivot.imag)
+    return u * torch.where(pivot < 0, -1.0, 1.0).to(u.dtype)
 
 
 def reduce(sigma: Tensor, g_metric: Tensor, r: int) -> tuple[Tensor, Tensor, float]:
@@ -73,7 +74,7 @@ def reduce(sigma: Tensor, g_metric: Tensor, r: int) -> tuple[Tensor, Tensor, flo
     m = g_half @ sigma @ g_half
     m = (m + m.mH) / 2
     w, u = torch.linalg.eigh(m)  # ascending
-    u = _canonical_phase(u[:, -r:].flip(-1))
+    u = _canonical_sign(u[:, -r:].flip(-1))
     total = float(w.real.clamp(min=0).sum())
     kept = float(w[-r:].real.clamp(min=0).sum()) / total if total > 0 else 1.0
     return g_half @ u, g_ihalf @ u, kept
@@ -391,13 +392,13 @@ def output_error(attn, captures: list[dict], targets: list[Tensor], dp=None) -> 
     return (num / den) ** 0.5 if den > 0 else 0.0
 
 
-def _global_rows(captures: list[dict]) -> list[list[int]]:
-    """Each capture's global row numbers (merge stream's "rows"; counted in order when absent)."""
+def _global_rows(captures: list[dict], parallel: bool) -> list[list[int]]:
+    """Each capture's row numbers: counted in order in one process; over ranks, the merge stream's global
+    "rows" (merging.stream.shard_batches)."""
     out, start = [], 0
     for cap in captures:
         n = cap["x"].shape[0]
-        rows = cap.get("rows")
-        out.append(list(rows) if rows is not None else list(range(start, start + n)))
+        out.append(list(cap["rows"]) if parallel else list(range(start, start + n)))
         start += n
     return out
 
@@ -417,9 +418,10 @@ def refine_rotary_keys(attn, captures: list[dict], group: list[int], cs: Tensor,
     nh, d = attn.n_heads, attn.head_dim
     kv_of = attn.kv_head_of
     heads = sorted(head_gamma)
+    parallel = dp is not None and dp.world > 1
     data = []
     with torch.no_grad():
-        for cap, rows in zip(captures, _global_rows(captures)):
+        for cap, rows in zip(captures, _global_rows(captures, parallel)):
             take = [p for p, row in enumerate(rows) if row < max_windows]
             if not take:
                 continue
@@ -452,7 +454,6 @@ def refine_rotary_keys(attn, captures: list[dict], group: list[int], cs: Tensor,
     dg = torch.zeros(g0.shape + (2,), requires_grad=True)
     opt = torch.optim.Adam([dc, dg], lr=lr)
     scale = attn.softmax_scale
-    parallel = dp is not None and dp.world > 1
     norm = 0.0
     for *_, tnorm in data:
         norm += tnorm

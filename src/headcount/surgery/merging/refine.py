@@ -30,8 +30,10 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
     every rank takes the single process's steps and keeps the same weights."""
     if steps <= 0 or not captures:
         return {}
-    slots = [cap.get("slot", b) for b, cap in enumerate(captures)]
-    n_global = n_batches if n_batches is not None else len(captures)
+    parallel = dp is not None and dp.world > 1
+    # the global batch of each capture: its position in one process, the stream's "slot" over ranks
+    slots = [cap["slot"] for cap in captures] if parallel else list(range(len(captures)))
+    n_global = n_batches if parallel and n_batches is not None else len(captures)
     if n_global <= validation:
         validation = 0
     n_fit = n_global - validation
@@ -39,7 +41,6 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
     fit = [pair for pair, slot in zip(pairs, slots) if slot < n_fit]
     val = [pair for pair, slot in zip(pairs, slots) if slot >= n_fit] if validation else fit
     fit_by_slot = {slot: pair for pair, slot in zip(pairs, slots) if slot < n_fit}
-    parallel = dp is not None and dp.world > 1
     params = [p for p in (attn.qkv_proj.weight, attn.qkv_proj.bias, attn.o_proj.weight, attn.o_proj.bias)
               if p is not None]
     flags = [p.requires_grad for p in params]
