@@ -75,9 +75,9 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     q_heads = sum(layer.attn.n_heads for layer in model.layers)
     params_before = sum(p.numel() for p in model.parameters())
     teacher = None
-    if uptrain_steps:
-        import copy
-        teacher = copy.deepcopy(model)
+    if uptrain_steps:  # uptrain trains attention only: the teacher shares every other tensor
+        from headcount.models.copying import attention_copy
+        teacher = attention_copy(model)
     quality_before, reference, by_domain_before = held_out_report(model, held_out, eval_windows, 512)
     result = merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
                       n_windows=calibration_windows, local_steps=local_steps if method == "aware" else 0,
