@@ -34,7 +34,15 @@ CANDIDATES = {
     "recon-mixed-local": dict(order="reconstruction", calibration="mixed", compensate="lstsq", ridge=0.05,
                               target="local"),
     "recon-mixed-mean": dict(order="reconstruction", calibration="mixed", compensate="mean"),
+    # the calibration size (the scale issue's time budget): the default 16 windows against 8 and 4
+    "recon-prose-lstsq-16": dict(order="reconstruction", calibration="prose", compensate="lstsq", ridge=0.05,
+                                 windows=16),
+    "recon-mixed-lstsq-16": dict(order="reconstruction", calibration="mixed", compensate="lstsq", ridge=0.05,
+                                 windows=16),
+    "recon-mixed-lstsq-4": dict(order="reconstruction", calibration="mixed", compensate="lstsq", ridge=0.05,
+                                windows=4),
 }
+MAX_WINDOWS = 16
 
 
 def ppl(model, windows) -> float:
@@ -51,11 +59,15 @@ def main() -> None:
     torch.manual_seed(0)
     base = load("smollm2")
     w, n = 512, args.windows
-    prose_cal = token_windows(base, default_corpus().texts("calibration"), window=w, max_windows=n + args.eval)
-    code_cal = token_windows(base, code_corpus().texts("calibration"), window=w, max_windows=n + args.eval)
-    calib = {"prose": prose_cal[:n], "mixed": mixed_token_windows(base, n, window=w)}
-    # validation: calibration-part windows past those any candidate fits on (mixed uses the first n/2 of each)
-    valid = {"prose": prose_cal[n:], "code": code_cal[n:]}
+    top = max(n, MAX_WINDOWS)
+    prose_cal = token_windows(base, default_corpus().texts("calibration"), window=w, max_windows=top + args.eval)
+    code_cal = token_windows(base, code_corpus().texts("calibration"), window=w, max_windows=top + args.eval)
+
+    def calib(kind: str, k: int):
+        return prose_cal[:k] if kind == "prose" else mixed_token_windows(base, k, window=w)
+
+    # validation: calibration-part windows past those any candidate fits on (mixed uses the first k/2 of each)
+    valid = {"prose": prose_cal[top:], "code": code_cal[top:]}
     held = {k: token_windows(base, v, window=w, max_windows=args.eval) for k, v in held_out_domains().items()}
     base_v = {k: ppl(base, v) for k, v in valid.items()}
     base_h = {k: ppl(base, v) for k, v in held.items()}
@@ -63,14 +75,14 @@ def main() -> None:
     names = args.only.split(",") if args.only else list(CANDIDATES)
     for name in names:
         cfg = dict(CANDIDATES[name])
-        cal = calib[cfg.pop("calibration")]
+        cal = calib(cfg.pop("calibration"), cfg.pop("windows", n))
         model = copy.deepcopy(base)
         t0 = time.perf_counter()
         res = prune_to(model, args.fraction, calibration=cal, progress=False, **cfg)
         secs = time.perf_counter() - t0
         v = {k: ppl(model, x) for k, x in valid.items()}
         h = {k: ppl(model, x) for k, x in held.items()}
-        row = {"name": name, "seconds": round(secs, 1), "forward_equivalents": res.forward_equivalents,
+        row = {"name": name, "windows": cal.shape[0], "seconds": round(secs, 1), "forward_equivalents": res.forward_equivalents,
                "valid": v, "held_out": h,
                "valid_rel": {k: round(v[k] / base_v[k] - 1, 4) for k in v},
                "held_out_rel": {k: round(h[k] / base_h[k] - 1, 4) for k in h}}
