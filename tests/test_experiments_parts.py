@@ -78,3 +78,22 @@ def test_threads_are_restored():
         assert used == 1 == torch.get_num_threads()
     assert torch.get_num_threads() == before
     assert 1 <= available_cpus()
+
+
+def test_available_cpus_counts_idle_cpu_time_not_this_process(monkeypatch):
+    """The idle share of CPU time now (this process asleep while measured) decides; the load average only
+    where /proc/stat cannot be read."""
+    import os
+
+    from headcount.experiments import train
+
+    share = train._idle_share(0.05)
+    assert share is None or 0.0 <= share <= 1.0
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(train, "_idle_share", lambda interval=0.25: 0.0)
+    assert train.available_cpus() == 1  # never fewer than one
+    monkeypatch.setattr(train, "_idle_share", lambda interval=0.25: 1.0)
+    assert train.available_cpus() == cpus
+    monkeypatch.setattr(train, "_idle_share", lambda interval=0.25: None)
+    monkeypatch.setattr(os, "getloadavg", lambda: (cpus - 1.0, 0.0, 0.0))
+    assert train.available_cpus() == 1

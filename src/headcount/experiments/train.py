@@ -122,15 +122,37 @@ def _bar(steps: int, desc: str, progress: bool):
     return tqdm(total=steps, desc=desc, leave=False, mininterval=0.5, dynamic_ncols=True)
 
 
+def _idle_share(interval: float = 0.25) -> float | None:
+    """The share of all CPUs' time spent idle over the next `interval` seconds (/proc/stat), or None. This
+    process sleeps while it is measured, so its own earlier work does not count against it (the 1-minute
+    load average would count it: a report that has just loaded its model saw 1 busy CPU of 2 that was its own)."""
+    def sample():
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+        return fields[3] + (fields[4] if len(fields) > 4 else 0), sum(fields)
+
+    try:
+        idle0, total0 = sample()
+        time.sleep(interval)
+        idle1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle1 - idle0) / (total1 - total0) if total1 > total0 else None
+
+
 def available_cpus() -> int:
     """CPUs this process may use that other processes are not already keeping busy: the CPUs in its
-    affinity mask minus the 1-minute load average (at least 1). On a shared machine a second torch
+    affinity mask times the share of CPU time that is idle right now (/proc/stat over 0.25 s; where that
+    cannot be read, minus the 1-minute load average), at least 1. On a shared machine a second torch
     thread that has no idle core spends its time spin-waiting: measured here at load average 15-24,
     a small decoder's step took 5-10x longer with 2 threads than with 1."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cpus = os.cpu_count() or 1
+    idle = _idle_share()
+    if idle is not None:
+        return max(1, min(cpus, int(cpus * idle + 0.5)))
     try:
         busy = os.getloadavg()[0]
     except (AttributeError, OSError):
