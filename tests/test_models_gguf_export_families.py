@@ -26,45 +26,16 @@ runner = CliRunner()
 
 
 # ------------------------------------------------------------------------------------------ fixtures
-def _byte_chars() -> list[str]:
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
-
-    table = bytes_to_unicode()
-    return [table[b] for b in range(256)]
-
-
 def _vocab_file(path, kind):
-    """A GGUF holding only a tokenizer of the kind the real models ship (qwen2: byte-level BPE, pre-tokenizer
-    qwen2; gemma3: SentencePiece with byte pieces, add_bos)."""
-    w = gguf.GGUFWriter(str(path), kind)
-    if kind == "qwen2":
-        tokens = _byte_chars() + ["\u0120t", "he", "<|endoftext|>"]
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("qwen2")
-        w.add_token_list(tokens)
-        w.add_token_types([1] * (len(tokens) - 1) + [3])
-        w.add_token_merges(["\u0120 t", "h e"])
-        for add in (w.add_bos_token_id, w.add_eos_token_id, w.add_pad_token_id):
-            add(len(tokens) - 1)
-        w.add_add_bos_token(False)
-    else:
-        pieces = ["<pad>", "<eos>", "<bos>", "<unk>", "\u2581", "a", "b", "c", "\u2581a", "ab", "\u2581ab", "  "]
-        tokens = pieces + [f"<0x{i:02X}>" for i in range(256)]
-        w.add_tokenizer_model("llama")
-        w.add_tokenizer_pre("default")
-        w.add_token_list(tokens)
-        w.add_token_scores([0.0] * len(tokens))
-        w.add_token_types([3, 3, 3, 2] + [1] * (len(pieces) - 4) + [6] * 256)
-        w.add_bos_token_id(2)
-        w.add_eos_token_id(1)
-        w.add_unk_token_id(3)
-        w.add_pad_token_id(0)
-        w.add_add_bos_token(True)
-        w.add_add_space_prefix(False)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    """A GGUF holding only a tokenizer of the kind the real models ship: the one tools/llamacpp_archs.py runs in
+    llama.cpp (qwen2: byte-level BPE, pre-tokenizer qwen2; gemma3: SentencePiece with byte pieces, add_bos)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from llamacpp_archs import tokenizer_gguf
+
+    tokenizer_gguf(path, kind)
     return path
 
 

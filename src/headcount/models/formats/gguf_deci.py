@@ -60,7 +60,7 @@ from headcount.models.formats.gguf import (GGUFError, dequantized, field, open_r
                                           token_ids, tokenizer_backend, tokenizer_info)
 from headcount.models.formats.gguf_own import check_gemma3, own_file, qwen2_misfit, window_layers
 from headcount.models.formats.gguf_write import (DTYPES, check_gguf_path, display_name, finish, group_layout,
-                                                 numpy32, rows, source_gguf, tokenizer_fields, tokenizer_source,
+                                                 mlp_tensors, numpy32, output_tensors, rows, source_gguf, tokenizer_fields, tokenizer_source,
                                                  write_gguf)
 
 __all__ = ["ARCH", "DTYPES", "check_gguf_path", "choose_architecture", "display_name", "export_gguf", "group_layout",
@@ -331,16 +331,10 @@ def _written_tensors(model, dtype: str) -> tuple[dict[str, np.ndarray], list[int
             out[b + "attn_v.bias"] = numpy32(bias[v_rows])
         if attn.o_proj.bias is not None:
             out[b + "attn_output.bias"] = numpy32(attn.o_proj.bias)
-        gu = layer.mlp.gate_up_proj.weight
-        out[b + "ffn_norm.weight"] = numpy32(layer.mlp_norm.weight)
-        out[b + "ffn_gate.weight"] = numpy32(gu[:ff])
-        out[b + "ffn_up.weight"] = numpy32(gu[ff:])
-        out[b + "ffn_down.weight"] = numpy32(layer.mlp.down_proj.weight)
+        mlp_tensors(out, b, layer, ff)
         heads.append(nh)
         kv_heads.append(n_slots)
-    out["output_norm.weight"] = numpy32(model.norm.weight)
-    if not cfg.tie_embeddings:
-        out["output.weight"] = numpy32(model.lm_head.weight)
+    output_tensors(out, model)
     return finish(out, dtype), heads, kv_heads
 
 

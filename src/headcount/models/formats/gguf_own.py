@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-from headcount.models.formats.gguf_write import finish, group_layout, numpy32, rows
+from headcount.models.formats.gguf_write import finish, group_layout, mlp_tensors, numpy32, output_tensors, rows
 
 ARCHITECTURES = ("qwen2", "gemma3")
 _ALTERNATIVES = ("prune with the same number of query heads in every layer (`headcount prune --uniform`, or "
@@ -177,14 +177,8 @@ def own_file(model, arch: str, dtype: str) -> tuple[list[tuple], dict[str, np.nd
             out[b + "attn_k_norm.weight"] = numpy32(attn.k_norm.weight)
             out[b + "post_attention_norm.weight"] = numpy32(layer.post_attn_norm.weight)
             out[b + "post_ffw_norm.weight"] = numpy32(layer.post_mlp_norm.weight)
-        gu = layer.mlp.gate_up_proj.weight
-        out[b + "ffn_norm.weight"] = numpy32(layer.mlp_norm.weight)
-        out[b + "ffn_gate.weight"] = numpy32(gu[:ff])
-        out[b + "ffn_up.weight"] = numpy32(gu[ff:])
-        out[b + "ffn_down.weight"] = numpy32(layer.mlp.down_proj.weight)
-    out["output_norm.weight"] = numpy32(model.norm.weight)
-    if not cfg.tie_embeddings:
-        out["output.weight"] = numpy32(model.lm_head.weight)
+        mlp_tensors(out, b, layer, ff)
+    output_tensors(out, model)
 
     p = f"{arch}."
     nh, nkv = counts[0]

@@ -64,6 +64,22 @@ def numpy32(t) -> np.ndarray:
     return t.detach().to("cpu", torch.float32).contiguous().numpy()
 
 
+def mlp_tensors(out: dict[str, np.ndarray], prefix: str, layer, ff: int) -> None:
+    """A layer's gated MLP under llama.cpp's names (the same in llama, deci, qwen2 and gemma3 files)."""
+    gu = layer.mlp.gate_up_proj.weight
+    out[prefix + "ffn_norm.weight"] = numpy32(layer.mlp_norm.weight)
+    out[prefix + "ffn_gate.weight"] = numpy32(gu[:ff])
+    out[prefix + "ffn_up.weight"] = numpy32(gu[ff:])
+    out[prefix + "ffn_down.weight"] = numpy32(layer.mlp.down_proj.weight)
+
+
+def output_tensors(out: dict[str, np.ndarray], model) -> None:
+    """The final norm and, unless it is tied to the embedding, the output matrix."""
+    out["output_norm.weight"] = numpy32(model.norm.weight)
+    if not model.config.tie_embeddings:
+        out["output.weight"] = numpy32(model.lm_head.weight)
+
+
 def finish(out: dict[str, np.ndarray], dtype: str) -> dict[str, np.ndarray]:
     """f16: 2-D weights rounded to float16 (norms and biases stay F32, as llama.cpp's converter does);
     every tensor checked finite."""
