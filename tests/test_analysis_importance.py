@@ -198,6 +198,28 @@ def test_reconstruction_finds_a_duplicated_head_free_to_remove():
         assert vals == sorted(vals)
 
 
+def test_reconstruction_output_moments_equal_the_sums_over_captured_outputs():
+    """X1^T Y and Y^T Y are derived from X1^T X1 and o_proj's weights (not summed per layer during the backward):
+    they equal the sums over o_proj's captured outputs, bias included."""
+    from headcount.analysis.head_importance import _own_output_moments
+
+    model = tiny_decoder(6, n_kv_heads=4, n_layers=2)
+    attn = model.layers[1].attn
+    attn.o_proj.bias = torch.nn.Parameter(torch.randn(attn.o_proj.out_features, dtype=torch.float64))
+    ids = torch.randint(0, 40, (3, 10))
+    seen = {}
+    hook = attn.o_proj.register_forward_hook(lambda m, args, out: seen.update(x=args[0], y=out))
+    with torch.no_grad():
+        model(ids)
+    hook.remove()
+    x = seen["x"].reshape(-1, seen["x"].shape[-1]).double()
+    y = seen["y"].reshape(-1, seen["y"].shape[-1]).double()
+    x1 = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
+    xty, yty = _own_output_moments(attn, x1.T @ x1)
+    torch.testing.assert_close(xty, x1.T @ y, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(yty, (y * y).sum(0), rtol=1e-9, atol=1e-9)
+
+
 def test_headscores_json_order_and_spearman():
     s = torch.tensor([[0.5, 0.1, 0.1], [0.2, float("nan"), float("nan")]])
     hs = HeadScores(s, "gradient", "a text", 12, (3, 1), ((0, 1, 2), (2,)), info={"x": 1})
