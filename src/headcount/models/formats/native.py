@@ -118,13 +118,13 @@ def _tensors(model) -> dict[str, torch.Tensor]:
             continue  # tied: rebuilt by the model's constructor
         if key is not None:
             seen[key] = name
-        out[name] = t.detach().to("cpu").contiguous().clone()
+        out[name] = t.detach()  # no copy: write_safetensors writes one tensor at a time
     return out
 
 
 def write(model, directory: str | Path, *, force: bool = False) -> Path:
     """Save `model` (a headcount Decoder / Encoder, pruned or not) to `directory`; see the module doc."""
-    from safetensors.torch import save_file
+    from headcount.models.formats.tensors import write_safetensors
 
     directory = Path(directory).expanduser()
     if directory.exists() and not force:
@@ -150,7 +150,7 @@ def write(model, directory: str | Path, *, force: bool = False) -> Path:
     parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=parent))
     try:
-        save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        write_safetensors(tmp / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
         if tok is not None:
             tok.backend.save(str(tmp / TOKENIZER_FILE))
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1) + "\n")
@@ -305,15 +305,14 @@ def check_out(directory: Path, force: bool) -> None:
 
 def write_dir(directory: Path, files: dict[str, object]) -> Path:
     """files: name -> dict of tensors (.safetensors) | dict (JSON) | callable(path) writer."""
-    from safetensors.torch import save_file
+    from headcount.models.formats.tensors import write_safetensors
 
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
         for name, content in files.items():
             if name.endswith(".safetensors"):
-                save_file({k: v.detach().cpu().contiguous().clone() for k, v in content.items()}, str(tmp / name),
-                          metadata={"format": "pt"})
+                write_safetensors(tmp / name, content, metadata={"format": "pt"})  # one tensor at a time
             elif callable(content):
                 content(tmp / name)
             else:
