@@ -58,3 +58,10 @@ def test_out_is_a_file(tmp_path):
 def test_commands_are_registered(command, words):
     r = _run(command, "--help")
     assert r.exit_code == 0 and words in r.output
+
+
+@pytest.mark.parametrize("flag,value,needle", [("--dtype", "fp8", "fp32, bf16, fp16"), ("--device", "tpu", "--device")])
+def test_bad_dtype_or_device_is_one_line_before_any_work(tmp_path, flag, value, needle):
+    r = _run("report", "--model", "smollm2", flag, value, "--out", str(tmp_path / "rep"))
+    _one_line_error(r, "headcount report:", flag, needle)
+    assert not (tmp_path / "rep").exists()

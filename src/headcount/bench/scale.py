@@ -67,7 +67,7 @@ def command(step: str, model: str, dtype: str, out: Path, *, windows: int | None
         return base + ["prune", "--model", model, "--dtype", dtype, "--fraction", "0.2", "--out",
                        str(out / "pruned"), "--force", "--json"] + extra
     if step == "report":
-        return base + ["report", "--model", model, "--out", str(out / "report")]
+        return base + ["report", "--model", model, "--dtype", dtype, "--out", str(out / "report")]
     raise ValueError(f"step: expected one of {', '.join(STEPS)}, got {step!r}")
 
 
@@ -183,8 +183,6 @@ def run(models=MODELS, steps=STEPS, dtypes=("fp32",), *, windows: int | None = N
     for model in models:
         for dtype in dtypes:
             for step in steps:
-                if step == "report" and dtype != dtypes[0]:
-                    continue  # the report has no --dtype: measured once
                 s = run_step(step, model, dtype, windows=windows, timeout=timeout)
                 result.steps.append(s)
                 if progress is not None:
