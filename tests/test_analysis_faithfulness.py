@@ -104,6 +104,17 @@ def test_adversarial_search_stays_within_epsilon(epsilon):
     assert torch.all(js_divergence(found["attention"], found["original"]) >= found["jsd"] - 1e-6)
 
 
+def test_adversarial_search_runs_on_a_bf16_model():
+    """The free vector is float32; the additive mask it becomes is the model's dtype (a bf16 model's attention
+    refuses a float32 mask): the search runs, stays within a bf16-sized epsilon and finds other attention."""
+    model = tiny_decoder().to(torch.bfloat16)
+    ids = torch.randint(0, 40, (10,))
+    found, rows = adversarial_search(model, ids, [1], epsilon=0.05, steps=8, lr=0.5, penalty=10.0, seed=0)
+    assert rows == [(1, h) for h in range(4)]
+    assert torch.isfinite(found["jsd"]).all() and torch.all(found["tv"] <= 0.05 + 1e-3)
+    assert float(found["jsd"].max()) > 0.0
+
+
 def test_faithfulness_on_smollm2_small(smollm2):
     from headcount.analysis import faithfulness
     text = ("The cat sat on the mat because it was warm. The dog slept by the door while the rain fell. "

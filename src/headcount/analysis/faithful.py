@@ -168,8 +168,11 @@ def adversarial_search(model, ids: Tensor, layers: list[int], *, epsilon: float,
         sel = (row_layer == layer).nonzero().flatten()
 
         def pre(module, args, kwargs):
-            mask = torch.zeros(b, module.n_heads, 1, n, device=dev, dtype=state["delta"].dtype)
-            mask = mask.index_put((sel, row_head[sel], torch.zeros_like(sel)), state["delta"][sel])
+            # the free vector stays float32 (what Adam steps); the mask is in the model's dtype (a bf16 model's
+            # attention takes a bf16 additive mask), the cast differentiable
+            dtype = args[0].dtype if args and torch.is_floating_point(args[0]) else state["delta"].dtype
+            mask = torch.zeros(b, module.n_heads, 1, n, device=dev, dtype=dtype)
+            mask = mask.index_put((sel, row_head[sel], torch.zeros_like(sel)), state["delta"][sel].to(dtype))
             kwargs = dict(kwargs)
             kwargs["attn_mask"] = mask
             kwargs["need_weights"] = True
