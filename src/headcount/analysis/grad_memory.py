@@ -34,6 +34,23 @@ BUDGET_OF_WEIGHTS = 0.1  # 0.25 put gradient importance on the 1.5B at 1.71 x it
 _PROBE_MAX = 128  # the longest probe sequence
 
 
+def release_free_memory() -> None:
+    """Hand the memory a finished backward freed back to the OS (glibc's malloc_trim; nothing elsewhere).
+
+    glibc keeps freed blocks in its heap, and the next batch's tensors do not always fit the holes, so the
+    process's resident size climbs batch after batch although the live tensors do not: measured on
+    qwen2.5-coder-0.5b in bf16, the reconstruction order peaked at 3.66 GB, 3.41 GB when trimmed after each
+    batch, at the same speed (39 s)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim
+        pass
+
+
 def weight_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 

@@ -242,6 +242,7 @@ def _gradient(model, batches, hpl, group: _Group, probes: int, progress: bool):
                             sums[i, :n] += (0.5 * per_sentence ** 2).sum(0).cpu() / (
                                 1 if probes is None else probes)
                     count += batch.size
+            grad_memory.release_free_memory()  # what the batch's backward freed
             bar.update(1)
     sums, count = group.sum(sums.to(model.embed.weight.device)).cpu(), float(group.sum(count.to(sums.device)))
     return sums / count, count
@@ -359,6 +360,7 @@ def _reconstruction_stats(model, batches, hpl, group: _Group, probes: int, progr
                         parts += [x1.T @ g[0], (g[0] * y).sum()]
                     acc[i] = parts if i not in acc else [a + b for a, b in zip(acc[i], parts)]
                     del x, x1, g
+            grad_memory.release_free_memory()  # what the batch's backward freed
             bar.update(1)
     result = {}
     for i in range(n_layers):
