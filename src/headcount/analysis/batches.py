@@ -53,24 +53,19 @@ def token_windows(model, texts: str | Sequence[str] | None = None, *, window: in
     a last partial window is dropped so every row has the same length. Where the model opens sequences
     with BOS (Gemma 3, evaluation.bos_id), every row is BOS + the next window - 1 stream tokens.
     """
-    from headcount.models.evaluation import bos_id, token_stream
+    from headcount.models.evaluation import bos_id, token_stream, windows
     if isinstance(window, bool) or not isinstance(window, int) or window < 2:
         raise ValueError(f"window: expected an int >= 2, got {window!r}")
     if window > model.config.max_position:
         raise ValueError(f"window: {window} tokens is past the model's context of {model.config.max_position}")
     ids = token_stream(model, resolve_texts(texts, part))
-    bos = bos_id(model)
-    step = window if bos is None else window - 1
-    n = len(ids) // step
+    rows = [w for w in windows(ids, window, bos_id(model)) if len(w) == window]  # the perplexity's windows
     if max_windows is not None:
-        n = min(n, max_windows)
-    if n == 0:
+        rows = rows[:max_windows]
+    if not rows:
         raise ValueError(f"texts: {len(ids)} tokens is less than one window of {window}; "
                          "give more text or a smaller window")
-    rows = torch.tensor(ids[:n * step], dtype=torch.long).view(n, step)
-    if bos is not None:
-        rows = torch.cat([torch.full((n, 1), bos, dtype=torch.long), rows], dim=1)
-    return rows
+    return torch.tensor(rows, dtype=torch.long)
 
 
 def mixed_texts(part: str = "calibration") -> list[str]:

@@ -243,8 +243,9 @@ def write_safetensors(path: str | Path, tensors: Mapping[str, Tensor], metadata:
     try:
         for v in tensors.values():
             writer.write([v])
-    finally:
-        writer.f.close()
+    except BaseException:
+        writer.f.close()  # the error that stopped the writing is the one to see, not close()'s count
+        raise
     writer.close()
 
 

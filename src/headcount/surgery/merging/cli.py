@@ -33,10 +33,9 @@ JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv
              "kv_bytes_per_token_after", "ppl_before", "ppl_after")
 
 
-# The defaults a user runs (issue 15: <= 3 minutes for every layer of smollm2 to MQA on 2 cores). Measured on
-# smollm2, every layer MQA, mixed calibration, held-out prose / code / source (2 windows each; base 17.1 / 38.9
-# / 12.4): 8 windows x 80 steps 33.1 / 188.7 / 54.9 in 111 s; 16 windows x 60 steps 28.0 / 74.2 / 48.4 in 119 s.
-# More windows buy more than more steps, code most of all.
+# The defaults a user runs (issue 15: <= 3 minutes for every layer of smollm2 to MQA on 2 cores): more windows
+# bought more than more steps, code most of all. `headcount merge-kv --model smollm2 --kv-heads 1 --json` prints
+# what they reach (docs/scale.md: 2 min 10 s; prose / code / source 45.4 / 49.9 / 29.0, base 16.5 / 24.4 / 9.1).
 CALIBRATION_WINDOWS = 16
 LOCAL_STEPS = 60
 EVAL_WINDOWS = 4

@@ -415,7 +415,7 @@ def refine_rotary_keys(attn, captures: list[dict], group: list[int], cs: Tensor,
     takes the ones it holds); with dp the loss and its gradients are summed over the ranks (float64) before
     each Adam step, so every rank takes the same steps as one process.
     """
-    nh, d = attn.n_heads, attn.head_dim
+    d = attn.head_dim
     kv_of = attn.kv_head_of
     heads = sorted(head_gamma)
     parallel = dp is not None and dp.world > 1

@@ -212,9 +212,8 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     change.
 
     batch_size: calibration windows per batch (decoders). Each local-reconstruction step takes one batch, so
-    one window per batch makes a step a quarter of the cost it had with four, for the same number of steps:
-    measured on smollm2 (every layer MQA, 16 mixed windows), 60 one-window steps per layer reach held-out
-    prose 28.0 in 2 minutes, where 100 four-window steps on prose reached 27.3 in more than 15."""
+    one window per batch makes a step a quarter of the cost it had with four, for the same number of steps
+    (what `headcount merge-kv`'s defaults rely on; docs/scale.md has the measurements)."""
     from headcount.distributed import DataParallel
 
     dp = DataParallel(group)
@@ -260,7 +259,8 @@ def _forward_equivalents(model, result: MergeResult) -> float:
     runs each merged layer twice on the merged stream (capture, then advance) and, for targets "stream" /
     "residual", once on the original stream; each local-reconstruction step is a forward and a backward of
     one attention module on one calibration batch (attention's share of a layer taken by parameters),
-    plus ten validation checks per layer."""
+    plus ten validation checks per layer and, after the steps, one attention pass over every batch (the o_proj
+    refit that follows them)."""
     n_layers = len(model.layers)
     passes = 2.0 + (0.0 if result.options.get("target") == "local" else 1.0)
     steps = int(result.options.get("local_steps") or 0)
@@ -272,7 +272,8 @@ def _forward_equivalents(model, result: MergeResult) -> float:
             layer = model.layers[info.layer]
             attn = sum(p.numel() for p in layer.attn.parameters())
             share = attn / max(1, sum(p.numel() for p in layer.parameters()))
-            local += (3.0 * steps + 10.0) * share / n_batches / n_layers
+            local += ((3.0 * steps + 10.0) / n_batches + (1.0 if result.options.get("refit") else 0.0)) \
+                * share / n_layers
     return passes * len(result.layers) / n_layers + local
 
 
