@@ -88,6 +88,29 @@ def test_perplexity_never_builds_the_full_logits(model, monkeypatch):
     assert abs(result.perplexity - math.exp(want_nll)) / math.exp(want_nll) <= 1e-6
 
 
+def test_gradient_chunks_are_a_quarter_of_the_inference_chunks(model, monkeypatch):
+    """With gradients a chunk's backward holds about four [chunk, vocab] tensors: the default chunk is smaller."""
+    monkeypatch.setattr(decoder_module, "LOGIT_ELEMENTS", 16 * VOCAB)
+    monkeypatch.setattr(decoder_module, "LOGIT_ELEMENTS_GRAD", 4 * VOCAB)
+    ids = _ids(2, 20)
+    hidden = model(ids, compute_logits=False).hidden_states.detach()[:, :-1]
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda m, args, out: rows.append(out.reshape(-1, VOCAB).shape[0]))
+    try:
+        with torch.no_grad():
+            plain = chunked_nll(hidden, ids[:, 1:], model.lm_head)
+        assert max(rows) == 16
+        rows.clear()
+        leaf = hidden.clone().requires_grad_(True)
+        graded = chunked_nll(leaf, ids[:, 1:], model.lm_head)
+        graded.sum().backward()
+    finally:
+        hook.remove()
+    assert max(rows) == 4  # the forward's chunks and their recomputation in the backward
+    assert (graded.detach() - plain).abs().max().item() <= 1e-5
+    assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+
+
 def test_default_chunk_follows_the_vocabulary():
     head = torch.nn.Linear(8, 262_144, bias=False, device="meta")
     assert decoder_module.LOGIT_ELEMENTS // 262_144 == 128  # Gemma 3: 128 positions (128 MiB of fp32) a call

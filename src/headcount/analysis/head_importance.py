@@ -321,11 +321,13 @@ def _own_output_moments(attn, xtx: Tensor) -> tuple[Tensor, Tensor]:
 
 def _reconstruction_stats(model, batches, hpl, group: _Group, probes: int, progress: bool,
                           first_order: bool = True):
-    """Per layer: GramStats of o_proj (inputs x targets = its own outputs), the Fisher diagonal F [d_model]
-    of the loss w.r.t. the layer's attention output and, when `first_order`, X1^T G [D+1, d_model] and sum g.y.
+    """Per layer, summed over tokens in float64 (and over ranks): [X1^T X1 packed (_upper), the Fisher diagonal
+    F [d_model] of the loss w.r.t. the layer's attention output, the token count] and, when `first_order`,
+    [X1^T G [D+1, d_model], sum g.y]. _layer_stats turns one layer's into GramStats.
 
-    Only X1^T X1 is summed over tokens (float64): o_proj's targets are its own outputs, so X1^T Y and Y^T Y
-    follow from it and the weights (_own_output_moments)."""
+    Only X1^T X1 is summed over tokens: o_proj's targets are its own outputs, so X1^T Y and Y^T Y follow from
+    it and the weights (_own_output_moments). It is kept as its upper triangle (half the bytes: 0.26 GB for
+    every layer of the 1.5B model), and the order unpacks one layer at a time."""
     decoder = objectives.is_decoder(model)
     first_order = first_order and decoder
     n_layers = len(hpl)
@@ -352,27 +354,46 @@ def _reconstruction_stats(model, batches, hpl, group: _Group, probes: int, progr
                         x, g = x[tokens], [gg[tokens] for gg in g]
                     x1 = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype, device=x.device)], 1)
                     fisher = sum((gg ** 2).sum(0) for gg in g) / len(g)
-                    parts = [x1.T @ x1, fisher,
+                    parts = [_upper(x1.T @ x1), fisher,
                              torch.tensor(float(x.shape[0]), dtype=torch.float64, device=x.device)]
                     if first_order:
                         y = out[i].detach().reshape(-1, out[i].shape[-1]).double()
                         y = y[tokens] if tokens is not None else y
                         parts += [x1.T @ g[0], (g[0] * y).sum()]
-                    acc[i] = parts if i not in acc else [a + b for a, b in zip(acc[i], parts)]
-                    del x, x1, g
+                    if i in acc:
+                        for a, b in zip(acc[i], parts):
+                            a.add_(b)
+                    else:
+                        acc[i] = parts
+                    del x, x1, g, parts
             grad_memory.release_free_memory()  # what the batch's backward freed
             bar.update(1)
-    result = {}
-    for i in range(n_layers):
-        summed = [group.sum(t) for t in acc.pop(i)]
-        xtx, fisher, n = summed[:3]
-        xty, yty = _own_output_moments(model.layers[i].attn, xtx)
-        if first_order:
-            xtg, gy = summed[3].cpu(), float(summed[4])
-        else:
-            xtg, gy = None, 0.0
-        result[i] = (GramStats(xtx.cpu(), xty.cpu(), yty.cpu(), int(n)), fisher.cpu(), xtg, gy)
-    return result
+    return {i: [group.sum(t).cpu() for t in acc.pop(i)] for i in range(n_layers)}  # summed over ranks, packed
+
+
+def _upper(a: Tensor) -> Tensor:
+    """The upper triangle of a symmetric [n, n] matrix, row by row, as one [n (n + 1) / 2] vector."""
+    n = a.shape[0]
+    rows, cols = torch.triu_indices(n, n, device=a.device)
+    return a[rows, cols]
+
+
+def _symmetric(packed: Tensor) -> Tensor:
+    """The [n, n] symmetric matrix whose upper triangle `packed` holds (the inverse of _upper)."""
+    n = int(round(((8 * packed.numel() + 1) ** 0.5 - 1) / 2))
+    rows, cols = torch.triu_indices(n, n, device=packed.device)
+    out = packed.new_empty(n, n)
+    out[rows, cols] = packed
+    out[cols, rows] = packed
+    return out
+
+
+def _layer_stats(attn, sums: list, first_order: bool):
+    """One layer's (GramStats, fisher, X1^T G, sum g.y) from its packed sums (_reconstruction_stats)."""
+    xtx = _symmetric(sums[0])
+    xty, yty = _own_output_moments(attn, xtx)
+    xtg, gy = (sums[3], float(sums[4])) if first_order else (None, 0.0)
+    return GramStats(xtx, xty, yty, int(sums[2])), sums[1], xtg, gy
 
 
 def _first_order(stats: GramStats, heads: list[list[int]], xtg: Tensor, gy: float, lam: float) -> Tensor:
@@ -413,7 +434,7 @@ def _reconstruction(model, batches, hpl, group: _Group, probes: int, ridge: floa
     n_tokens = 0
     dh = model.layers[0].attn.head_dim
     for i, n in enumerate(hpl):
-        stats, fisher, xtg, gy = per_layer[i]
+        stats, fisher, xtg, gy = _layer_stats(model.layers[i].attn, per_layer.pop(i), estimator in ("first", "both"))
         n_tokens = stats.n_tokens
         norm = max(stats.n_tokens, 1)
         weights = 0.5 * fisher / norm  # 1/2 F_j (per token) per output dim
@@ -487,7 +508,7 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
     if probes is not None:
         _check_int("probes", probes)
     if batch_size is None:
-        batch_size = (2 if method in ("gradient", "reconstruction") else 1) if decoder else 32
+        batch_size = 1 if decoder else 32  # decoders: one window a batch (a backward keeps half of two's activations)
     _check_int("batch_size", batch_size)
     if heads_per_forward is None:  # every head of a layer in one forward
         heads_per_forward = max(layer.attn.n_heads for layer in model.layers)

@@ -46,6 +46,9 @@ POSITIONS = ("rotary", "learned")
 FULL, SLIDING = "full_attention", "sliding_attention"  # transformers' spelling of config.layer_types
 LAYER_TYPES = (FULL, SLIDING)
 LOGIT_ELEMENTS = 1 << 25  # chunked_nll's default budget: chunk = LOGIT_ELEMENTS // vocab positions (128 MiB fp32)
+# ... and with gradients, where a chunk's backward holds about four [chunk, vocab] fp32 tensors at once (the
+# recomputed logits, their log-softmax, and the two gradients): 32 MiB each
+LOGIT_ELEMENTS_GRAD = 1 << 23
 
 
 @dataclass
@@ -259,15 +262,17 @@ def chunked_nll(hidden: Tensor, targets: Tensor, lm_head: nn.Module, *, chunk: i
 
     No [T, vocab] tensor is ever built: each chunk of logits is consumed by cross_entropy and freed.
     With gradients, each chunk is checkpointed (its logits recomputed in backward), so training through
-    it holds one chunk of logits too. chunk None = LOGIT_ELEMENTS // vocab positions (128 MiB of fp32).
+    it holds one chunk of logits too. chunk None = LOGIT_ELEMENTS // vocab positions (128 MiB of fp32), a
+    quarter of that with gradients (LOGIT_ELEMENTS_GRAD: the backward of a chunk holds about four such tensors).
     Positions are independent, so the values do not depend on `chunk` (up to the matmul's blocking).
     """
     if hidden.shape[:-1] != targets.shape:
         raise ValueError(f"targets: expected shape {list(hidden.shape[:-1])} (hidden's without d_model), "
                          f"got {list(targets.shape)}")
     vocab = lm_head.weight.shape[0]
+    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
     if chunk is None:
-        chunk = max(1, LOGIT_ELEMENTS // vocab)
+        chunk = max(1, (LOGIT_ELEMENTS_GRAD if grad else LOGIT_ELEMENTS) // vocab)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk: expected a positive int or None, got {chunk!r}")
     flat_h = hidden.reshape(-1, hidden.shape[-1])
@@ -277,7 +282,6 @@ def chunked_nll(hidden: Tensor, targets: Tensor, lm_head: nn.Module, *, chunk: i
         # [N, vocab] rows: log-softmax over the last dim (a non-last dim is less accurate in torch)
         return F.cross_entropy(lm_head(h).float(), t, reduction="none", ignore_index=ignore_index)
 
-    grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
     parts = []
     for start in range(0, flat_t.shape[0], chunk):
         h, t = flat_h[start:start + chunk], flat_t[start:start + chunk]
