@@ -54,9 +54,11 @@ def test_bad_input_against_the_model(args, match, tmp_path):
 def test_merge_one_layer_json_save_and_reload(tmp_path):
     out = tmp_path / "merged"
     result = runner.invoke(app, ["merge-kv", "--kv-heads", "2", "--layers", "1", "--calibration-windows", "2",
-                                 "--local-steps", "10", "--eval-windows", "1", "--out", str(out), "--json"])
+                                 "--local-steps", "10", "--eval-windows", "1", "--uptrain-steps", "2", "--out", str(out),
+                                 "--json"])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.output[result.output.index("{"):])
+    # the JSON object, then the uptrain's one-line summary (stderr, mixed into the runner's output)
+    data = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])[0]
     # issue 7's keys, plus issue 15's cost (forward_equivalents, seconds) and issue 16's held-out domains
     assert set(data) == KEYS | {"forward_equivalents", "seconds", "ppl_by_domain_before", "ppl_by_domain_after"}
     assert set(data["ppl_by_domain_before"]) == {"prose", "code", "source"}
@@ -75,3 +77,35 @@ def test_merge_one_layer_json_save_and_reload(tmp_path):
     with torch.no_grad():
         logits = model(ids).logits
     assert torch.isfinite(logits).all()
+
+
+def test_uptrain_windows_cuts_the_calibration_windows_in_order():
+    from headcount.surgery.merging.cli import uptrain_windows
+
+    windows = torch.arange(2 * 512).view(2, 512)
+    pieces = uptrain_windows(windows, 256)
+    assert pieces.shape == (4, 256)
+    assert torch.equal(pieces[1], windows[0, 256:]) and torch.equal(pieces[2], windows[1, :256])
+    assert uptrain_windows(windows[:, :300], 256).shape == (2, 300)  # not a multiple: left whole
+    assert uptrain_windows(windows[:, :256], 256).shape == (2, 256)
+
+
+def test_default_uptrain_runs_on_the_merge_windows_and_is_counted(monkeypatch):
+    from headcount.surgery.merging import cli
+
+    monkeypatch.setattr(cli, "UPTRAIN_STEPS", 2)  # the default's path, with a test's step count
+    out = cli.run_merge("smollm2", 2, layers=[1], calibration_windows=2, local_steps=0, eval_windows=1)
+    data, extra = out["json"], out["extra"]
+    up = extra["uptrain"]
+    assert up["steps"] == 2 and up["objective"] == "kl_to_teacher"
+    assert up["tokens"] == 2 * cli.UPTRAIN_WINDOW  # one piece of a calibration window per step
+    # forward-equivalents over the merge's 2 x 512 calibration tokens: the student's forward and backward (3)
+    # and the teacher's forward (1) on every uptrain token, added to the merge's own count
+    merge = extra["merge"]
+    assert merge["calibration_tokens"] == 2 * 512
+    expected = merge["forward_equivalents"] + 4 * 2 * cli.UPTRAIN_WINDOW / (2 * 512)
+    assert abs(data["forward_equivalents"] - expected) < 0.01
+    assert data["seconds"] >= round(merge["seconds"], 1)
+    # the mean-pooling merge gets no uptrain unless asked for
+    mean = cli.run_merge("smollm2", 1, method="mean", layers=[1], eval_windows=1)
+    assert mean["extra"]["uptrain"] is None

@@ -35,6 +35,7 @@ def test_uptrain_lowers_calibration_loss_and_trains_only_attention():
     assert after < before - 0.3
     assert result.loss_last < result.loss_first
     assert len(result.losses) == 20 and result.tokens == 20 * 2 * 16
+    assert result.token_forwards == 3 * result.tokens  # a forward and a backward (two forwards) per token
     assert result.trainable_params == sum(p.numel() for n, p in model.named_parameters() if ".attn." in n)
     for n, p in model.named_parameters():
         if n in frozen:
@@ -60,6 +61,7 @@ def test_uptrain_with_a_teacher_moves_towards_it():
     result = uptrain(student, 12, lr=5e-3, calibration=windows, batch_size=2, window=16, teacher=teacher,
                      progress=False)
     assert result.objective == "kl_to_teacher"
+    assert result.token_forwards == 4 * 12 * 2 * 16  # and the teacher's forward
     assert kl() < 0.7 * before
 
 

@@ -15,7 +15,8 @@ Under torchrun (`torchrun --nproc-per-node N -m headcount merge-kv ...`, issue 1
 are split over the ranks and the merge's sums all-reduced (merge_kv(group=)): every rank computes the same
 merged model; rank 0 alone prints and writes --out, at the end. Errors are one line prefixed with the rank;
 a rank that dies makes the others' next collective fail within --timeout, one line each, nothing written.
-More ranks than calibration windows: exit 2 before loading. --uptrain-steps runs in one process only.
+More ranks than calibration windows: exit 2 before loading. The uptrain is not split over the ranks: each runs
+the same steps on the same windows (what one process does), so its seconds are not divided by the ranks.
 """
 
 from __future__ import annotations
@@ -33,12 +34,17 @@ JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv
              "kv_bytes_per_token_after", "ppl_before", "ppl_after")
 
 
-# The defaults a user runs (issue 15: <= 3 minutes for every layer of smollm2 to MQA on 2 cores): more windows
-# bought more than more steps, code most of all. `headcount merge-kv --model smollm2 --kv-heads 1 --json` prints
-# what they reach (docs/scale.md: 2 min 10 s; prose / code / source 45.4 / 49.9 / 29.0, base 16.5 / 24.4 / 9.1).
+# The defaults a user runs (issue 15: <= 3 minutes for every layer of smollm2 to MQA on 2 cores), chosen on
+# validation windows of the calibration text by benchmarks/merge_defaults.py (docs/merging.md has its table):
+# the per-layer merge, then a short distillation from the unmerged model on the same calibration windows, which
+# corrects what the layers' errors do together. `headcount merge-kv --model smollm2 --kv-heads 1 --json` prints
+# what they reach (docs/scale.md).
 CALIBRATION_WINDOWS = 16
 LOCAL_STEPS = 60
 EVAL_WINDOWS = 4
+UPTRAIN_STEPS = 20  # the default of --uptrain-steps for an aware merge of a decoder (0 otherwise)
+UPTRAIN_LR = 3e-4
+UPTRAIN_WINDOW = 256  # the uptrain's windows: the calibration windows cut into pieces of this many tokens
 
 
 def parse_layers(text: Optional[str]) -> Optional[list[int]]:
@@ -64,15 +70,26 @@ def _torchrun_world() -> int:
     return env_world_size()
 
 
-def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=None, uptrain_steps: int = 0,
-              uptrain_lr: float = 1e-4, out: Optional[Path] = None, force: bool = False, text: Optional[Path] = None,
+def uptrain_windows(windows, width: int = UPTRAIN_WINDOW):
+    """The calibration windows [N, T] cut into [N * T / width, width] pieces for the uptrain (unchanged when T
+    is not a multiple of width or is at most width)."""
+    n, t = windows.shape
+    return windows.reshape(n * t // width, width) if t > width and t % width == 0 else windows
+
+
+def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=None,
+              uptrain_steps: Optional[int] = None, uptrain_lr: float = UPTRAIN_LR, out: Optional[Path] = None,
+              force: bool = False, text: Optional[Path] = None,
               calibration_windows: int = CALIBRATION_WINDOWS, eval_windows: int = EVAL_WINDOWS,
               local_steps: int = LOCAL_STEPS, dtype: str = "fp32",
               device: str = "cpu", group=None, main: bool = True) -> dict | None:
     """Load, validate, measure, merge, (uptrain), measure, save: the command's work, as data.
 
+    uptrain_steps: None = UPTRAIN_STEPS for an aware merge of a decoder, 0 otherwise. The uptrain distils from
+    the unmerged model on the merge's own calibration windows (decoders: cut into UPTRAIN_WINDOW-token pieces).
+
     group: a process group to split the calibration over (torchrun); only `main` (rank 0) saves, and the
-    other ranks return None."""
+    other ranks return None. The uptrain is not split: every rank runs the same one (one process's steps)."""
     from headcount.models.options import check_finite, load_model
     from headcount.surgery.cli_common import calibration_and_held_out, held_out_report
     from headcount.surgery.merging.kv_merge import _targets, merge_kv
@@ -83,20 +100,35 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     heads_before = sum(layer.attn.n_kv_heads for layer in model.layers)
     q_heads = sum(layer.attn.n_heads for layer in model.layers)
     params_before = sum(p.numel() for p in model.parameters())
+    is_decoder = hasattr(model, "lm_head")
+    if uptrain_steps is None:
+        uptrain_steps = UPTRAIN_STEPS if is_decoder and method == "aware" else 0
     teacher = None
     if uptrain_steps:  # uptrain trains attention only: the teacher shares every other tensor
         from headcount.models.copying import attention_copy
         teacher = attention_copy(model)
     quality_before, reference, by_domain_before = held_out_report(model, held_out, eval_windows, 512)
-    if calibration is None and hasattr(model, "lm_head"):
+    if calibration is None and is_decoder:
         calibration = "mixed"  # the default corpus's prose and code-like text: edits that hold on both (issue 16)
+    if is_decoder:  # the windows themselves: the uptrain reads exactly what the merge calibrated on
+        import torch
+
+        from headcount.analysis.batches import calibration_batches
+        calibration = torch.cat([b.ids for b in calibration_batches(model, calibration, n_windows=calibration_windows,
+                                                                     batch_size=calibration_windows)])
     result = merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
                       n_windows=calibration_windows, local_steps=local_steps if method == "aware" else 0,
                       group=group, progress=main)
     trained = None
     if uptrain_steps:
         from headcount.surgery.merging.uptraining import uptrain
-        trained = uptrain(model, uptrain_steps, lr=uptrain_lr, calibration=calibration, teacher=teacher)
+        trained = uptrain(model, uptrain_steps, lr=uptrain_lr, teacher=teacher, progress=main,
+                          calibration=uptrain_windows(calibration) if is_decoder else calibration)
+    seconds, forward_equivalents = result.seconds, result.forward_equivalents
+    if trained is not None:  # the command's cost: the merge and the uptrain, over the merge's calibration tokens
+        seconds += trained.seconds
+        tokens = calibration.numel() if is_decoder else result.calibration_tokens
+        forward_equivalents += trained.token_forwards / tokens if tokens else 0.0
     quality_after, _, by_domain_after = held_out_report(model, held_out, eval_windows, 512, reference)
     for value in ([quality_after] if isinstance(quality_after, float) else list(quality_after)):
         check_finite(value, "the merged model's held-out quality", model.embed.weight.dtype)
@@ -116,7 +148,7 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
         "ppl_before": quality_before if decoder else None,
         "ppl_after": quality_after if decoder else None,
         "ppl_by_domain_before": by_domain_before, "ppl_by_domain_after": by_domain_after,
-        "forward_equivalents": round(result.forward_equivalents, 2), "seconds": round(result.seconds, 1),
+        "forward_equivalents": round(forward_equivalents, 2), "seconds": round(seconds, 1),
     }
     extra = {"query_heads": q_heads, "source": source, "merge": result.to_json(),
              "uptrain": trained.to_json() if trained is not None else None, "out": str(out) if out else None}
@@ -138,9 +170,11 @@ def register(app, bench_app) -> None:
         method: str = typer.Option("aware", "--method", help="aware (activation-aware, rotary-respecting) or mean "
                                    "(GQA paper mean-pooling; needs a divisor of the current count)"),
         layers: Optional[str] = typer.Option(None, "--layers", help="comma-separated layers to merge (default all)"),
-        uptrain_steps: int = typer.Option(0, "--uptrain-steps", help="fine-tune steps on calibration text after "
-                                          "merging (distilled from the unmerged model)"),
-        uptrain_lr: float = typer.Option(1e-4, "--uptrain-lr", help="peak learning rate of --uptrain-steps"),
+        uptrain_steps: Optional[int] = typer.Option(None, "--uptrain-steps", help="fine-tune steps on the "
+                                                    "calibration windows after merging, distilled from the "
+                                                    f"unmerged model (default: {UPTRAIN_STEPS} for an aware merge "
+                                                    "of a decoder, else 0)"),
+        uptrain_lr: float = typer.Option(UPTRAIN_LR, "--uptrain-lr", help="peak learning rate of --uptrain-steps"),
         out: Optional[Path] = typer.Option(None, "--out", help="directory to save the merged model to"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
         text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text split into calibration and held-out "
@@ -167,7 +201,7 @@ def register(app, bench_app) -> None:
                 raise ValueError(f"--method: expected aware or mean, got {method!r}")
             if local_steps < 0:
                 raise ValueError(f"--local-steps: expected a number >= 0, got {local_steps}")
-            if uptrain_steps < 0:
+            if uptrain_steps is not None and uptrain_steps < 0:
                 raise ValueError(f"--uptrain-steps: expected a number >= 0, got {uptrain_steps}")
             if not uptrain_lr > 0:
                 raise ValueError(f"--uptrain-lr: expected a positive number, got {uptrain_lr}")
@@ -178,9 +212,6 @@ def register(app, bench_app) -> None:
                 raise ValueError(f"--timeout: expected a positive number of seconds, got {timeout}")
             world = _torchrun_world()
             if world > 1:
-                if uptrain_steps:
-                    raise ValueError(f"--uptrain-steps: uptraining runs in one process; run it without torchrun "
-                                     f"(got {world} ranks)")
                 if method == "aware" and calibration_windows < world:
                     raise ValueError(f"--calibration-windows: torchrun started {world} ranks but only "
                                      f"{calibration_windows} calibration windows; expected at least one window per "

@@ -50,8 +50,16 @@ class UptrainResult:
         k = max(1, min(5, len(self.losses)))
         return sum(self.losses[-k:]) / k
 
+    @property
+    def token_forwards(self) -> float:
+        """Its cost in one-token forward passes: the student's forward and backward on every token it saw (a
+        backward counted as two forwards, as kv_merge._forward_equivalents counts them) plus, with a teacher,
+        the teacher's forward on the same tokens. Divide by a calibration's token count for forward-equivalents."""
+        return (3.0 + (0.0 if self.objective == "cross_entropy" else 1.0)) * self.tokens
+
     def to_json(self) -> dict:
-        return {**asdict(self), "loss_first": self.loss_first, "loss_last": self.loss_last}
+        return {**asdict(self), "loss_first": self.loss_first, "loss_last": self.loss_last,
+                "token_forwards": self.token_forwards}
 
 
 def _parameters(model, trainable) -> list[torch.nn.Parameter]:
