@@ -35,8 +35,8 @@ from headcount.surgery.merging.uptraining import uptrain
 
 WINDOW = 512
 VALIDATION = 8  # windows per domain, the last ones of each calibration text
-MERGE_KEYS = ("windows", "prose", "local_steps", "local_lr", "target")
-DEFAULTS = dict(windows=16, prose=0.5, local_steps=60, local_lr=2e-3, target="local",
+MERGE_KEYS = ("windows", "prose", "local_steps", "local_lr", "local_tokens", "target")
+DEFAULTS = dict(windows=16, prose=0.5, local_steps=60, local_lr=2e-3, local_tokens=None, target="local",
                 uptrain_steps=0, uptrain_lr=1e-4, uptrain_window=256)
 
 CANDIDATES = {
@@ -54,6 +54,10 @@ CANDIDATES = {
     "prose0.25": dict(prose=0.25),
     "w24-ls40": dict(windows=24, local_steps=40),
     "lr4e-3": dict(local_lr=4e-3),
+    # each local step on the first 256 tokens of its window (refine.causal_prefix): less than half the cost
+    "t256-up20": dict(local_tokens=256, uptrain_steps=20, uptrain_lr=3e-4),
+    "t256-ls80-up20": dict(local_tokens=256, local_steps=80, uptrain_steps=20, uptrain_lr=3e-4),
+    "t256-lr3e-3-up20": dict(local_tokens=256, local_lr=3e-3, uptrain_steps=20, uptrain_lr=3e-4),
 }
 
 
@@ -145,7 +149,8 @@ def main() -> None:
             model = copy.deepcopy(base)
             t0 = time.perf_counter()
             res = merge_kv(model, 1, calibration=cal, n_windows=cal.shape[0], local_steps=cfg["local_steps"],
-                           local_lr=cfg["local_lr"], target=cfg["target"], progress=False)
+                           local_lr=cfg["local_lr"], local_tokens=cfg["local_tokens"], target=cfg["target"],
+                           progress=False)
             cache = {key: (model, time.perf_counter() - t0, res.forward_equivalents)}  # keep one merge
         merged, merge_s, fe = cache[key]
         model = copy.deepcopy(merged)

@@ -190,6 +190,57 @@ def test_local_refinement_lowers_the_error_on_windows_it_never_saw():
             assert torch.equal(dict(refined.named_parameters())[name], dict(model.named_parameters())[name])
 
 
+@pytest.mark.parametrize("position", ["rotary", "learned"])
+def test_causal_prefix_is_the_windows_own_first_tokens(position):
+    """A step on a prefix is exact: the layer run on the first n tokens (with the rotary hook built for the
+    whole window, padded and cut) gives the first n positions of the whole window's output."""
+    from headcount.surgery.merging.refine import causal_prefix
+    from headcount.surgery.merging.stream import Stream, calibration_batches
+
+    model = _tiny(n_heads=6, n_kv=3, position=position)
+    stream = Stream(model, calibration_batches(model, _ids(2, 40), n_windows=2, window=40, batch_size=1))
+    for cap in stream.layer_io(0):
+        attn = model.layers[0].attn
+        x, kwargs, y = causal_prefix(cap, cap["y"], 17)
+        assert x.shape[1] == 17 and y.shape[1] == 17
+        torch.testing.assert_close(attn(x, **kwargs).output, cap["y"][:, :17], rtol=1e-10, atol=1e-12)
+        whole = causal_prefix(cap, cap["y"], None)
+        assert whole[0] is cap["x"] and whole[1] is cap["kwargs"]
+        padded = dict(cap, mask=torch.ones(cap["x"].shape[0] * cap["x"].shape[1], dtype=torch.bool))
+        assert causal_prefix(padded, cap["y"], 17)[0] is cap["x"]  # a padding mask: the batch unchanged
+
+
+def test_refit_reports_the_error_before_it_from_its_own_gram_sums():
+    """refit_o_proj_errors' "before" (read off the Gram sums) equals the error measured by running the layer."""
+    from headcount.surgery.merging.fit import output_error, refit_o_proj_errors
+    from headcount.surgery.merging.stream import Stream, calibration_batches
+
+    model = _tiny(n_heads=6, n_kv=3)
+    caps = Stream(model, calibration_batches(model, _ids(3, 24), n_windows=3, window=24, batch_size=1)).layer_io(0)
+    attn = model.layers[0].attn
+    targets = [c["y"] + 0.1 * torch.randn_like(c["y"]) for c in caps]  # a target the layer does not meet
+    measured = output_error(attn, caps, targets)
+    before, after = refit_o_proj_errors(attn, caps, targets, ridge=1e-3)
+    assert before == pytest.approx(measured, rel=1e-9)
+    assert after < before and after == pytest.approx(output_error(attn, caps, targets), rel=1e-9)
+
+
+def test_local_steps_on_prefixes_lower_the_error_on_unseen_windows():
+    model = _tiny(n_heads=6, n_kv=3)
+    fit, unseen = _ids(32, 64), _ids(8, 64, seed=7)
+    want = model(unseen).logits
+    closed = copy.deepcopy(model)
+    merge_kv(closed, 1, calibration=fit, progress=False)
+    refined = copy.deepcopy(model)
+    result = merge_kv(refined, 1, calibration=fit, local_steps=120, local_lr=5e-3, local_tokens=32,
+                      progress=False)
+    assert result.options["local_tokens"] == 32
+    err_closed = (closed(unseen).logits - want).pow(2).mean()
+    assert (refined(unseen).logits - want).pow(2).mean() < 0.97 * err_closed
+    with pytest.raises(ValueError, match="local_tokens"):
+        merge_kv(copy.deepcopy(model), 1, calibration=fit, local_steps=2, local_tokens=0, progress=False)
+
+
 def test_local_refinement_touches_only_the_layers_it_merges():
     model = _tiny(n_layers=2, n_heads=6, n_kv=3)
     merged = copy.deepcopy(model)

@@ -1,7 +1,7 @@
 """`headcount merge-kv` (issue 7). Registered through headcount.surgery.cli; no torch import at module level.
 
     headcount merge-kv --model smollm2 --kv-heads 1 [--method aware|mean] [--layers 0,5,7]
-                       [--local-steps N] [--uptrain-steps N] [--out DIR [--force]] [--json]
+                       [--local-steps N] [--local-tokens N] [--uptrain-steps N] [--out DIR [--force]] [--json]
 
 Prints a before/after table (KV and query heads, parameters, KV-cache bytes per token from
 KVCache.nbytes, held-out perplexity, or embedding fidelity for an encoder) and, with --json, the keys
@@ -40,7 +40,8 @@ JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv
 # corrects what the layers' errors do together. `headcount merge-kv --model smollm2 --kv-heads 1 --json` prints
 # what they reach (docs/scale.md).
 CALIBRATION_WINDOWS = 16
-LOCAL_STEPS = 60
+LOCAL_STEPS = 80
+LOCAL_TOKENS = 256  # each local step fits the first 256 tokens of its 512-token window (refine.causal_prefix)
 EVAL_WINDOWS = 4
 UPTRAIN_STEPS = 20  # the default of --uptrain-steps for an aware merge of a decoder (0 otherwise)
 UPTRAIN_LR = 3e-4
@@ -81,7 +82,7 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
               uptrain_steps: Optional[int] = None, uptrain_lr: float = UPTRAIN_LR, out: Optional[Path] = None,
               force: bool = False, text: Optional[Path] = None,
               calibration_windows: int = CALIBRATION_WINDOWS, eval_windows: int = EVAL_WINDOWS,
-              local_steps: int = LOCAL_STEPS, dtype: str = "fp32",
+              local_steps: int = LOCAL_STEPS, local_tokens: Optional[int] = LOCAL_TOKENS, dtype: str = "fp32",
               device: str = "cpu", group=None, main: bool = True) -> dict | None:
     """Load, validate, measure, merge, (uptrain), measure, save: the command's work, as data.
 
@@ -118,7 +119,7 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
                                                                      batch_size=calibration_windows)])
     result = merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
                       n_windows=calibration_windows, local_steps=local_steps if method == "aware" else 0,
-                      group=group, progress=main)
+                      local_tokens=local_tokens or None, group=group, progress=main)
     trained = None
     if uptrain_steps:
         from headcount.surgery.merging.uptraining import uptrain
@@ -182,6 +183,9 @@ def register(app, bench_app) -> None:
         local_steps: int = typer.Option(LOCAL_STEPS, "--local-steps", help="aware: Adam steps per merged layer "
                                         "reproducing its own output, one calibration window a step (block-wise "
                                         "reconstruction; 0 = the closed form alone)"),
+        local_tokens: int = typer.Option(LOCAL_TOKENS, "--local-tokens", help="aware: tokens of its window each "
+                                         "local step fits, the first ones (exact for a causal layer; 0 = the "
+                                         "whole window)"),
         calibration_windows: int = typer.Option(CALIBRATION_WINDOWS, "--calibration-windows",
                                                 help="calibration windows of 512 tokens (default corpus: half "
                                                 "prose, half code-like text)"),
@@ -201,6 +205,9 @@ def register(app, bench_app) -> None:
                 raise ValueError(f"--method: expected aware or mean, got {method!r}")
             if local_steps < 0:
                 raise ValueError(f"--local-steps: expected a number >= 0, got {local_steps}")
+            if local_tokens < 0:
+                raise ValueError(f"--local-tokens: expected a number of tokens >= 0 (0 = the whole window), "
+                                 f"got {local_tokens}")
             if uptrain_steps is not None and uptrain_steps < 0:
                 raise ValueError(f"--uptrain-steps: expected a number >= 0, got {uptrain_steps}")
             if not uptrain_lr > 0:
@@ -227,7 +234,8 @@ def register(app, bench_app) -> None:
             result = run_merge(model, kv_heads, method=method, layers=layer_list, uptrain_steps=uptrain_steps,
                                uptrain_lr=uptrain_lr, out=out, force=force, text=text,
                                calibration_windows=calibration_windows, eval_windows=eval_windows,
-                               local_steps=local_steps, dtype=dtype, device=device, group=group, main=main)
+                               local_steps=local_steps, local_tokens=local_tokens, dtype=dtype, device=device,
+                               group=group, main=main)
         if result is None:  # a rank other than 0
             return
         data, extra = result["json"], result["extra"]

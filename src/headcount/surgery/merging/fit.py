@@ -314,7 +314,16 @@ def set_kv_map(attn, kv_head_of, n_kv: int) -> None:
 
 
 def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: float = 1e-2, dp=None) -> float:
-    """Ridge refit of o_proj so that attn(x) ~ target on the captured tokens; returns the relative error.
+    """Ridge refit of o_proj so that attn(x) ~ target on the captured tokens; returns the relative error
+    after it (refit_o_proj_errors: the errors before and after, from the same pass)."""
+    return refit_o_proj_errors(attn, captures, targets, ridge=ridge, dp=dp)[1]
+
+
+def refit_o_proj_errors(attn, captures: list[dict], targets: list[Tensor], *, ridge: float = 1e-2,
+                        dp=None) -> tuple[float, float]:
+    """Ridge refit of o_proj so that attn(x) ~ target on the captured tokens; returns the relative errors
+    (before, after) the refit, both read off the pass's Gram statistics (no second attention pass: the
+    error of the current o_proj W0 is ||C W0^T + b0 - Y||^2 = Y'Y - 2 <W0, C'Y> + <W0, C'C W0>).
 
     dp (headcount.distributed.DataParallel): the Gram statistics are summed over the ranks in float64 (one
     all-reduce) before the solve, so every rank computes the same weights, the single process's.
@@ -338,6 +347,8 @@ def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: fl
         with torch.no_grad():
             for cap, y in zip(captures, targets):
                 attn(cap["x"], **cap["kwargs"])
+                # float64 products (not float32 ones summed in float64: their rounding depends on the BLAS's
+                # threading, and data parallelism must give one process's weights to 1e-6; layer_stats)
                 x = ctx["x"].reshape(-1, ctx["x"].shape[-1]).double()
                 yy = y.reshape(-1, y.shape[-1]).double()
                 if cap["mask"] is not None:
@@ -365,15 +376,19 @@ def refit_o_proj(attn, captures: list[dict], targets: list[Tensor], *, ridge: fl
     a.diagonal().add_(pen)
     sol = w0 + torch.linalg.solve(a, c - stats.xtx[idx][:, idx] @ w0)  # [D(+1), d_model]
     a.diagonal().sub_(pen)
-    resid = float((stats.yty - 2 * (sol * c).sum(0) + (sol * (a @ sol)).sum(0)).sum())
-    rel = (max(resid, 0.0) / max(float(stats.yty.sum()), 1e-30)) ** 0.5
+
+    def rel_error(w: Tensor) -> float:
+        resid = float((stats.yty - 2 * (w * c).sum(0) + (w * (a @ w)).sum(0)).sum())
+        return (max(resid, 0.0) / max(float(stats.yty.sum()), 1e-30)) ** 0.5
+
+    before, rel = rel_error(w0), rel_error(sol)
     with torch.no_grad():
         o = attn.o_proj.weight
         attn.o_proj.weight = nn.Parameter(sol[:n_in].T.contiguous().to(o), requires_grad=o.requires_grad)
         if fit_bias:
             b = attn.o_proj.bias
             attn.o_proj.bias = nn.Parameter(sol[n_in].to(b), requires_grad=b.requires_grad)
-    return rel
+    return before, rel
 
 
 def output_error(attn, captures: list[dict], targets: list[Tensor], dp=None) -> float:

@@ -169,7 +169,8 @@ def _contiguous(n_old: int, n_new: int) -> list[list[int]]:
 
 def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, grouping="auto",
                 refit: bool = True, ridge: float = 0.3, refine_steps: int = 0, local_steps: int = 0,
-                local_lr: float = 2e-3, dp=None, n_batches: int | None = None) -> LayerMerge:
+                local_lr: float = 2e-3, local_tokens: int | None = None, dp=None,
+                n_batches: int | None = None) -> LayerMerge:
     """The aware merge of one attention module, from captured inputs and target outputs (in place).
 
     dp / n_batches: data parallelism (this rank's captures; the number of global calibration batches)."""
@@ -189,10 +190,12 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
         raise ValueError(f"grouping: expected 'auto', 'contiguous' or a list of groups, got {grouping!r}")
     mw = merge_fit.merged_weights(attn, stats, groups, captures=captures, refine_steps=refine_steps, dp=dp)
     merge_fit.install(attn, mw)
-    before = merge_fit.output_error(attn, captures, targets, dp=dp)
-    after = merge_fit.refit_o_proj(attn, captures, targets, ridge=ridge, dp=dp) if refit else before
-    local = (refine_layer(attn, captures, targets, steps=local_steps, lr=local_lr, dp=dp, n_batches=n_batches)
-             if local_steps else {})
+    if refit:  # the error before the refit comes from the refit's own pass (its Gram statistics)
+        before, after = merge_fit.refit_o_proj_errors(attn, captures, targets, ridge=ridge, dp=dp)
+    else:
+        before = after = merge_fit.output_error(attn, captures, targets, dp=dp)
+    local = (refine_layer(attn, captures, targets, steps=local_steps, lr=local_lr, dp=dp, n_batches=n_batches,
+                          step_tokens=local_tokens) if local_steps else {})
     if local and refit:  # the closed-form o_proj once more, on every calibration window, for the refined keys
         local["validation"] = merge_fit.refit_o_proj(attn, captures, targets, ridge=ridge, dp=dp)
     return LayerMerge(-1, n_old, n_new, groups, list(attn.kv_head_of), mw.k_kept, mw.v_kept, before, after,
@@ -201,8 +204,8 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
 
 def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibration=None, n_windows: int = 8,
              window: int = 512, grouping="auto", target: str = "local", refit: bool = True, ridge: float = 0.3,
-             refine_steps: int = 0, local_steps: int = 0, local_lr: float = 2e-3, batch_size: int = 1,
-             progress: bool = True, group=None) -> MergeResult:
+             refine_steps: int = 0, local_steps: int = 0, local_lr: float = 2e-3, local_tokens: int | None = None,
+             batch_size: int = 1, progress: bool = True, group=None) -> MergeResult:
     """Merge K/V heads of `model` in place down to `n_kv_heads` (an int for every layer in `layers`, a
     {layer: n} mapping, or a MergePlan from merge_plan). See the module docstring for the methods.
 
@@ -213,7 +216,11 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
 
     batch_size: calibration windows per batch (decoders). Each local-reconstruction step takes one batch, so
     one window per batch makes a step a quarter of the cost it had with four, for the same number of steps
-    (what `headcount merge-kv`'s defaults rely on; docs/scale.md has the measurements)."""
+    (what `headcount merge-kv`'s defaults rely on; docs/scale.md has the measurements).
+
+    local_tokens: each local step fits the first local_tokens tokens of its window (decoders; None = the whole
+    window): the output at a position reads only the positions before it, so a prefix is an exact smaller
+    problem, and a step on 256 of 512 tokens costs less than half (refine.causal_prefix)."""
     from headcount.distributed import DataParallel
 
     dp = DataParallel(group)
@@ -222,6 +229,9 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
         raise ValueError(f"target: expected one of {TARGETS}, got {target!r}")
     if not isinstance(grouping, (list, tuple)) and grouping not in GROUPINGS:
         raise ValueError(f"grouping: expected one of {GROUPINGS} or a list of groups, got {grouping!r}")
+    if local_tokens is not None and (isinstance(local_tokens, bool) or not isinstance(local_tokens, int)
+                                     or local_tokens < 1):
+        raise ValueError(f"local_tokens: expected None or a positive number of tokens, got {local_tokens!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive number of windows per batch, got {batch_size!r}")
     if isinstance(grouping, (list, tuple)) and len(wanted) > 1:
@@ -233,7 +243,7 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
                          options={"grouping": grouping if isinstance(grouping, str) else "explicit",
                                   "target": target, "refit": refit, "ridge": ridge, "n_windows": n_windows,
                                   "refine_steps": refine_steps, "local_steps": local_steps,
-                                  "local_lr": local_lr, "batch_size": batch_size,
+                                  "local_lr": local_lr, "local_tokens": local_tokens, "batch_size": batch_size,
                                   "window": window})
     if not wanted:
         return result
@@ -246,7 +256,8 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     else:
         _merge_aware(model, wanted, result, calibration=calibration, n_windows=n_windows, window=window,
                      grouping=grouping, target=target, refit=refit, ridge=ridge, refine_steps=refine_steps,
-                     local_steps=local_steps, local_lr=local_lr, batch_size=batch_size, progress=progress, dp=dp)
+                     local_steps=local_steps, local_lr=local_lr, local_tokens=local_tokens, batch_size=batch_size,
+                     progress=progress, dp=dp)
     result.kv_heads_after = [layer.attn.n_kv_heads for layer in model.layers]
     result.kv_bytes_per_token_after = kv_bytes_per_token(model)
     result.seconds = time.perf_counter() - start
@@ -255,31 +266,36 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
 
 
 def _forward_equivalents(model, result: MergeResult) -> float:
-    """Forward passes over the calibration tokens, counting a backward as two forwards: the stream walk
-    runs each merged layer twice on the merged stream (capture, then advance) and, for targets "stream" /
-    "residual", once on the original stream; each local-reconstruction step is a forward and a backward of
-    one attention module on one calibration batch (attention's share of a layer taken by parameters),
-    plus ten validation checks per layer and, after the steps, one attention pass over every batch (the o_proj
-    refit that follows them)."""
+    """Forward passes over the calibration tokens, counting a backward as two forwards, by construction. Per
+    merged layer, in passes of that layer over every calibration token (attention's share of a layer taken
+    by parameters): the capture runs its attention only (the MLP after it is skipped), the statistics and
+    the o_proj refit one attention pass each, the advance the whole layer; targets "stream" / "residual"
+    run the original layer once more on the original stream. Each local-reconstruction step is a forward
+    and a backward of the attention on one batch (on its first local_tokens tokens), plus ten validation
+    checks on one batch and, after the steps, one more refit pass over every batch."""
     n_layers = len(model.layers)
-    passes = 2.0 + (0.0 if result.options.get("target") == "local" else 1.0)
-    steps = int(result.options.get("local_steps") or 0)
-    per_batch = int(result.options.get("batch_size") or 4)
-    n_batches = max(1, -(-int(result.options.get("n_windows") or 1) // per_batch))
-    local = 0.0
-    if steps:
-        for info in result.layers:
-            layer = model.layers[info.layer]
-            attn = sum(p.numel() for p in layer.attn.parameters())
-            share = attn / max(1, sum(p.numel() for p in layer.parameters()))
-            local += ((3.0 * steps + 10.0) / n_batches + (1.0 if result.options.get("refit") else 0.0)) \
-                * share / n_layers
-    return passes * len(result.layers) / n_layers + local
+    opts = result.options
+    steps = int(opts.get("local_steps") or 0)
+    per_batch = int(opts.get("batch_size") or 4)
+    n_batches = max(1, -(-int(opts.get("n_windows") or 1) // per_batch))
+    window = int(opts.get("window") or 512)
+    step_share = min(1.0, (opts.get("local_tokens") or window) / window)
+    total = 0.0
+    for info in result.layers:
+        layer = model.layers[info.layer]
+        attn = sum(p.numel() for p in layer.attn.parameters())
+        share = attn / max(1, sum(p.numel() for p in layer.parameters()))
+        passes = 1.0 + (0.0 if opts.get("target") == "local" else 1.0)
+        passes += share * (2.0 + (1.0 if opts.get("refit") else 0.0))
+        if steps:
+            passes += ((3.0 * steps * step_share + 10.0) / n_batches + (1.0 if opts.get("refit") else 0.0)) * share
+        total += passes
+    return total / n_layers
 
 
 def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibration, n_windows, window,
-                 grouping, target, refit, ridge, refine_steps, local_steps, local_lr, batch_size, progress,
-                 dp) -> None:
+                 grouping, target, refit, ridge, refine_steps, local_steps, local_lr, local_tokens, batch_size,
+                 progress, dp) -> None:
     from tqdm.auto import tqdm
 
     was_training = model.training
@@ -311,7 +327,7 @@ def _merge_aware(model, wanted: dict[int, int], result: MergeResult, *, calibrat
                 targets = [r["y"] + (r["h"] - c["h"]) for r, c in zip(reference, caps)]
             info = merge_layer(model.layers[i].attn, caps, targets, wanted[i], grouping=grouping, refit=refit,
                                ridge=ridge, refine_steps=refine_steps, local_steps=local_steps,
-                               local_lr=local_lr, dp=dp, n_batches=len(batches))
+                               local_lr=local_lr, local_tokens=local_tokens, dp=dp, n_batches=len(batches))
             info.layer = i
             result.layers.append(info)
             if i != last:

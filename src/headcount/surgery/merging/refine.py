@@ -11,8 +11,30 @@ from headcount.surgery.merging.fit import output_error
 Tensor = torch.Tensor
 
 
+def causal_prefix(cap: dict, y: Tensor, n: int | None) -> tuple[Tensor, dict, Tensor]:
+    """The first n tokens of a captured causal batch: (x, kwargs, target), exact because a causal layer's
+    output at position t reads positions <= t only. The rotary hook (qk_transform, built for the whole
+    window) is applied to q, k padded back to the window's length and cut again: it is elementwise per
+    position. Anything else (n None or not shorter, a padding mask, a non-causal layer, any other tensor
+    argument): the batch unchanged."""
+    x, kwargs = cap["x"], cap["kwargs"]
+    t = x.shape[1]
+    plain = all(v is None or isinstance(v, (bool, int, float, str)) or callable(v) for v in kwargs.values())
+    if n is None or n >= t or cap["mask"] is not None or not kwargs.get("is_causal") or not plain:
+        return x, kwargs, y
+    kw = dict(kwargs)
+    rotate = kw.get("qk_transform")
+    if rotate is not None:
+        def qk_transform(q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+            pad = (0, 0, 0, t - q.shape[2])
+            q_full, k_full = rotate(torch.nn.functional.pad(q, pad), torch.nn.functional.pad(k, pad))
+            return q_full[:, :, :q.shape[2]], k_full[:, :, :k.shape[2]]
+        kw["qk_transform"] = qk_transform
+    return x[:, :n], kw, y[:, :n]
+
+
 def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: int = 100, lr: float = 2e-3,
-                 validation: int = 1, dp=None, n_batches: int | None = None) -> dict:
+                 validation: int = 1, dp=None, n_batches: int | None = None, step_tokens: int | None = None) -> dict:
     """Local reconstruction of one merged layer: Adam on its own weights (qkv_proj, o_proj) so that the
     layer's output reproduces `targets` on calibration tokens, starting from the closed-form merge.
 
@@ -21,13 +43,18 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
     it can fix the attention patterns the closed form (which fits logits and values in mean square) gets
     wrong. The last `validation` capture batches are held aside (still calibration text) and the
     weights with the lowest error on them are kept, so the refinement cannot make the layer worse there
-    than the closed form. Returns {"fit": .., "validation": .., "closed_form_validation": .., "steps": ..}.
+    than the closed form. Returns {"validation": .., "closed_form_validation": .., "steps": ..} (no error on the
+    fit batches: that would be one more attention pass over all of them, and kv_merge refits o_proj after the
+    steps, which measures the error on every batch anyway).
 
     Data parallelism (dp, a headcount.distributed.DataParallel; n_batches = the number of GLOBAL calibration
     batches): each capture carries its global batch number ("slot", from merging.stream.shard_batches); step
     s uses global batch s mod n_fit, to which every rank adds the gradient of the rows it holds (zero when
     it holds none), all-reduced in float64 before the Adam step, and the errors are summed over the ranks:
-    every rank takes the single process's steps and keeps the same weights."""
+    every rank takes the single process's steps and keeps the same weights.
+
+    step_tokens: each step fits the first step_tokens tokens of its batch (causal_prefix; None = all of them):
+    a 256-token prefix of a 512-token window costs a step less than half as much (attention is quadratic)."""
     if steps <= 0 or not captures:
         return {}
     parallel = dp is not None and dp.world > 1
@@ -55,8 +82,9 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
     closed = best_val
     best = snapshot()
     den = [0.0] * n_fit
-    for slot, (c, y) in fit_by_slot.items():
-        den[slot] = float((y.reshape(-1, y.shape[-1])[c["mask"]] if c["mask"] is not None else y).double().pow(2).sum())
+    fit_by_slot = {slot: causal_prefix(c, y, step_tokens) + (c["mask"],) for slot, (c, y) in fit_by_slot.items()}
+    for slot, (_, _, y, mask) in fit_by_slot.items():
+        den[slot] = float((y.reshape(-1, y.shape[-1])[mask] if mask is not None else y).double().pow(2).sum())
     if parallel:
         den = [float(x) for x in dp.sum_many([torch.tensor(den, dtype=torch.float64)])[0]]
     opt = torch.optim.Adam(params, lr=lr)
@@ -70,11 +98,11 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
                 j = step % n_fit
                 opt.zero_grad(set_to_none=True)
                 if j in fit_by_slot:
-                    cap, y = fit_by_slot[j]
-                    diff = attn(cap["x"], **cap["kwargs"]).output - y
+                    x, kwargs, y, mask = fit_by_slot[j]
+                    diff = attn(x, **kwargs).output - y
                     diff = diff.reshape(-1, diff.shape[-1])
-                    if cap["mask"] is not None:
-                        diff = diff[cap["mask"]]
+                    if mask is not None:
+                        diff = diff[mask]
                     loss = diff.pow(2).sum() / max(den[j], 1e-30)
                     loss.backward()
                 if parallel:  # every rank's share of global batch j: one float64 all-reduce of the gradients
@@ -93,4 +121,4 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
                 p.copy_(saved)
                 p.requires_grad_(flag)
                 p.grad = None
-    return {"fit": err(fit), "validation": best_val, "closed_form_validation": closed, "steps": steps}
+    return {"validation": best_val, "closed_form_validation": closed, "steps": steps}

@@ -123,6 +123,9 @@ def layer_stats(attn, captures: list[dict], *, attention_weight: float = 0.0, dp
             ctx = ctx.transpose(1, 2).reshape(b * t, nh, nkv * d)
             if sel is not None:
                 ctx = ctx[sel]
+            # float64 products, not float32 ones summed in float64: a float32 product's rounding depends on
+            # how the BLAS splits the sum over its threads, and data parallelism must give one process's
+            # result to 1e-6 (a float32 Gram measured 1.8e-6 apart after the local steps)
             ctx = ctx.double()
             v_sigma += torch.einsum("nhe,nhf->hef", ctx, ctx)
     if dp is not None and dp.world > 1:

@@ -119,7 +119,8 @@ class Stream:
 
     def layer_io(self, layer: int, *, advance: bool = False) -> list[dict]:
         """Run layer `layer` on the stream; per batch: attention input x, its kwargs, its output y,
-        and the layer's residual input h. With advance=True the stream moves past the layer."""
+        and the layer's residual input h. With advance=True the stream moves past the layer; without, the
+        layer stops at its attention's output (the MLP after it is not run)."""
         if layer != self.layer:
             raise ValueError(f"layer: the stream stands at layer {self.layer}, not {layer}")
         block = self.model.layers[layer]
@@ -133,6 +134,8 @@ class Stream:
 
         def post(module, args, kwargs, output):
             current["y"] = _first(output).detach()
+            if not advance:  # the rest of the block (its MLP) is not needed: the stream stays where it is
+                raise _Stop
 
         handles = [attn.register_forward_pre_hook(pre, with_kwargs=True),
                    attn.register_forward_hook(post, with_kwargs=True)]
@@ -140,7 +143,10 @@ class Stream:
             with torch.no_grad():
                 for b, (h, kw) in enumerate(zip(self.hidden, self.kwargs)):
                     current.clear()
-                    new_h = _first(block(h, **kw))
+                    try:
+                        new_h = _first(block(h, **kw))
+                    except _Stop:
+                        new_h = None
                     out.append({"x": current["x"], "kwargs": current["kwargs"], "y": current["y"], "h": h,
                                 "mask": self.token_mask(b), "slot": self.index[b][0], "rows": self.index[b][1]})
                     if advance:
