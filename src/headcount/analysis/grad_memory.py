@@ -85,20 +85,32 @@ def _saved_bytes(model, length: int) -> int:
     params = {p.data_ptr() for p in model.parameters()}
     seen: dict[int, int] = {}
 
+    kept: list[Tensor] = []  # alive until counted, so that no freed storage's address is reused meanwhile
+
     def pack(t: Tensor):
         if t.data_ptr() not in params and t.device.type != "meta":
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
+            kept.append(t)
+        # the graph gets None, not the tensor: a graph holding, through a Python hook, the tensor it saved as
+        # its own output is a reference cycle no collector sees, and it outlived the probe (0.26 GiB on the
+        # 1.5B model at 128 tokens, measured). Nothing runs a backward through this graph.
+        return None
 
     device = model.embed.weight.device
     ids = torch.arange(length, device=device).remainder(model.config.vocab_size - 1).add(1)[None]
-    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, _never_unpacked):
         if hasattr(model, "lm_head"):
             out = model(ids, compute_logits=False).hidden_states
         else:
             out = model(ids, torch.ones_like(ids)).last_hidden_state
     del out
+    for t in kept:
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    kept.clear()
     return sum(seen.values())
+
+
+def _never_unpacked(packed):
+    raise RuntimeError("grad_memory: the probe's graph is measured, never differentiated")
 
 
 def saved_bytes_per_sequence(model, length: int) -> float:
