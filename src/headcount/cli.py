@@ -39,9 +39,6 @@ _register_all()
 
 
 def main() -> None:  # console-script entry point
-    from headcount.heap import bound_heap
-
-    bound_heap()  # freed activations go back to the OS (headcount.heap)
     app()
 
 

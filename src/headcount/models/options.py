@@ -51,11 +51,16 @@ def parse_device(name, flag: str = "--device"):
 
 
 def load_model(name, dtype="fp32", device="cpu"):
-    """headcount.models.load(name) in `dtype`, moved to `device` (both checked first)."""
+    """headcount.models.load(name) in `dtype`, moved to `device` (both checked first). The commands load through
+    here: a model of BOUND_FROM bytes of weights or more also fixes the process's mmap threshold (headcount.heap)."""
     from headcount.models.zoo import load
+
+    from headcount.heap import BOUND_FROM, bound_heap
 
     torch_dtype, torch_device = parse_dtype(dtype), parse_device(device)
     model = load(name, dtype=torch_dtype)
+    if sum(p.numel() * p.element_size() for p in model.parameters()) >= BOUND_FROM:
+        bound_heap()  # a large model's freed activations go back to the OS (headcount.heap)
     return model.to(torch_device) if torch_device.type != "cpu" else model
 
 

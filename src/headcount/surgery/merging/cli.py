@@ -40,8 +40,8 @@ JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv
 # corrects what the layers' errors do together. `headcount merge-kv --model smollm2 --kv-heads 1 --json` prints
 # what they reach (docs/scale.md).
 CALIBRATION_WINDOWS = 16
-LOCAL_STEPS = 80
-LOCAL_TOKENS = 256  # each local step fits the first 256 tokens of its 512-token window (refine.causal_prefix)
+LOCAL_STEPS = 60
+LOCAL_TOKENS = 0  # 0 = whole windows; 256 (the first half, refine.causal_prefix) is faster but lost on held-out prose
 EVAL_WINDOWS = 4
 UPTRAIN_STEPS = 20  # the default of --uptrain-steps for an aware merge of a decoder (0 otherwise)
 UPTRAIN_LR = 3e-4
