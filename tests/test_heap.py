@@ -1,7 +1,10 @@
 """headcount.heap: the command's fixed glibc mmap threshold (set by the command only, the user's env wins)."""
 
 import ctypes
+import os
 import platform
+import subprocess
+import sys
 
 import pytest
 
@@ -16,9 +19,12 @@ def _glibc() -> bool:
     return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
 
 
-def test_bound_heap_sets_the_threshold_on_glibc(monkeypatch):
-    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    assert heap.bound_heap() is _glibc()
+def test_bound_heap_sets_the_threshold_on_glibc():
+    """In a child process: the threshold it fixes would stay fixed for the rest of this test session."""
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+    out = subprocess.run([sys.executable, "-c", "from headcount.heap import bound_heap; print(bound_heap())"],
+                         env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert out == str(_glibc())
 
 
 def test_the_users_environment_wins(monkeypatch):

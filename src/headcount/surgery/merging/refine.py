@@ -67,7 +67,9 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
     pairs = list(zip(captures, targets))
     fit = [pair for pair, slot in zip(pairs, slots) if slot < n_fit]
     val = [pair for pair, slot in zip(pairs, slots) if slot >= n_fit] if validation else fit
-    fit_by_slot = {slot: pair for pair, slot in zip(pairs, slots) if slot < n_fit}
+    # each fit batch as a step takes it: (x, kwargs, target, mask), cut to its first step_tokens tokens
+    fit_by_slot = {slot: causal_prefix(c, y, step_tokens) + (c["mask"],) for (c, y), slot in zip(pairs, slots)
+                   if slot < n_fit}
     params = [p for p in (attn.qkv_proj.weight, attn.qkv_proj.bias, attn.o_proj.weight, attn.o_proj.bias)
               if p is not None]
     flags = [p.requires_grad for p in params]
@@ -82,7 +84,6 @@ def refine_layer(attn, captures: list[dict], targets: list[Tensor], *, steps: in
     closed = best_val
     best = snapshot()
     den = [0.0] * n_fit
-    fit_by_slot = {slot: causal_prefix(c, y, step_tokens) + (c["mask"],) for slot, (c, y) in fit_by_slot.items()}
     for slot, (_, _, y, mask) in fit_by_slot.items():
         den[slot] = float((y.reshape(-1, y.shape[-1])[mask] if mask is not None else y).double().pow(2).sum())
     if parallel:
