@@ -40,3 +40,20 @@ def test_slope_recovers_the_exponent_and_run_fills_params(monkeypatch):
     assert [s.step for s in r.steps] == ["perplexity", "prune"] and all(s.params == 10 for s in r.steps)
     with pytest.raises(ValueError, match="steps"):
         scale.run(["a"], ["nope"])
+
+
+def test_every_step_is_a_command_line_the_cli_accepts(tmp_path):
+    """The steps are real `headcount` command lines (click rejects an unknown flag before it reaches an eager
+    --help), and the report runs from an empty cache: a cached report would time a read of its files."""
+    from typer.testing import CliRunner
+
+    from headcount.cli import app
+
+    for step in scale.STEPS:
+        argv = scale.command(step, "smollm2", "bf16", tmp_path, windows=4)
+        assert argv[:3] == [sys.executable, "-m", "headcount"]
+        result = CliRunner().invoke(app, argv[3:] + ["--help"])
+        assert result.exit_code == 0, (step, result.output)
+    assert "--no-cache" in scale.command("report", "smollm2", "fp32", tmp_path)
+    with pytest.raises(ValueError, match="step"):
+        scale.command("nope", "smollm2", "fp32", tmp_path)
