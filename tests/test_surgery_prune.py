@@ -215,3 +215,23 @@ def test_group_mode_on_a_multi_query_model_is_refused():
     with pytest.raises(ValueError, match="ONE KV head"):
         prune_to(model, 0.3, mode="group", order="random", compensate="none")
     assert all(layer.attn.n_heads == 4 for layer in model.layers)
+
+
+def test_prune_to_seconds_cover_the_ordering_as_forward_equivalents_do(monkeypatch):
+    """seconds and forward_equivalents describe the same work: a prune_to that orders the heads itself counts
+    the ordering's seconds as well as its passes (a fake clock: the importance call takes 100 s of it)."""
+    import headcount.analysis as analysis
+    from headcount.surgery.pruning import removal
+
+    clock = {"now": 0.0}
+    monkeypatch.setattr(removal.time, "perf_counter", lambda: clock["now"])
+    real_importance = analysis.importance
+
+    def slow_importance(*args, **kwargs):
+        clock["now"] += 100.0
+        return real_importance(*args, **kwargs)
+
+    monkeypatch.setattr(analysis, "importance", slow_importance)
+    result = prune_to(tiny(), 0.34, order="gradient", calibration=windows(2, 16))
+    assert result.forward_equivalents > removal.REFIT_PASSES["output"]  # the ordering's passes are counted
+    assert result.seconds == pytest.approx(100.0)  # and so are its seconds (the refit took none of the clock)

@@ -61,7 +61,7 @@ class PruneResult:
     kv_bytes_per_token_before: int
     kv_bytes_per_token_after: int
     calibration_tokens: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the work forward_equivalents counts: prune's refit, and prune_to's ordering with it
     ridge: float | None = None
     target: str | None = None
     layer_fits: list = field(default_factory=list)  # compensate.LayerFit per pruned layer
@@ -244,12 +244,15 @@ def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "que
     needs = compensate != "none" or (isinstance(order, str) and order != "random")
     if not ready and needs:  # texts (or None, "mixed"): batch once, then score and refit on the same batches
         calibration = calibration_batches(model, calibration, calibration_windows=calibration_windows, window=window)
+    start = time.perf_counter()
     scores, name, scoring = _scores_and_cost(model, order, calibration=calibration, seed=seed,
                                              calibration_windows=calibration_windows, window=window,
                                              group=kwargs.get("group"))
+    ordering_seconds = time.perf_counter() - start
     chosen = _plan.plan_fraction(model, fraction, scores, mode=mode, uniform=bool(uniform))
     result = prune(model, chosen, mode=mode, compensate=compensate, calibration=calibration, **kwargs)
     result.order, result.fraction, result.uniform = name, float(fraction), bool(uniform)
     result.method = "retraining-free"
     result.forward_equivalents += scoring
+    result.seconds += ordering_seconds  # seconds and forward_equivalents cover the same work: order + refit
     return result
