@@ -87,6 +87,8 @@ class DecoderConfig:
     embed_scale: float | None = None  # embeddings x this, rounded to the weight dtype (Gemma: sqrt(d_model))
     post_norms: bool = False  # norms after the attention and the MLP as well (Gemma)
     causal: bool = True  # False: bidirectional attention (embedding models: encoder.BidirectionalEncoder)
+    # --- issue 27: what Gemma 2 / GPT-NeoX (Pythia) / OLMo 2 add (the defaults change nothing) ---
+    rotary_dim: int | None = None  # partial rotary: only the first rotary_dim dims of each head rotate
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -304,10 +306,12 @@ class DecoderStack(nn.Module):
         self.rotary = self.rotary_local = None
         if config.position == "rotary":
             self.rotary = RotaryEmbedding(config.head_dim, config.max_position, config.rope_theta,
-                                          linear_factor=config.rope_scaling, device=device)
+                                          linear_factor=config.rope_scaling, rotary_dim=config.rotary_dim,
+                                          device=device)
             local = config.rope_local_theta
             if local is not None and SLIDING in {config.layer_type(i) for i in range(config.n_layers)}:
-                self.rotary_local = RotaryEmbedding(config.head_dim, config.max_position, local, device=device)
+                self.rotary_local = RotaryEmbedding(config.head_dim, config.max_position, local,
+                                                    rotary_dim=config.rotary_dim, device=device)
         self.layers = nn.ModuleList(DecoderLayer(config, i, **factory) for i in range(config.n_layers))
         self.norm = _norm(config, factory)
         self.tokenizer = None  # a headcount.models.tokenizer.Tokenizer, set by the loaders

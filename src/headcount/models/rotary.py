@@ -11,6 +11,10 @@ as transformers computes them (so the two agree bit for bit). They stay float32 
 to another dtype; a forward call in bf16/fp16 casts the rows it uses, as transformers does.
 `rotate_half(x) * sin` is computed as `roll(x, d/2) * sin_signed` with the sign folded into the table
 (sin_signed = [-sin, sin]): one op fewer per tensor, the same bits ((-a) * b == -(a * b) in IEEE).
+
+Partial rotary (`rotary_dim` < head_dim; GPT-NeoX / Pythia's rotary_pct, Phi's partial_rotary_factor):
+only the first rotary_dim dims of each head rotate, with frequencies theta^(-2i/rotary_dim) (transformers
+builds inv_freq over dim = int(head_dim * factor)); the other head_dim - rotary_dim dims pass through.
 """
 
 from __future__ import annotations
@@ -57,21 +61,27 @@ class RotaryEmbedding(nn.Module):
     INITIAL_POSITIONS = 4096
 
     def __init__(self, head_dim: int, max_position: int, theta: float = 10000.0, *, linear_factor: float = 1.0,
-                 device=None):
+                 rotary_dim: int | None = None, device=None):
         super().__init__()
-        if head_dim % 2:
+        full = rotary_dim is None or rotary_dim == head_dim
+        rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim \
+                or rotary_dim % 2:
+            raise ValueError(f"rotary_dim: expected an even int in (0, head_dim={head_dim}], got {rotary_dim!r}")
+        if full and head_dim % 2:
             raise ValueError(f"head_dim: rotary embedding needs an even head_dim, got {head_dim}")
         if not linear_factor > 0:
             raise ValueError(f"linear_factor: expected a positive float, got {linear_factor!r}")
         self.head_dim, self.max_position, self.theta = head_dim, max_position, float(theta)
         self.linear_factor = float(linear_factor)
-        cos, sin_signed = rotary_tables(head_dim, min(max_position, self.INITIAL_POSITIONS), theta, device,
+        self.rotary_dim = rotary_dim  # the first rotary_dim dims of each head rotate; the rest pass through
+        cos, sin_signed = rotary_tables(rotary_dim, min(max_position, self.INITIAL_POSITIONS), theta, device,
                                         linear_factor=self.linear_factor)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin_signed", sin_signed, persistent=False)
 
     def _rebuild(self, n_positions: int) -> None:
-        self.cos, self.sin_signed = rotary_tables(self.head_dim, n_positions, self.theta, self.cos.device,
+        self.cos, self.sin_signed = rotary_tables(self.rotary_dim, n_positions, self.theta, self.cos.device,
                                                   linear_factor=self.linear_factor)
 
     def _apply(self, fn, recurse=True):
@@ -83,10 +93,18 @@ class RotaryEmbedding(nn.Module):
 
     def extra_repr(self) -> str:
         scaled = f", linear_factor={self.linear_factor:g}" if self.linear_factor != 1.0 else ""
+        if self.rotary_dim != self.head_dim:
+            scaled += f", rotary_dim={self.rotary_dim}"
         return f"head_dim={self.head_dim}, max_position={self.max_position}, theta={self.theta:g}{scaled}"
 
     def _apply_rotary(self, cos: Tensor, sin: Tensor, x: Tensor) -> Tensor:
-        rolled = torch.roll(x, shifts=self.head_dim // 2, dims=-1)  # [x2, x1]
+        rd = self.rotary_dim
+        if rd != self.head_dim:  # partial: rotate x[..., :rd], pass x[..., rd:] through
+            return torch.cat((self._rotate(cos, sin, x[..., :rd]), x[..., rd:]), dim=-1)
+        return self._rotate(cos, sin, x)
+
+    def _rotate(self, cos: Tensor, sin: Tensor, x: Tensor) -> Tensor:
+        rolled = torch.roll(x, shifts=x.shape[-1] // 2, dims=-1)  # [x2, x1]
         return torch.addcmul(x * cos, rolled, sin)
 
     def hook(self, start: int = 0, length: int | None = None, *, position_ids: Tensor | None = None,
