@@ -15,6 +15,8 @@ key_padding_mask is [B, S] bool with True = a real token.
 Optional, per module: q/k RMSNorm per head (qk_norm_eps; Qwen3, Gemma 3) after the heads are split and
 before qk_transform (rotary), and a sliding window (sliding_window; Gemma 3's local layers, Mistral)
 with a KV cache that keeps only the window. S always counts every token seen, cached or evicted.
+Per-head sink logits (sinks=True; GPT-OSS): `sinks` [n_heads] joins each head's softmax as a key with no
+value (kernels.py says how the fused path keeps it); pruning a head removes its sink with it.
 """
 
 from __future__ import annotations
@@ -87,6 +89,7 @@ class MultiHeadAttention(nn.Module):
             qk_transform and before K is cached; None = no norm (and no q_norm / k_norm parameters).
         sliding_window: when set, with is_causal query p attends keys p - sliding_window < j <= p; without,
             |p - j| < sliding_window (transformers' Mistral / Gemma 3 masks). Settable after construction.
+        sinks: a learned sink logit per query head (`sinks` [n_heads], zeros) in every row's softmax.
 
     Parameters:
         qkv_proj: Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim); rows [all Q | all K | all V],
@@ -99,7 +102,7 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, head_dim: int | None = None,
                  bias: bool = True, o_bias: bool | None = None, dropout: float = 0.0,
                  softmax_scale: float | None = None, qk_norm_eps: float | None = None,
-                 sliding_window: int | None = None, device=None, dtype=None):
+                 sliding_window: int | None = None, sinks: bool = False, device=None, dtype=None):
         super().__init__()
         _positive_int("d_model", d_model)
         _positive_int("n_heads", n_heads)
@@ -130,6 +133,7 @@ class MultiHeadAttention(nn.Module):
         self.q_norm = HeadRMSNorm(head_dim, eps=eps, **factory) if eps is not None else None
         self.k_norm = HeadRMSNorm(head_dim, eps=eps, **factory) if eps is not None else None
         self.sliding_window = sliding_window
+        self.sinks = nn.Parameter(torch.zeros(n_heads, **factory)) if sinks else None
 
     @property
     def sliding_window(self) -> int | None:
@@ -152,6 +156,8 @@ class MultiHeadAttention(nn.Module):
             extra += f", qk_norm(eps={self.q_norm.eps:g})"
         if self.sliding_window is not None:
             extra += f", sliding_window={self.sliding_window}"
+        if self.sinks is not None:
+            extra += ", sinks"
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads} ({kind}), "
                 f"head_dim={self.head_dim}{extra}")
 
@@ -289,7 +295,7 @@ class MultiHeadAttention(nn.Module):
 
         out, weights = kernels.attend(q, k, v, mask=mask, is_causal=is_causal, need_weights=need_weights,
                                       dropout_p=self.dropout if self.training else 0.0, scale=self.softmax_scale,
-                                      kv_index=self.kv_index, window=self.sliding_window)
+                                      kv_index=self.kv_index, window=self.sliding_window, sinks=self.sinks)
         if weights is not None and held is not None:  # evicted keys: weight 0, so weights stay [B, nh, T, S]
             full = weights.new_zeros(*weights.shape[:-1], src_len)
             full[..., held] = weights

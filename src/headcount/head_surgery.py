@@ -7,7 +7,8 @@ Removing a query head removes its Q rows from qkv_proj and its block of columns 
 input of W_O, where the head writes. A KV head goes once no remaining query head reads it. Uneven
 pruning across GQA groups (say group sizes 3, 2, 3) keeps an explicit query-head -> KV-head map
 (`kv_head_of`, and the `kv_index` buffer the kernels gather with); the uniform case stays on the
-fast path with no map. q_norm / k_norm (per head_dim, shared by every head) are left unchanged.
+fast path with no map. q_norm / k_norm (per head_dim, shared by every head) are left unchanged. A head's
+sink logit (`sinks`, GPT-OSS) goes with the head.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ def prune_heads(attn, heads) -> None:
     rows = head_rows(0, keep) + head_rows(n_heads * dh, used_kv) + head_rows((n_heads + n_kv) * dh, used_kv)
     _shrink_linear(attn.qkv_proj, rows=torch.tensor(rows, device=device))
     _shrink_linear(attn.o_proj, cols=torch.tensor(head_rows(0, keep), device=device))
+    sinks = getattr(attn, "sinks", None)
+    if sinks is not None:  # [n_heads]: one logit per query head
+        attn.sinks = nn.Parameter(sinks.detach()[keep].clone(), requires_grad=sinks.requires_grad)
 
     attn.kv_head_of = tuple(renumber[attn.kv_head_of[h]] for h in keep)
     attn.kept_heads = tuple(attn.kept_heads[h] for h in keep)

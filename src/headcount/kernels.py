@@ -10,6 +10,17 @@ sequence is long against the window it walks the queries in chunks, each chunk a
 keys its band can reach, so the mask is [chunk, chunk + window - 1] (not [T, S]) and the work is
 O(T * window) instead of O(T * S).
 
+Per-head sink logits (`sinks=`, GPT-OSS): a learned logit per head joins every row of scores in the
+softmax and is dropped after, so a row's weights sum to less than 1. The eager path appends the sink
+as one more column. The fused path cannot (SDPA has no sink) and uses the log-sum-exp identity
+
+    out_with_sink = out_fused * sigmoid(L - sink),    L = logsumexp of the row's (masked) scores,
+
+because softmax-with-sink = softmax * Z / (Z + e^sink) with Z = e^L. L comes from the CPU flash kernel
+(aten._scaled_dot_product_flash_attention_for_cpu returns it beside the output) when no gradient is
+needed; otherwise (and off the CPU) from _logsumexp, which walks the queries in chunks so at most
+[chunk, S] scores exist at once (never [T, S] for a long T), and is differentiable.
+
 Both: GQA grouping (query head i reads KV head kv_index[i]; uniform grouping i // (n_heads //
 n_kv_heads) never copies K/V), and a query row whose keys are all masked gives exactly 0 output and
 0 gradient, never NaN.
@@ -48,7 +59,8 @@ def _expand_kv(k: Tensor, v: Tensor, n_heads: int, kv_index: Tensor | None) -> t
 
 def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
            need_weights: bool = False, dropout_p: float = 0.0, scale: float | None = None,
-           kv_index: Tensor | None = None, window: int | None = None) -> tuple[Tensor, Tensor | None]:
+           kv_index: Tensor | None = None, window: int | None = None,
+           sinks: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """Attention for q [B, nh, T, dh] over k, v [B, nkv, S, dh] -> ([B, nh, T, dh], weights or None).
 
     mask: bool (True = may attend) or float (added), broadcastable to [B, nh, T, S].
@@ -56,6 +68,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_ca
     kv_index: [nh] long tensor mapping query head -> KV head when groups are uneven; None = uniform.
     window: sliding window (masks.window_band): with is_causal, query p sees keys p - window < j <= p;
         without, |p - j| < window. Key j sits at position j, query t at S - T + t.
+    sinks: [nh] per-head sink logits (in the scores' units, after the scale): each joins its head's softmax
+        as one more key with no value (see the module doc).
     """
     tgt_len, src_len = q.shape[2], k.shape[2]
     if scale is None:
@@ -65,7 +79,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_ca
     if window is not None:
         chunk = 0 if need_weights else _chunk_size(tgt_len, src_len, window, is_causal)
         if chunk:
-            return _fused_windowed(q, k, v, mask, is_causal, dropout_p, scale, kv_index, window, chunk), None
+            return _fused_windowed(q, k, v, mask, is_causal, dropout_p, scale, kv_index, window, chunk, sinks), None
         mask = combine(mask, window_mask(tgt_len, src_len, window, causal=is_causal, device=q.device), dtype=q.dtype)
         is_causal = False  # the band already holds causality
     if is_causal and tgt_len == 1:
@@ -74,11 +88,13 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_ca
         mask = combine(mask, causal_mask(tgt_len, src_len, q.device), dtype=q.dtype)
         is_causal = False
     if need_weights:
-        return _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index)
-    return _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index), None
+        return _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks)
+    return _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks), None
 
 
-def _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index) -> Tensor:
+def _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks=None) -> Tensor:
+    if sinks is not None:
+        return _fused_with_sinks(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks)
     n_heads, n_kv = q.shape[1], k.shape[1]
     gqa = False
     if kv_index is not None or (n_kv != n_heads and not _SDPA_HAS_GQA):
@@ -103,7 +119,7 @@ def _chunk_size(tgt_len: int, src_len: int, window: int, causal: bool) -> int:
     return chunk if tgt_len > chunk and 2 * keys_per_chunk <= src_len else 0
 
 
-def _fused_windowed(q, k, v, mask, causal, dropout_p, scale, kv_index, window, chunk) -> Tensor:
+def _fused_windowed(q, k, v, mask, causal, dropout_p, scale, kv_index, window, chunk, sinks=None) -> Tensor:
     """The fused path over query chunks: chunk [a, b) attends keys [lo, hi), the only ones its band
     reaches, with a [b - a, hi - lo] band mask (and the matching slice of `mask`)."""
     tgt_len, src_len = q.shape[2], k.shape[2]
@@ -118,11 +134,63 @@ def _fused_windowed(q, k, v, mask, causal, dropout_p, scale, kv_index, window, c
         if mask is not None:  # [..., T or 1, S]
             part = mask[..., a:b, lo:hi] if mask.shape[-2] != 1 else mask[..., lo:hi]
         outs.append(_fused(q[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], combine(part, band, dtype=q.dtype),
-                           False, dropout_p, scale, kv_index))
+                           False, dropout_p, scale, kv_index, sinks))
     return torch.cat(outs, dim=2)  # (B, nh, T, dh)
 
 
-def _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index) -> tuple[Tensor, Tensor]:
+# Scores per _logsumexp chunk (per batch row and head): queries per chunk = this // S, at least 1.
+LSE_ELEMENTS = 1 << 16
+
+
+def _float_mask(mask: Tensor | None, dtype) -> Tensor | None:
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
+
+
+def _logsumexp(q, k, mask, is_causal, scale, kv_index) -> Tensor:
+    """L [B, nh, T] (float32): logsumexp over keys of each row's scaled, masked scores, the queries taken
+    LSE_ELEMENTS // S at a time (at most [chunk, S] scores per head at once). -inf for a row with no key."""
+    batch, n_heads, tgt_len, _ = q.shape
+    src_len = k.shape[2]
+    if kv_index is not None:
+        k = k.index_select(1, kv_index)
+    n_kv = k.shape[1]
+    group = n_heads // n_kv
+    kt = k.unsqueeze(2).transpose(-1, -2).float()  # (B, nkv, 1, dh, S)
+    if is_causal:  # only ever with T == S here (attend() builds the mask otherwise)
+        mask = combine(mask, causal_mask(tgt_len, src_len, q.device), dtype=q.dtype)
+    chunk = max(1, LSE_ELEMENTS // max(1, src_len))
+    parts = []
+    for a in range(0, tgt_len, chunk):
+        b = min(a + chunk, tgt_len)
+        qg = q[:, :, a:b].float().unflatten(1, (n_kv, group))
+        scores = torch.matmul(qg, kt).flatten(1, 2) * scale  # (B, nh, b - a, S)
+        if mask is not None:
+            part = mask[..., a:b, :] if mask.shape[-2] != 1 else mask
+            scores = scores.masked_fill(~part, float("-inf")) if part.dtype == torch.bool else scores + part.float()
+        dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
+        lse = torch.logsumexp(scores.masked_fill(dead, 0.0), dim=-1)  # finite rows only: a NaN-free backward
+        parts.append(lse.masked_fill(dead.squeeze(-1), float("-inf")))
+    return torch.cat(parts, dim=2)
+
+
+def _fused_with_sinks(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks) -> Tensor:
+    """SDPA's output times sigmoid(L - sink) per row (module doc): the sink's share taken out."""
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, sinks))
+    if q.device.type == "cpu" and not grad and dropout_p == 0.0:
+        kf, vf = (k, v) if k.shape[1] == q.shape[1] and kv_index is None else _expand_kv(k, v, q.shape[1], kv_index)
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, kf, vf, 0.0, is_causal, attn_mask=_float_mask(mask, q.dtype), scale=scale)
+        # the kernel gives L = 0 and output 0 for a row with no key: the product stays 0
+    else:
+        out = _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index)
+        lse = _logsumexp(q, k, mask, is_causal, scale, kv_index)
+    share = torch.sigmoid(lse - sinks.float().view(1, -1, 1))  # (B, nh, T): 1 - the sink's weight
+    return out * share.unsqueeze(-1).to(out.dtype)
+
+
+def _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks=None) -> tuple[Tensor, Tensor]:
     batch, n_heads, tgt_len, head_dim = q.shape
     if kv_index is not None:
         k, v = _expand_kv(k, v, n_heads, kv_index)
@@ -144,11 +212,20 @@ def _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index) -> tuple[Tensor
         # Rows with no key allowed: softmax would give 0/0. Give them zeros, with a NaN-free backward
         # (softmax of a finite row, then zeroed), instead of the NaN nn.MultiheadAttention returns.
         dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
-        weights = torch.softmax(scores.masked_fill_(dead, 0.0), dim=-1)
+        weights = _softmax(scores.masked_fill_(dead, 0.0), sinks)
         weights = weights.masked_fill(dead, 0.0) if weights.requires_grad else weights.masked_fill_(dead, 0.0)
     else:
-        weights = torch.softmax(scores, dim=-1)
+        weights = _softmax(scores, sinks)
     weights = weights.to(q.dtype)
     probs = F.dropout(weights, p=dropout_p) if dropout_p > 0.0 else weights
     out = torch.matmul(probs.unflatten(1, (n_kv, group)), v.unsqueeze(2)).flatten(1, 2)  # (B, nh, T, dh)
     return out, weights
+
+
+def _softmax(scores: Tensor, sinks: Tensor | None) -> Tensor:
+    """softmax over the last dim; with sinks [nh], over [scores | sink] with the sink's column dropped after."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    b, nh, t, _ = scores.shape
+    column = sinks.to(scores.dtype).view(1, nh, 1, 1).expand(b, nh, t, 1)
+    return torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]

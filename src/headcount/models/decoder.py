@@ -36,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 
 from headcount.attention import MultiHeadAttention
 from headcount.cache import KVCache
+from headcount.models.moe import MoEConfig, MoEFeedForward
 from headcount.models.rotary import RotaryEmbedding
 
 Tensor = torch.Tensor
@@ -89,6 +90,9 @@ class DecoderConfig:
     causal: bool = True  # False: bidirectional attention (embedding models: encoder.BidirectionalEncoder)
     # --- issue 27: what Gemma 2 / GPT-NeoX (Pythia) / OLMo 2 add (the defaults change nothing) ---
     rotary_dim: int | None = None  # partial rotary: only the first rotary_dim dims of each head rotate
+    # --- issue 27: mixture-of-experts feed-forward and per-head sink logits (GPT-OSS) ---
+    moe: MoEConfig | None = None  # routed experts instead of the dense MLP (moe.py); a dict is converted
+    attn_sinks: bool = False  # a learned sink logit per head in every row's softmax (MultiHeadAttention.sinks)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -113,6 +117,7 @@ class DecoderConfig:
             self.layer_types = types
         if self.rope_scaling <= 0:
             raise ValueError(f"rope_scaling: expected a positive factor, got {self.rope_scaling!r}")
+        self.moe = MoEConfig.from_value(self.moe)
 
     def layer_type(self, i: int) -> str:
         """FULL or SLIDING for layer i."""
@@ -123,13 +128,22 @@ class DecoderConfig:
     def attention_kwargs(self, i: int) -> dict:
         """What layer i's MultiHeadAttention gets beyond its head layout: softmax_scale, qk_norm_eps and
         sliding_window (for code that rebuilds a layer's attention, e.g. from a saved per-layer layout)."""
-        return {"softmax_scale": self.softmax_scale, "qk_norm_eps": self.norm_eps if self.qk_norm else None,
-                "sliding_window": self.sliding_window if self.layer_type(i) == SLIDING else None}
+        kwargs = {"softmax_scale": self.softmax_scale, "qk_norm_eps": self.norm_eps if self.qk_norm else None,
+                  "sliding_window": self.sliding_window if self.layer_type(i) == SLIDING else None}
+        if self.attn_sinks:
+            kwargs["sinks"] = True
+        return kwargs
+
+    def is_moe_layer(self, i: int) -> bool:
+        """True when layer i's feed-forward is the routed experts (moe set, i not in moe.dense_layers)."""
+        return self.moe is not None and i not in self.moe.dense_layers
 
     def to_dict(self) -> dict:
         d = asdict(self)
         if d["layer_types"] is not None:
             d["layer_types"] = list(d["layer_types"])
+        if self.moe is not None:
+            d["moe"] = self.moe.to_dict()
         return d
 
 
@@ -218,7 +232,9 @@ class DecoderLayer(nn.Module):
             self.attn.q_norm.cast_before_weight = self.attn.k_norm.cast_before_weight = True
         self.post_attn_norm = _norm(cfg, factory) if cfg.post_norms else None
         self.mlp_norm = _norm(cfg, factory)
-        if cfg.mlp.startswith("gated_"):
+        if cfg.is_moe_layer(index):
+            self.mlp = MoEFeedForward(cfg.d_model, cfg.moe, **factory)
+        elif cfg.mlp.startswith("gated_"):
             self.mlp = GatedMLP(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias, act=cfg.mlp[len("gated_"):], **factory)
         else:
             self.mlp = GeluMLP(cfg.d_model, cfg.d_ff, bias=cfg.mlp_bias,

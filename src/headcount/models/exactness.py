@@ -230,19 +230,34 @@ RANDOM_FAMILIES = {
                                     {"num_key_value_heads": 1, "head_dim": 64, "sliding_window": 16,
                                      "sliding_window_pattern": 3, "use_bidirectional_attention": True}),
     "gemma3 text part": ("Gemma3Config", "Gemma3ForConditionalGeneration", {}),
+    # issue 27: mixture-of-experts families (8 / 4 experts, top 2), GPT-OSS's sinks and alternating windows
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_key_value_heads": 2, "num_local_experts": 4,
+                                                        "num_experts_per_tok": 2, "intermediate_size": 96,
+                                                        "sliding_window": 16}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  {"num_key_value_heads": 2, "head_dim": 48, "num_experts": 8, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 64, "norm_topk_prob": True, "mlp_only_layers": [2],
+                   "use_sliding_window": True, "sliding_window": 16}),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
+                {"num_key_value_heads": 2, "head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+                 "intermediate_size": 64, "sliding_window": 16, "swiglu_limit": 3.0,
+                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
 }
+# transformers classes that have no SDPA path (GPT-OSS: its sinks): compared on their eager attention
+EAGER_ONLY = ("GptOssForCausalLM",)
 SHAPE = dict(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=6, num_attention_heads=4,
              max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
-def random_transformers_model(family: str, seed: int = 0):
+def random_transformers_model(family: str, seed: int = 0, *, shape: dict | None = None):
     """A random small transformers model of `family` (a key of RANDOM_FAMILIES), in eval mode, with
-    weights that make every tensor matter and keep greedy decoding from collapsing onto one token."""
+    weights that make every tensor matter and keep greedy decoding from collapsing onto one token.
+    shape: config fields that replace SHAPE's and the family's (a smaller model for a quick test)."""
     import torch
     import transformers
 
     cfg_name, model_name, extra = RANDOM_FAMILIES[family]
-    fields = {**SHAPE, **extra}
+    fields = {**SHAPE, **extra, **(shape or {})}
     if cfg_name == "Gemma3Config":  # the image + text model: a tiny SigLIP tower beside the text model
         text = {**fields, **RANDOM_FAMILIES["gemma3_text"][2]}
         vision = transformers.SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -251,7 +266,7 @@ def random_transformers_model(family: str, seed: int = 0):
                                         image_token_index=511, boi_token_index=509, eoi_token_index=510)
     else:
         cfg = getattr(transformers, cfg_name)(**fields)
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = "eager" if model_name in EAGER_ONLY else "sdpa"
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg).eval()
     gemma = cfg_name.startswith("Gemma3")

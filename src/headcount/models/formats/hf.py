@@ -5,7 +5,9 @@ LlamaForCausalLM (SmolLM2, Llama 2/3 with default or linear rotary), MistralForC
 on every layer when set), Qwen2ForCausalLM (q/k/v biases, no o bias) and Qwen3ForCausalLM (q/k norms;
 both with their optional sliding-window layers), Gemma3ForCausalLM / Gemma3TextModel (`gemma3_text`;
 with use_bidirectional_attention an encoder: BidirectionalEncoder) and the language model of
-Gemma3ForConditionalGeneration (`gemma3`: the vision tower and projector are not read).
+Gemma3ForConditionalGeneration (`gemma3`: the vision tower and projector are not read), and the
+mixture-of-experts families MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM and
+GptOssForCausalLM (per-head sinks `self_attn.sinks`): their expert tensors in hf_moe.py.
 
 Gemma's RMSNorms multiply by (1 + w) (in float32); headcount's norms multiply by a plain weight, so
 the reader stores 1 + w (computed in float32, as Gemma does) and the writer subtracts 1. This holds
@@ -37,8 +39,9 @@ import torch
 
 from headcount.models.decoder import Decoder, DecoderConfig
 from headcount.models.encoder import BidirectionalEncoder, Encoder, EncoderConfig
+from headcount.models.formats import hf_moe
 from headcount.models.formats.errors import CheckpointError
-from headcount.models.formats.hf_config import decoder_config, encoder_config, model_type, read_config
+from headcount.models.formats.hf_config import MOE_FAMILIES, decoder_config, encoder_config, model_type, read_config
 from headcount.models.formats.native import check_out, tokenizer_writer, write_dir
 from headcount.models.formats.tensors import SafetensorsFile, ShardedTensors, assign, check_finite, no_init
 
@@ -136,6 +139,11 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) ->
         yield o + "attn.o_proj.weight", t.get(h + "self_attn.o_proj.weight", (d, nh * hd), heads)
         if cfg.o_bias:
             yield o + "attn.o_proj.bias", t.get(h + "self_attn.o_proj.bias", (d,))
+        if cfg.attn_sinks:
+            yield o + "attn.sinks", t.get(h + "self_attn.sinks", (nh,), heads)
+        if cfg.is_moe_layer(i):
+            yield from hf_moe.read_layer(cfg, t, i)
+            continue
         gate = t.get(h + "mlp.gate_proj.weight", (ff, d), f"intermediate_size={ff}")
         up = t.get(h + "mlp.up_proj.weight", (ff, d), f"intermediate_size={ff}")
         yield o + "mlp.gate_up_proj.weight", torch.cat([gate, up], dim=0)
@@ -309,6 +317,10 @@ HF_CLASSES = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),  # a BidirectionalEncoder: Gemma3TextModel
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
 }
 _MODEL_TYPE = {"gemma3": "gemma3_text"}
 
@@ -336,13 +348,13 @@ def _attention_biases(model, family: str) -> bool:
     Qwen2 always has q/k/v biases and no o bias; Mistral has none: a bias they cannot hold is refused."""
     qkv = any(layer.attn.qkv_proj.bias is not None for layer in model.layers)
     o = any(layer.attn.o_proj.bias is not None for layer in model.layers)
-    if family == "mistral" and (qkv or o):
-        raise ValueError("model: a Mistral checkpoint has no attention biases, and this model has some "
-                         "(compensation adds an o_proj bias): transformers' MistralForCausalLM cannot hold them")
+    if family in ("mistral", "mixtral") and (qkv or o):
+        raise ValueError(f"model: a {family} checkpoint has no attention biases, and this model has some "
+                         "(compensation adds an o_proj bias): transformers' model cannot hold them")
     if family == "qwen2" and o:
         raise ValueError("model: a Qwen2 checkpoint has no o_proj bias, and this model has one (compensation adds it): "
                          "transformers' Qwen2ForCausalLM cannot hold it")
-    return (qkv or o) if family in ("llama", "qwen3", "gemma3") else family == "qwen2"
+    return (qkv or o) if family in ("llama", "qwen3", "gemma3", "qwen3_moe", "olmoe", "gpt_oss") else family == "qwen2"
 
 
 def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[dict, dict[str, Tensor]]:
@@ -390,6 +402,13 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
         ob = attn.o_proj.bias
         if bias and family != "qwen2":
             sd[p + "self_attn.o_proj.bias"] = ob.detach() if ob is not None else w.new_zeros(cfg.d_model)
+        if getattr(attn, "sinks", None) is not None:
+            sd[p + "self_attn.sinks"] = attn.sinks.detach()
+        if cfg.is_moe_layer(i):
+            sd.update(hf_moe.write_layer(layer.mlp, family, p))
+            for ours, theirs in norms.items():
+                sd[p + theirs + ".weight"] = norm(getattr(layer, ours).weight)
+            continue
         gu = layer.mlp.gate_up_proj.weight.detach()
         sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gu[:ff], gu[ff:]
         sd[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.weight.detach()
@@ -426,6 +445,23 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
             raise ValueError(f"model: embed_scale {cfg.embed_scale} is not sqrt(d_model); Gemma 3 cannot hold it")
         return hf, sd
     hf["hidden_act"] = "silu"
+    if cfg.moe is not None:
+        hf.update(hf_moe.config_fields(cfg))
+    if family == "mixtral":
+        hf["sliding_window"] = cfg.sliding_window
+    elif family == "qwen3_moe":
+        hf.update({"attention_bias": bias, "use_sliding_window": cfg.sliding_window is not None,
+                   "sliding_window": cfg.sliding_window})
+    elif family == "olmoe":
+        hf["attention_bias"] = bias
+    elif family == "gpt_oss":
+        hf.update({"attention_bias": bias, "sliding_window": cfg.sliding_window, "layer_types": types})
+    if family in MOE_FAMILIES:  # transformers 5 spelling (GptOssConfig would otherwise default to yarn)
+        hf["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+        if cfg.rope_scaling != 1.0:
+            hf["rope_parameters"].update(rope_type="linear", factor=cfg.rope_scaling)
+        hf.pop("rope_scaling", None)
+        return hf, sd
     if family == "llama":
         hf.update({"attention_bias": bias, "mlp_bias": cfg.mlp_bias})
     elif family == "mistral":

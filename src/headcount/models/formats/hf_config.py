@@ -13,6 +13,10 @@ Every field that changes the computation is read or refused by name; nothing is 
   query_pre_attn_scalar ** -0.5; embeddings x hidden_size ** 0.5. use_bidirectional_attention gives
   causal=False with the window transformers uses, |p - j| < sliding_window // 2 + 1.
 - gemma3 (image + text): its text_config (tie_word_embeddings and token ids from the outer config).
+- mixtral / qwen3_moe / olmoe / gpt_oss (issue 27): llama-like attention (qwen3_moe: per-head q/k norms;
+  olmoe: q/k norms over the whole projection; gpt_oss: biases, per-head sinks, alternating windows) and
+  the routed feed-forward of moe.py (expert counts, top-k, each router's normalisation; Qwen3-MoE's
+  mlp_only_layers / decoder_sparse_step give dense layers; OLMoE's clip_qkv is refused).
 - Refused wherever set: final_logit_softcapping, attn_logit_softcapping, partial_rotary_factor,
   attention_chunk_size, no_rope_layers, and the Granite-style multipliers.
 """
@@ -23,10 +27,12 @@ import json
 from pathlib import Path
 
 from headcount.models.decoder import DecoderConfig
+from headcount.models.moe import MoEConfig
 from headcount.models.encoder import EncoderConfig
 from headcount.models.formats.errors import CheckpointError
 
-SUPPORTED = ("bert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gemma3")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss")
+SUPPORTED = ("bert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gemma3", *MOE_FAMILIES)
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
 
 # transformers' Gemma3TextConfig defaults: config.json files written by older versions (and the
@@ -163,6 +169,77 @@ def _llama_like(cfg: dict, kind: str, source: str) -> DecoderConfig:
         qk_norm=kind == "qwen3", sliding_window=window, layer_types=types, family=kind)
 
 
+def _count(cfg: dict, keys: tuple[str, ...], source: str, *, low: int = 1) -> int:
+    """The first of `keys` present (a field and its transformers alias), an int >= low."""
+    key = next((k for k in keys if cfg.get(k) is not None), None)
+    if key is None:
+        raise CheckpointError(f"{source}: config has no {keys[0]!r}")
+    value = cfg[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise CheckpointError(f"{source}: {key}={value!r}, expected an int >= {low}")
+    return value
+
+
+def _moe(cfg: dict, kind: str, source: str) -> DecoderConfig:
+    """mixtral / qwen3_moe / olmoe / gpt_oss: their attention switches and the MoEConfig (moe.py)."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for {kind} (only 'silu')")
+    if cfg.get("clip_qkv") is not None:
+        raise CheckpointError(f"{source}: clip_qkv={cfg['clip_qkv']!r} is not supported (headcount does not clamp "
+                              "q/k/v and will not ignore it)")
+    fields = _common(cfg, source, tie_default=False)
+    n_layers = fields["n_layers"]
+    theta, factor = _rope(cfg, source)
+    n_experts = _count(cfg, ("num_experts", "num_local_experts") if kind in ("qwen3_moe", "olmoe")
+                       else ("num_local_experts", "num_experts"), source, low=0 if kind == "qwen3_moe" else 1)
+    top_k = _count(cfg, ("num_experts_per_tok",), source)
+    if n_experts and top_k > n_experts:
+        raise CheckpointError(f"{source}: num_experts_per_tok={top_k} is more than the {n_experts} experts")
+    extra: dict = {}
+    window, types = None, None
+    moe: dict = {"n_experts": n_experts, "top_k": top_k, "d_expert": fields["d_ff"]}
+    if kind == "mixtral":
+        window = cfg.get("sliding_window")
+    elif kind == "qwen3_moe":
+        window = cfg.get("sliding_window") if cfg.get("use_sliding_window") else None
+        moe["d_expert"] = _count(cfg, ("moe_intermediate_size",), source)
+        moe["normalize"] = bool(cfg.get("norm_topk_prob", False))
+        step = _count(cfg, ("decoder_sparse_step",), source) if "decoder_sparse_step" in cfg else 1
+        only = cfg.get("mlp_only_layers") or []
+        if not isinstance(only, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in only):
+            raise CheckpointError(f"{source}: mlp_only_layers={only!r}, expected a list of layer indices")
+        moe["dense_layers"] = tuple(i for i in range(n_layers) if i in only or (i + 1) % step)
+        extra = {"qk_norm": True, "qkv_bias": bool(cfg.get("attention_bias", False)),
+                 "o_bias": bool(cfg.get("attention_bias", False))}
+    elif kind == "olmoe":
+        moe["normalize"] = bool(cfg.get("norm_topk_prob", False))
+        extra = {"qkv_bias": bool(cfg.get("attention_bias", False)), "o_bias": bool(cfg.get("attention_bias", False)),
+                 **_full_width_qk_norm(source)}
+    else:  # gpt_oss
+        window = cfg.get("sliding_window", 128)
+        types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                           for i in range(n_layers)]
+        types = _layer_types(types, n_layers, source)
+        moe.update(router="topk_softmax", act="swiglu_clamped", expert_bias=True, router_bias=True,
+                   swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
+        bias = bool(cfg.get("attention_bias", True))
+        extra = {"qkv_bias": bias, "o_bias": bias, "attn_sinks": True, "norm": "rms_float"}
+        if window is None or "sliding_attention" not in types:
+            window, types = None, None
+    if window is not None:
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise CheckpointError(f"{source}: sliding_window={window!r}, expected a positive int or null")
+    moe_cfg = MoEConfig(**moe) if n_experts else None
+    return DecoderConfig(**{**fields, "norm": "rms", "mlp": "gated_silu", "rope_theta": theta, "rope_scaling": factor,
+                            "sliding_window": window, "layer_types": types, "moe": moe_cfg, "family": kind, **extra})
+
+
+def _full_width_qk_norm(source: str) -> dict:
+    """OLMoE's q/k RMSNorm runs over the whole projection (all heads at once), not per head."""
+    raise CheckpointError(f"{source}: olmoe's q/k norms over the whole q/k projection are not implemented yet")
+
+
 def gemma3_text_config(cfg: dict) -> dict:
     """A gemma3_text config (or a gemma3 config's text_config) with transformers' defaults filled in."""
     return {**GEMMA3_TEXT_DEFAULTS, **cfg}
@@ -246,6 +323,8 @@ def decoder_config(cfg: dict, source: str = "config") -> DecoderConfig:
         return _llama_like(cfg, kind, source)
     if kind == "gemma3_text":
         return _gemma3(cfg, source)
+    if kind in MOE_FAMILIES:
+        return _moe(cfg, kind, source)
     if kind == "gpt2":
         if cfg.get("scale_attn_by_inverse_layer_idx"):
             raise CheckpointError(f"{source}: scale_attn_by_inverse_layer_idx is not supported")

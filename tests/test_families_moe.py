@@ -1,0 +1,209 @@
+"""Issue 27's mixture-of-experts families and GPT-OSS's per-head sinks, against transformers 5 on random
+small configs built with transformers' own config classes (no download): logits, 32 greedy tokens,
+cached decoding past every window against a full forward, save + reload bit-identical, export back to a
+checkpoint transformers loads with no headcount code; the sink's fused path against the formula; bad input."""
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+transformers = pytest.importorskip("transformers")
+
+from headcount.models import export_transformers, from_transformers, generate, load  # noqa: E402
+from headcount.models.exactness import random_transformers_model  # noqa: E402
+from headcount.models.formats.errors import CheckpointError  # noqa: E402
+
+# small enough for a few seconds per family: 2 layers (GPT-OSS: one windowed, one full), window 8
+TINY = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=96)
+WINDOW = 8
+FAMILIES = {
+    "mixtral": {"sliding_window": WINDOW, "intermediate_size": 48},
+    "qwen3_moe": {"sliding_window": WINDOW, "head_dim": 24, "mlp_only_layers": [1], "intermediate_size": 80},
+    "gpt_oss": {"sliding_window": WINDOW, "head_dim": 16, "intermediate_size": 48},
+}
+PROMPT, NEW = 12, 32  # the prompt is past every window; 32 greedy tokens
+
+
+def _pair(family):
+    hf = random_transformers_model(family, shape={**TINY, **FAMILIES[family]})
+    with torch.no_grad():  # sinks big enough to take a visible share of each row
+        for name, p in hf.named_parameters():
+            if name.endswith("sinks"):
+                p.mul_(10.0)
+    return hf, from_transformers(hf)
+
+
+def _ids():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, 125, (2, 40), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 25:] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_family_matches_transformers(family, tmp_path):
+    hf, ours = _pair(family)
+    assert ours.config.moe is not None and ours.config.family == family
+    ids, mask = _ids()
+    real = mask.bool()
+    with torch.inference_mode():
+        ref = hf(input_ids=ids, attention_mask=mask).logits
+        got = ours(ids, attention_mask=mask).logits
+    assert ref[real].abs().max() > 1.0
+    assert (got - ref)[real].abs().max() <= 1e-4
+
+    # 32 greedy tokens after a prompt past the window: headcount's cached generate() = transformers' generate()
+    prompt = ids[:1, :PROMPT]
+    want = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW, do_sample=False,
+                       eos_token_id=None, pad_token_id=0)[0, PROMPT:].tolist()
+    assert generate(ours, prompt[0].tolist(), NEW, stop_at_eos=False).new_ids == want
+    assert len(set(want)) > 4  # not collapsed onto one token
+
+    # cached decoding, one token at a time past every window, = one full forward of the whole sequence
+    seq = torch.tensor([prompt[0].tolist() + want])
+    with torch.inference_mode():
+        full = ours(seq).logits[0]
+        cache = ours.new_cache(1)
+        steps = [ours(seq[:, :PROMPT], cache=cache).logits[0]]
+        for t in range(PROMPT, seq.shape[1]):
+            steps.append(ours(seq[:, t:t + 1], cache=cache).logits[0])
+    assert (torch.cat(steps) - full).abs().max() <= 1e-4
+
+    # headcount's own format: bit-identical after a reload
+    from headcount.surgery import save
+
+    save(ours, tmp_path / "saved")
+    back = load(tmp_path / "saved")
+    with torch.inference_mode():
+        assert torch.equal(back(ids, attention_mask=mask).logits, got)
+
+    # export: transformers loads it by itself (AutoModelForCausalLM, no headcount code), logits within 1e-4
+    export_transformers(ours, tmp_path / "hf")
+    kw = {"attn_implementation": "eager"} if family == "gpt_oss" else {}
+    again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32, **kw).eval()
+    assert type(again).__name__ == type(hf).__name__
+    with torch.inference_mode():
+        assert (again(input_ids=ids, attention_mask=mask).logits - ref)[real].abs().max() <= 1e-4
+
+
+def test_qwen3_moe_dense_layers_and_routers():
+    _, ours = _pair("qwen3_moe")
+    from headcount.models.decoder import GatedMLP
+    from headcount.models.moe import MoEFeedForward
+
+    assert isinstance(ours.layers[0].mlp, MoEFeedForward) and isinstance(ours.layers[1].mlp, GatedMLP)
+    assert ours.layers[0].mlp.cfg.normalize is True
+    _, gpt = _pair("gpt_oss")
+    assert gpt.layers[0].mlp.cfg.router == "topk_softmax" and gpt.layers[0].attn.sinks is not None
+    assert [layer.attn.sliding_window for layer in gpt.layers] == [WINDOW, None]
+
+
+def test_experts_run_only_on_their_tokens():
+    """Each expert sees exactly the tokens routed to it (counted by a hook on its weights' use)."""
+    _, ours = _pair("mixtral")
+    mlp = ours.layers[0].mlp
+    seen = []
+    real = mlp._expert
+    mlp._expert = lambda e, h: (seen.append((e, h.shape[0])), real(e, h))[1]
+    x = torch.randn(1, 10, 64)
+    with torch.no_grad():
+        _, _, index = mlp.route(x.reshape(-1, 64))
+        mlp(x)
+    counts = torch.bincount(index.reshape(-1), minlength=mlp.n_experts).tolist()
+    assert seen == [(e, c) for e, c in enumerate(counts) if c]
+    assert sum(c for _, c in seen) == 10 * mlp.top_k
+
+
+def _sink_reference(q, k, v, sinks, scale, window=None):
+    """The formula head by head: softmax over [scores | sink] (causal, optional window), sink dropped."""
+    t, s = q.shape[2], k.shape[2]
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1).double(), v.repeat_interleave(group, 1).double()
+    scores = q.double() @ k.transpose(-1, -2) * scale
+    pos = torch.arange(s - t, s)[:, None]
+    key = torch.arange(s)[None, :]
+    allowed = key <= pos
+    if window is not None:
+        allowed &= key > pos - window
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    col = sinks.double().view(1, -1, 1, 1).expand(*scores.shape[:3], 1)
+    w = torch.softmax(torch.cat([scores, col], -1), -1)[..., :-1]
+    return w @ v
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["CPU kernel's LSE", "chunked LSE (with grad)"])
+def test_sinks_fused_path_matches_the_formula(grad):
+    from headcount import kernels
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, 700, 16, generator=g) for n in (4, 2, 2))
+    sinks = torch.randn(4, generator=g) * 3
+    if grad:
+        q.requires_grad_(True)
+    for window in (None, 128):
+        want = _sink_reference(q.detach(), k, v, sinks, 0.25, window)
+        fused, _ = kernels.attend(q, k, v, is_causal=True, scale=0.25, window=window, sinks=sinks)
+        eager, weights = kernels.attend(q, k, v, is_causal=True, scale=0.25, window=window, sinks=sinks,
+                                        need_weights=True)
+        assert (fused.double() - want).abs().max() < 1e-5 and (eager.double() - want).abs().max() < 1e-5
+        assert (weights.sum(-1) < 1).all()  # the sink takes its share of every row
+    if grad:
+        fused.sum().backward()
+        assert torch.isfinite(q.grad).all()
+
+
+def test_pruning_a_head_drops_its_sink():
+    """Pruned head h = head h gated to 0: the other heads keep their own sinks."""
+    _, ours = _pair("gpt_oss")
+    ids, _ = _ids()
+    gates = torch.ones(2, 4)
+    gates[0, 1] = 0.0
+    with torch.no_grad():
+        want = ours(ids, head_gates=gates).logits
+        sinks = ours.layers[0].attn.sinks.detach().clone()
+        ours.layers[0].attn.prune_heads([1])
+        got = ours(ids).logits
+    assert torch.equal(ours.layers[0].attn.sinks.detach(), sinks[[0, 2, 3]])
+    assert (got - want).abs().max() < 1e-5
+
+
+def test_expert_count_the_tensors_lack_is_one_line_naming_the_field(tmp_path):
+    import json
+
+    hf, ours = _pair("mixtral")
+    export_transformers(ours, tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    cfg["num_local_experts"] = 6
+    (tmp_path / "m" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError) as err:
+        load(tmp_path / "m")
+    msg = str(err.value)
+    assert "\n" not in msg and "num_local_experts=6" in msg and "expected [6, 64]" in msg
+    # the hub's per-expert layout: one expert short
+    sd = {k: v for k, v in hf.state_dict().items()}
+    legacy = {}
+    for name, t in sd.items():
+        if ".mlp.experts.gate_up_proj" in name:
+            base = name.replace(".mlp.experts.gate_up_proj", ".block_sparse_moe.experts.")
+            for e in range(t.shape[0]):
+                gate, up = t[e].chunk(2)
+                legacy[f"{base}{e}.w1.weight"], legacy[f"{base}{e}.w3.weight"] = gate, up
+        elif ".mlp.experts.down_proj" in name:
+            base = name.replace(".mlp.experts.down_proj", ".block_sparse_moe.experts.")
+            for e in range(t.shape[0]):
+                legacy[f"{base}{e}.w2.weight"] = t[e]
+        else:
+            legacy[name.replace(".mlp.gate.", ".block_sparse_moe.gate.")] = t
+    from headcount.models import from_state_dict
+
+    cfg = hf.config.to_dict()
+    again = from_state_dict(cfg, legacy)  # the per-expert layout reads to the same model
+    ids, _ = _ids()
+    with torch.no_grad():
+        assert torch.equal(again(ids).logits, ours(ids).logits)
+    short = {k: v for k, v in legacy.items() if ".experts.3." not in k}
+    with pytest.raises(CheckpointError, match=r"holds 3 experts .* num_local_experts=4"):
+        from_state_dict(cfg, short)
