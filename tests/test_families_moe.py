@@ -3,6 +3,8 @@ small configs built with transformers' own config classes (no download): logits,
 cached decoding past every window against a full forward, save + reload bit-identical, export back to a
 checkpoint transformers loads with no headcount code; the sink's fused path against the formula; bad input."""
 
+import copy
+import functools
 import os
 
 import pytest
@@ -26,13 +28,20 @@ FAMILIES = {
 PROMPT, NEW = 12, 32  # the prompt is past every window; 32 greedy tokens
 
 
-def _pair(family):
+@functools.lru_cache(maxsize=None)
+def _built(family):
     hf = random_transformers_model(family, shape={**TINY, **FAMILIES[family]})
     with torch.no_grad():  # sinks big enough to take a visible share of each row
         for name, p in hf.named_parameters():
             if name.endswith("sinks"):
                 p.mul_(10.0)
     return hf, from_transformers(hf)
+
+
+def _pair(family):
+    """(transformers model, headcount model), built once per family; the headcount model a fresh copy."""
+    hf, ours = _built(family)
+    return hf, copy.deepcopy(ours)
 
 
 def _ids():
@@ -207,3 +216,38 @@ def test_expert_count_the_tensors_lack_is_one_line_naming_the_field(tmp_path):
     short = {k: v for k, v in legacy.items() if ".experts.3." not in k}
     with pytest.raises(CheckpointError, match=r"holds 3 experts .* num_local_experts=4"):
         from_state_dict(cfg, short)
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_cost_counts_total_and_active_parameters(family, tmp_path):
+    """`headcount cost PATH`: total = every tensor transformers builds; active per token = total minus the
+    experts a token does not read (n_experts - top_k of them in each MoE layer)."""
+    from headcount.cost.accounts import param_counts
+    from headcount.cost.shape import from_config
+
+    hf, _ = _built(family)
+    hf.config.to_json_file(str(tmp_path / "config.json"))
+    counts = param_counts(from_config(tmp_path))
+    total = sum(p.numel() for p in hf.parameters())
+    assert counts["total"] == total
+    layers = [layer.mlp for layer in hf.model.layers if hasattr(layer.mlp, "experts")]
+    e, k = hf.config.num_local_experts if family != "qwen3_moe" else hf.config.num_experts, hf.config.num_experts_per_tok
+    per_expert = sum(p[0].numel() for n, p in layers[0].experts.named_parameters())
+    assert counts["active_per_token"] == total - len(layers) * (e - k) * per_expert
+
+
+def test_cost_of_mixtral_8x7b_is_the_published_46_7b_total_12_9b_active(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from headcount.cli import app
+
+    cfg = {"model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+           "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "num_local_experts": 8,
+           "num_experts_per_tok": 2, "max_position_embeddings": 32768, "tie_word_embeddings": False}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    result = CliRunner().invoke(app, ["cost", str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    params = json.loads(result.output)["params"]
+    assert round(params["total"] / 1e9, 1) == 46.7 and round(params["active_per_token"] / 1e9, 1) == 12.9

@@ -43,9 +43,12 @@ def attention_params(shape: ModelShape) -> dict[str, int]:
     o = shape.n_heads * hd * d
     qkv_bias = (shape.n_heads + 2 * shape.n_kv_heads) * hd
     qk_norm = 2 * hd if shape.qk_norm else 0  # one head_dim weight vector for Q and one for K, shared by heads
-    weights = q + k + v + o + qk_norm
+    if shape.qk_norm and shape.qk_norm_full:  # over the whole projections: one weight per Q / K row
+        qk_norm = (shape.n_heads + shape.n_kv_heads) * hd
+    sinks = shape.n_heads if shape.attn_sinks else 0  # one learned sink logit per query head
+    weights = q + k + v + o + qk_norm + sinks
     bias = (qkv_bias if shape.attn_bias else 0) + (d if shape.o_bias else 0)
-    return {"q": q, "k": k, "v": v, "o": o, "qk_norm": qk_norm, "bias": bias, "total": weights + bias,
+    return {"q": q, "k": k, "v": v, "o": o, "qk_norm": qk_norm, "sinks": sinks, "bias": bias, "total": weights + bias,
             "total_without_bias": weights, "total_with_bias": weights + qkv_bias + d}
 
 
@@ -56,13 +59,28 @@ def mlp_params(shape: ModelShape) -> int:
     return 2 * d * f + ((f + d) if shape.mlp_bias else 0)
 
 
+def expert_params(shape: ModelShape) -> dict[str, int]:
+    """One MoE layer: each expert (gate, up: d -> d_expert; down: d_expert -> d; with expert biases), the
+    router (d -> n_experts, its bias), all of it, and what one token reads (experts_per_token experts + router)."""
+    d, f, e = shape.d_model, shape.d_expert, shape.n_experts
+    expert = 3 * d * f + ((2 * f + d) if shape.expert_bias else 0)
+    router = d * e + (e if shape.router_bias else 0)
+    return {"expert": expert, "router": router, "total": e * expert + router,
+            "active": shape.experts_per_token * expert + router}
+
+
 def param_counts(shape: ModelShape) -> dict:
-    """Every parameter of the model, by part, and the total."""
+    """Every parameter of the model, by part, and the total. A mixture of experts adds "experts" (one MoE
+    layer's account) and "active_per_token": the parameters one token's forward reads (experts_per_token of
+    n_experts experts in each MoE layer); dense models read every one (active_per_token = total)."""
     attn = attention_params(shape)
     mlp = mlp_params(shape)
     norm = _norm_params(shape)
     d = shape.d_model
     norms = norms_per_block(shape) * norm  # pre-attention and pre-MLP norms (or post-, same count); 4 with post_norms
+    moe = expert_params(shape) if shape.n_experts else None
+    if moe is not None and shape.moe_layers == shape.n_layers:
+        mlp = moe["total"]  # every layer's feed-forward is the experts
     layer = attn["total"] + mlp + norms
     counts = {
         "attention_per_layer": attn["total"],
@@ -72,6 +90,11 @@ def param_counts(shape: ModelShape) -> dict:
         "per_layer": layer,
         "layers": shape.n_layers * layer,
     }
+    if moe is not None:  # MoE layers hold the experts, the others (Qwen3-MoE's mlp_only_layers) the dense MLP
+        dense = mlp_params(shape)
+        counts["experts"] = moe
+        counts["layers"] = shape.n_layers * (attn["total"] + norms) + shape.moe_layers * moe["total"] + (
+            shape.n_layers - shape.moe_layers) * dense
     if shape.arch == "encoder-decoder":
         decoder_layer = 2 * attn["total"] + mlp + norms_per_block(shape, cross=True) * norm  # self-, cross-attn, MLP
         counts["decoder_per_layer"] = decoder_layer
@@ -86,6 +109,8 @@ def param_counts(shape: ModelShape) -> dict:
     counts["pooler"] = d * d + d if shape.pooler else 0
     counts["total"] = sum(counts[k] for k in ("layers", "embeddings", "positions", "token_types", "embedding_norm",
                                               "final_norm", "lm_head", "pooler"))
+    counts["active_per_token"] = counts["total"] - (
+        shape.moe_layers * (moe["total"] - moe["active"]) if moe is not None else 0)
     return counts
 
 
@@ -133,7 +158,15 @@ def attention_flops(shape: ModelShape, batch: int, seq: int, *, causal: bool = F
 
 
 def mlp_flops(shape: ModelShape, batch: int, seq: int) -> int:
+    """One dense MLP layer; a MoE layer's FLOPs are those of its active parameters (moe_flops)."""
     return 2 * batch * seq * (3 if shape.mlp == "gated" else 2) * shape.d_model * shape.d_ff
+
+
+def moe_flops(shape: ModelShape, batch: int, seq: int) -> int:
+    """One MoE layer: each token through experts_per_token experts (gate, up, down) and the router,
+    2 B n (experts_per_token x 3 d d_expert + d n_experts): not the dense-equivalent n_experts x that."""
+    d = shape.d_model
+    return 2 * batch * seq * (shape.experts_per_token * 3 * d * shape.d_expert + d * shape.n_experts)
 
 
 def flop_counts(shape: ModelShape, batch: int, seq: int) -> dict:
@@ -142,6 +175,10 @@ def flop_counts(shape: ModelShape, batch: int, seq: int) -> dict:
     mlp = mlp_flops(shape, batch, seq)
     logits = 2 * batch * seq * shape.d_model * shape.vocab_size if shape.has_lm_head else 0
     n_attn, n_mlp = shape.n_attention_modules, shape.n_blocks
+    mlp_total = n_mlp * mlp
+    if shape.n_experts:  # the MoE layers' active FLOPs (per MoE layer in mlp_per_layer), the dense layers' own
+        mlp = moe_flops(shape, batch, seq)
+        mlp_total = shape.moe_layers * mlp + (shape.n_layers - shape.moe_layers) * mlp_flops(shape, batch, seq)
     attention_total = n_attn * full["total"]
     attention_total_causal = n_attn * causal["total"]
     out = {
@@ -152,10 +189,10 @@ def flop_counts(shape: ModelShape, batch: int, seq: int) -> dict:
         "attention_total_causal": attention_total_causal,
         "scores_and_read_total": n_attn * (full["scores"] + full["read"]),
         "mlp_per_layer": mlp,
-        "mlp_total": n_mlp * mlp,
+        "mlp_total": mlp_total,
         "logits": logits,
-        "total": attention_total + n_mlp * mlp + logits,
-        "total_causal": attention_total_causal + n_mlp * mlp + logits,
+        "total": attention_total + mlp_total + logits,
+        "total_causal": attention_total_causal + mlp_total + logits,
         "convention": FLOP_CONVENTION,
     }
     if shape.sliding_window is not None:  # a decoder: local layers bounded by the window
@@ -168,8 +205,8 @@ def flop_counts(shape: ModelShape, batch: int, seq: int) -> dict:
             "window": shape.sliding_window,
             "attention_total_causal": windowed,
             "attention_total_causal_without_window": attention_total_causal,
-            "total_causal": windowed + n_mlp * mlp + logits,
-            "total_causal_without_window": attention_total_causal + n_mlp * mlp + logits,
+            "total_causal": windowed + mlp_total + logits,
+            "total_causal_without_window": attention_total_causal + mlp_total + logits,
             "pairs_per_head_exact": {"global_layer": window_pairs(seq), "local_layer": window_pairs(seq, shape.sliding_window)},
         })
     return out

@@ -82,6 +82,12 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
     count("  attention per layer", p["attention_per_layer"],
           f"Q {a['q']:,} + K {a['k']:,} + V {a['v']:,} + O {a['o']:,}{qk} + bias {a['bias']:,}")
     count("    without / with every bias", a["total_without_bias"], f"with: {a['total_with_bias']:,}")
+    if "experts" in p:  # a mixture of experts: what one token reads is not what the model holds
+        e = p["experts"]
+        count("  experts per MoE layer", e["total"], f"{shape['n_experts']} experts x {e['expert']:,} + router "
+              f"{e['router']:,}; {shape['moe_layers']} of {shape['n_layers']} layers")
+        count("    active per token", e["active"], f"{shape['experts_per_token']} of {shape['n_experts']} experts "
+              "+ router")
     count("  MLP per layer", p["mlp_per_layer"], shape["mlp"])
     count("  per layer", p["per_layer"], f"attention + MLP + norms ({p['norms_per_layer']:,})")
     tied = shape["tied_embeddings"] and shape["arch"] != "encoder" and shape["vocab_size"] > 0
@@ -93,6 +99,8 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
     if p["pooler"]:
         count("  pooler", p["pooler"])
     count("  total", p["total"], f"weights: {human_bytes(rep['weights_bytes'])} in {rep['dtype']}")
+    if "experts" in p:
+        count("  active per token", p["active_per_token"], "what one token's forward reads (MoE)")
 
     fa, fc = f["attention_per_layer"], f["attention_per_layer_causal"]
     section("FLOPs (a multiply-add is 2 FLOPs; matmuls only)")

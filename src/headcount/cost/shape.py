@@ -111,6 +111,17 @@ class ModelShape:
     layer_types: tuple[str, ...] | None = None  # per layer: "full_attention" | "sliding_attention"
     arch: str = "decoder"
     name: str = "custom"
+    # mixture of experts (issue 27): n_experts gated experts of width d_expert per MoE layer, experts_per_token
+    # of them active; a router Linear(d_model, n_experts). moe_layers: how many layers have experts (None =
+    # all); the others keep the dense MLP of d_ff. attn_sinks: one learned logit per query head (GPT-OSS).
+    n_experts: int = 0
+    experts_per_token: int = 0
+    d_expert: int = 0
+    expert_bias: bool = False
+    router_bias: bool = False
+    moe_layers: int | None = None
+    attn_sinks: bool = False
+    qk_norm_full: bool = False  # q/k norms over the whole projection: (n_heads + n_kv_heads) x head_dim weights (OLMoE)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -147,9 +158,27 @@ class ModelShape:
         for flag in ("embedding_norm", "final_norm", "pooler", "qk_norm", "post_norms"):
             _check_bool(flag, getattr(self, flag))
         _check_choice("arch", self.arch, ARCHS)
+        self._check_experts()
         self._check_window()
         if not isinstance(self.name, str) or not self.name:
             raise CostError(f"name: expected a non-empty string, got {self.name!r}")
+
+    def _check_experts(self) -> None:
+        set_ = object.__setattr__
+        _check_int("n_experts", self.n_experts, minimum=0)
+        for flag in ("expert_bias", "router_bias", "attn_sinks", "qk_norm_full"):
+            _check_bool(flag, getattr(self, flag))
+        if not self.n_experts:
+            set_(self, "moe_layers", 0)
+            return
+        _check_int("experts_per_token", self.experts_per_token)
+        if self.experts_per_token > self.n_experts:
+            raise CostError(f"experts_per_token: {self.experts_per_token} is more than the {self.n_experts} experts")
+        _check_int("d_expert", self.d_expert)
+        layers = self.n_layers if self.moe_layers is None else _check_int("moe_layers", self.moe_layers, minimum=0)
+        if layers > self.n_layers:
+            raise CostError(f"moe_layers: {layers} is more than the {self.n_layers} layers")
+        set_(self, "moe_layers", layers)
 
     def _check_window(self) -> None:
         set_ = object.__setattr__
@@ -293,7 +322,14 @@ GEMMA3_TEXT_DEFAULTS = {
 _FAMILIES: dict[str, dict] = {
     "llama": _DECODER_GATED,
     "mistral": dict(_DECODER_GATED, window="all"),  # sliding_window set: every layer local (v0.1); null: none
-    "mixtral": None,  # mixture of experts: not a dense MLP, refused below
+    # mixture of experts (issue 27): "experts" names the config keys of the expert count and width
+    "mixtral": dict(_DECODER_GATED, window="all", experts=("num_local_experts", "intermediate_size")),
+    "qwen3_moe": dict(_DECODER_GATED, qk_norm=True, window="qwen_all", defaults={"head_dim": 128},
+                      experts=("num_experts", "moe_intermediate_size")),
+    "olmoe": dict(_DECODER_GATED, qk_norm="full", experts=("num_experts", "intermediate_size")),
+    "gpt_oss": dict(_DECODER_GATED, attn_bias=True, window="every", every=2, sinks=True, expert_bias=True,
+                    router_bias=True, defaults={"sliding_window": 128, "head_dim": 64},
+                    experts=("num_local_experts", "intermediate_size")),
     "qwen2": dict(_DECODER_GATED, attn_bias=True, o_bias=False, window="qwen"),  # bias on Q, K, V only
     "qwen3": dict(_DECODER_GATED, qk_norm=True, window="qwen", defaults={"head_dim": 128}),
     "gemma": dict(_DECODER_GATED, tied=True),
@@ -369,9 +405,10 @@ def shape_from_config_dict(cfg, *, where: str = "config.json") -> ModelShape:
     model_type = cfg.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise CostError(f"{where}: model_type should be a string, got {model_type!r}")
-    if (model_type in _FAMILIES and _FAMILIES[model_type] is None) or cfg.get("num_local_experts"):
-        raise CostError(f"{where}: model_type {model_type!r} is a mixture of experts; only dense MLPs are counted")
     family = _FAMILIES.get(model_type)
+    if (family is None or "experts" not in family) and (cfg.get("num_local_experts") or cfg.get("num_experts")):
+        raise CostError(f"{where}: model_type {model_type!r} is a mixture of experts headcount does not know; "
+                        f"known: {', '.join(k for k, v in _FAMILIES.items() if 'experts' in v)}")
     act = cfg.get("hidden_act", cfg.get("activation_function"))
     if family is None:
         if act is None:
@@ -416,6 +453,8 @@ def shape_from_config_dict(cfg, *, where: str = "config.json") -> ModelShape:
     if cfg.get("use_bidirectional_attention") is True:  # Gemma 3 embedding models: an encoder, no causal window
         arch = "encoder"
     sliding_window, layer_types = _window(cfg, family, n_layers, where) if arch == "decoder" else (None, None)
+    moe = _experts(cfg, family, n_layers, where)
+    qk_norm = family.get("qk_norm", False)
     try:
         return ModelShape(
             d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim, n_layers=n_layers, d_ff=d_ff,
@@ -423,13 +462,36 @@ def shape_from_config_dict(cfg, *, where: str = "config.json") -> ModelShape:
             max_positions=max_positions or 0, type_vocab_size=cfg.get("type_vocab_size", 0) or 0,
             attn_bias=attn_bias, o_bias=o_bias, mlp_bias=mlp_bias, norm=family["norm"],
             embedding_norm=family.get("embedding_norm", False), final_norm=family.get("final_norm", False),
-            pooler=family.get("pooler", False), qk_norm=family.get("qk_norm", False),
+            pooler=family.get("pooler", False), qk_norm=bool(qk_norm), **moe,
             post_norms=family.get("post_norms", False), sliding_window=sliding_window, layer_types=layer_types,
             arch=arch,
             name=str(cfg.get("_name_or_path") or model_type or Path(where).parent.name or "config.json"),
         )
     except CostError as err:
         raise CostError(f"{where}: {err}") from None
+
+
+def _experts(cfg: dict, family: dict, n_layers: int, where: str) -> dict:
+    """The MoE fields of ModelShape from a mixtral / qwen3_moe / olmoe / gpt_oss config ({} for dense)."""
+    if "experts" not in family:
+        return {}
+    count_key, width_key = family["experts"]
+    n = cfg.get(count_key, cfg.get("num_local_experts", cfg.get("num_experts")))
+    k, width = cfg.get("num_experts_per_tok"), cfg.get(width_key)
+    for key, value in ((count_key, n), ("num_experts_per_tok", k), (width_key, width)):
+        if value is None:
+            raise CostError(f"{where}: missing key {key} (a mixture of experts)")
+        _check_int(f"{where}: {key}", value, minimum=0 if key == count_key else 1)
+    moe_layers = n_layers
+    if count_key == "num_experts" and "moe_intermediate_size" in family["experts"]:  # Qwen3-MoE's dense layers
+        step = cfg.get("decoder_sparse_step", 1) or 1
+        only = cfg.get("mlp_only_layers") or []
+        moe_layers = sum(1 for i in range(n_layers) if i not in only and (i + 1) % step == 0)
+    if not n:
+        return {}
+    return {"n_experts": n, "experts_per_token": k, "d_expert": width, "moe_layers": moe_layers,
+            "expert_bias": family.get("expert_bias", False), "router_bias": family.get("router_bias", False),
+            "attn_sinks": family.get("sinks", False), "qk_norm_full": family.get("qk_norm") == "full"}
 
 
 def _window(cfg: dict, family: dict, n_layers: int, where: str) -> tuple[int | None, list | None]:
@@ -443,13 +505,13 @@ def _window(cfg: dict, family: dict, n_layers: int, where: str) -> tuple[int | N
     if kind is None:
         return None, None
     window = cfg.get("sliding_window")
-    if kind == "qwen" and not cfg.get("use_sliding_window", False):
+    if kind in ("qwen", "qwen_all") and not cfg.get("use_sliding_window", False):
         window = None
     if window is None:
         return None, None
     if cfg.get("layer_types") is not None:
         return window, cfg["layer_types"]
-    if kind == "all":
+    if kind in ("all", "qwen_all"):  # qwen_all: Qwen3-MoE windows every layer when use_sliding_window
         return window, None
     if kind == "qwen":
         first = cfg.get("max_window_layers", 28)
