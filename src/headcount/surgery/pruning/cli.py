@@ -6,7 +6,9 @@ before anything is saved).
 
 --method retraining-free (the default): heads chosen by --order on the unpruned model. --method l0: heads
 chosen by trained hard-concrete gates (headcount.surgery.train_gates, --steps, --lr); the JSON's
-`method` key says which, and for l0 `prune.gates` holds the GateResult.
+`method` key says which, and for l0 `prune.gates` holds the GateResult. --joint (with --method l0): the
+model's weights (--joint-params) train with the gates (Voita's setup, pruning/gates_joint.py) and the closed
+heads are removed from the trained model as it is (--compensate none, its default there).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ def register(app, bench_app) -> None:
         device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         fraction: Optional[float] = typer.Option(None, "--fraction", help="share of query heads to remove, in (0, 1)"),
         mode: str = typer.Option("query", "--mode", help="query (any heads) or group (whole GQA groups)"),
-        compensate: str = typer.Option("lstsq", "--compensate", help="none, mean or lstsq"),
+        compensate: Optional[str] = typer.Option(None, "--compensate", help="none, mean or lstsq (default lstsq; "
+                                                 "with --joint none, the only choice)"),
         order: str = typer.Option("reconstruction", "--order",
                                   help="importance method (gradient, ablation, confidence, reconstruction) or random"),
         uniform: bool = typer.Option(False, "--uniform", help="same number from every layer (and GQA group)"),
@@ -60,10 +63,15 @@ def register(app, bench_app) -> None:
         steps: Optional[int] = typer.Option(None, "--steps", help=f"--method l0: gate training steps (default "
                                             f"{L0_STEPS})"),
         lr: Optional[float] = typer.Option(None, "--lr", help=f"--method l0: the gates' learning rate (default {L0_LR})"),
+        joint: bool = typer.Option(False, "--joint", help="--method l0: train the model's weights WITH the gates "
+                                   "(distillation from the unedited model), then remove the closed heads"),
+        joint_params: Optional[str] = typer.Option(None, "--joint-params", help="with --joint: the weights that train "
+                                                   "(attention: q/k/v/o and their norms, the default; or all)"),
     ) -> None:
         """Remove attention heads (retraining-free order, or trained L0 gates; with compensation); print
         before/after and save. --force also prunes when the L0 gates missed their target."""
         with _one_line_errors("prune"):
+            compensate = _check_joint(method, joint, joint_params, compensate)
             for name, value, allowed in (("--mode", mode, ("query", "group")),
                                          ("--compensate", compensate, ("none", "mean", "lstsq")),
                                          ("--method", method, METHODS)):
@@ -96,7 +104,8 @@ def register(app, bench_app) -> None:
             out = check_out_dir(out, force)
             cal, held, source = calibration_and_held_out(text)
             result = _prune_one(model, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
-                                calibration_windows, eval_windows, method, steps, lr, dtype, device)
+                                calibration_windows, eval_windows, method, steps, lr, dtype, device,
+                                (joint_params or "attention") if joint else None)
         if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
             return
         if json_out:
@@ -113,7 +122,8 @@ def register(app, bench_app) -> None:
             rows.append((f"held-out perplexity ({source})", before, after))
         else:
             rows.append(("held-out embedding cosine", 1.0, result["fidelity_after"]["cosine"]))
-        how = (f"L0 gates, {steps} steps" if method == "l0" else f"order {result['prune']['order']}")
+        how = (f"L0 gates{' trained with the ' + joint_params_of(result) if joint else ''}, {steps} steps"
+               if method == "l0" else f"order {result['prune']['order']}")
         before_after_table(rows, f"{model}: {result['prune']['heads_removed']} heads removed ({mode} mode, {how}, "
                                  f"compensate {compensate})")
         if method == "l0":
@@ -128,7 +138,7 @@ def register(app, bench_app) -> None:
 
     def _prune_one(model_name, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
                    calibration_windows, eval_windows, method="retraining-free", steps=None, lr=None, dtype="fp32",
-                   device="cpu") -> dict | None:
+                   device="cpu", joint_params=None) -> dict | None:
         import os
         import time
 
@@ -144,10 +154,14 @@ def register(app, bench_app) -> None:
             main = distributed.is_main(group)
         start = time.perf_counter()
         model = load_model(model_name, dtype, device)
-        gates = _train_l0(model, fraction, mode, cal, steps, lr, force) if method == "l0" else None
+        before = None
+        if joint_params:  # joint training changes the model: measure the unedited one first
+            _l0_target(model, fraction, mode)
+            before = held_out_report(model, held, eval_windows, 512)
+        gates = _train_l0(model, fraction, mode, cal, steps, lr, force, joint_params) if method == "l0" else None
         if gates is None:  # the gates keep exactly their target (or refuse it, naming --fraction)
             _say_plan(model, fraction, mode, uniform, main)
-        ppl_before, reference, by_domain_before = held_out_report(model, held, eval_windows, 512)
+        ppl_before, reference, by_domain_before = before or held_out_report(model, held, eval_windows, 512)
         if gates is not None:
             from headcount.surgery import apply_gates
             result = apply_gates(model, gates, compensate=compensate, calibration=cal, force=True,
@@ -192,22 +206,46 @@ def register(app, bench_app) -> None:
                        f"{fraction:.1%} asked: {'uniform pruning rounds per GQA group' if uniform else 'rounding'}",
                        err=True)
 
-    def _train_l0(model, fraction, mode, cal, steps, lr, force):
+    def _train_l0(model, fraction, mode, cal, steps, lr, force, joint_params=None):
         """Train the gates (every check first, naming the flag); refuse a missed target unless --force."""
-        from headcount.surgery.pruning.gates import REACH_TOLERANCE, gate_count, resolve_target, train_gates
+        from headcount.surgery.pruning.gates import REACH_TOLERANCE, train_gates
 
-        unit = "query heads" if mode == "query" else "KV groups"
-        try:
-            resolve_target(*gate_count(model, mode), fraction=fraction, unit=unit)
-        except ValueError as e:
-            raise ValueError(f"--{e}") from None
-        gates = train_gates(model, fraction=fraction, steps=steps, lr=lr, calibration=cal, mode=mode)
+        unit = _l0_target(model, fraction, mode)
+        joint = {"joint": True, "params": joint_params} if joint_params else {}
+        gates = train_gates(model, fraction=fraction, steps=steps, lr=lr, calibration=cal, mode=mode, **joint)
         if not gates.reached and not force:
             raise ValueError(f"--steps: the L0 target is unreachable in {steps} steps: the gates' expected L0 ended at "
                              f"{gates.final_expected_l0:.1f} open {unit}, target {gates.heads_to_keep} of "
                              f"{gates.n_gates} (more than {REACH_TOLERANCE:.0%} off); nothing written. Give more "
                              "--steps or a larger --lr, or --force to prune by the gates' ranking anyway")
         return gates
+
+    def _l0_target(model, fraction, mode) -> str:
+        """Check the gates' target (naming --fraction); the gates' unit."""
+        from headcount.surgery.pruning.gates import gate_count, resolve_target
+
+        unit = "query heads" if mode == "query" else "KV groups"
+        try:
+            resolve_target(*gate_count(model, mode), fraction=fraction, unit=unit)
+        except ValueError as e:
+            raise ValueError(f"--{e}") from None
+        return unit
+
+    def joint_params_of(result) -> str:
+        return f"model's {result['prune']['gates'].get('params')} weights"
+
+    def _check_joint(method, joint, joint_params, compensate) -> str:
+        """--joint's rules (before anything is loaded); the compensation to use."""
+        if joint and method != "l0":
+            raise ValueError(f"--joint: trains the model with L0 gates, only with --method l0, got --method {method}")
+        if joint_params is not None and not joint:
+            raise ValueError("--joint-params: only with --joint (the weights that train with the gates)")
+        if joint_params is not None and joint_params not in ("attention", "all"):
+            raise ValueError(f"--joint-params: expected one of attention, all, got {joint_params!r}")
+        if joint and compensate not in (None, "none"):
+            raise ValueError(f"--compensate: --joint removes the closed heads from the model trained with them as it "
+                             f"is (none), got {compensate}")
+        return compensate or ("none" if joint else "lstsq")
 
     def _curve(model_name, text, mode, uniform, png, json_out, calibration_windows, eval_windows) -> None:
         from headcount.models import load

@@ -19,6 +19,11 @@ log(-gamma / zeta)): the expected L0 is the sum of that over gates (`expected_l0
 list with one [B, n_heads] tensor per layer: each example of a batch draws its own gates), i.e. at the
 input of o_proj, where a gate of 0 is exactly the structural removal of that head.
 
+Joint training (joint=True, Voita's own setup; gates_joint.py): the same loop, but the chosen weights of the
+model ("attention" or "all") train with the gates (AdamW, `weight_lr`), in place, and the teacher is a frozen
+copy of the unedited model; apply_gates then removes the heads from that trained model with compensate
+"none". Everything below describes the frozen variant, which stays the default.
+
 Training. Every weight of the model is frozen (requires_grad False for the duration; the flags are put
 back afterwards, and no weight is written); only log_alpha (and the two multipliers) train. The loss is
 distillation from the unmodified model, which is the same model with no gates, so the teacher is a
@@ -157,6 +162,10 @@ class GateResult:
     forward_equivalents: float = 0.0
     seconds: float = 0.0
     objective: str = ""
+    joint: bool = False  # the model's weights trained with the gates (gates_joint.py); False: the model frozen
+    params: str | None = None  # joint: which weights moved ("attention", "all")
+    weight_lr: float | None = None  # joint: AdamW's lr on those weights
+    trained_params: int = 0  # joint: how many numbers moved
 
     @property
     def final_loss(self) -> float | None:
@@ -189,7 +198,8 @@ class GateResult:
             "history": [{"step": h["step"], "gates": r4(h["gates"])} for h in self.history],
             "lambdas": [round(float(v), 6) for v in self.lambdas],
             "calibration_tokens": self.calibration_tokens, "forward_equivalents": round(self.forward_equivalents, 2),
-            "seconds": round(self.seconds, 3),
+            "seconds": round(self.seconds, 3), "joint": self.joint, "params": self.params,
+            "weight_lr": self.weight_lr, "trained_params": self.trained_params,
         }
 
 
@@ -254,14 +264,16 @@ def resolve_target(n_gates: int, n_layers: int, heads_to_keep=None, fraction=Non
 
 
 # ------------------------------------------------------------------------------------------- train
-def _distill(model, batch, decoder: bool, gates: list[Tensor]) -> tuple[Tensor, int]:
-    """(distillation loss of the gated model against the ungated one on this batch, positions scored)."""
+def _distill(model, batch, decoder: bool, gates: list[Tensor], teacher_model=None) -> tuple[Tensor, int]:
+    """(distillation loss of the gated model against the ungated teacher on this batch, positions scored);
+    the teacher is `model` itself without gates unless teacher_model is given (joint training)."""
     from headcount.analysis import objectives
 
     ids, mask = batch
+    ref_model = model if teacher_model is None else teacher_model
     if decoder:
         with torch.no_grad():
-            teacher = F.log_softmax(model(ids, attention_mask=mask).logits.float(), dim=-1)
+            teacher = F.log_softmax(ref_model(ids, attention_mask=mask).logits.float(), dim=-1)
         student = F.log_softmax(model(ids, attention_mask=mask, head_gates=gates).logits.float(), dim=-1)
         if mask is not None:
             keep = mask.bool()
@@ -271,7 +283,7 @@ def _distill(model, batch, decoder: bool, gates: list[Tensor]) -> tuple[Tensor, 
         kl = F.kl_div(student, teacher, log_target=True, reduction="sum") / teacher.shape[0]
         return kl, teacher.shape[0]
     with torch.no_grad():
-        ref = objectives.pooled(model, ids, mask)
+        ref = objectives.pooled(ref_model, ids, mask)
     emb = objectives.pooled(model, ids, mask, head_gates=gates)
     return objectives.fidelity(emb, ref).mean().float(), ids.shape[0]
 
@@ -280,15 +292,19 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
                 lr: float = 0.1, calibration=None, mode: str = "query", progress: bool = True,
                 n_windows: int = N_WINDOWS, window: int = WINDOW, batch_size: int = BATCH_SIZE,
                 lambda_lr: float = LAMBDA_LR, warmup: float = WARMUP, init: float = INIT_LOG_ALPHA,
-                history_every: int | None = None, seed: int = 0) -> GateResult:
+                history_every: int | None = None, seed: int = 0, joint: bool = False, params: str | None = None,
+                weight_lr: float | None = None) -> GateResult:
     """Train a hard-concrete gate per head (or per GQA group) of the frozen `model`; see the module doc.
+    joint=True (Voita's setup, gates_joint.py): `params` ("attention", the default, or "all") of `model` train
+    WITH the gates (AdamW, lr `weight_lr`), IN PLACE, against a frozen copy of the unedited model; remove the
+    heads with apply_gates on that same trained model.
 
     heads_to_keep / fraction: exactly one; fraction is the share of gates to REMOVE, in (0, 1). In group mode
     both count KV groups (as prune_to's group mode does). steps: optimizer steps, one calibration batch
     each (cycled). lr: Adam's on log_alpha; lambda_lr: Adam's (ascent) on the multipliers.
     n_windows / window / batch_size: the calibration (decoders: windows of tokens; encoders: up to
     32 * n_windows sentences in batches of 32). warmup: the share of steps over which the target warms up.
-    init: log_alpha at the start. No weight of `model` changes.
+    init: log_alpha at the start. Without joint, no weight of `model` changes.
     """
     from tqdm.auto import tqdm
 
@@ -301,6 +317,15 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup <= 1:
         raise ValueError(f"warmup: expected a share of the steps in [0, 1], got {warmup!r}")
     history_every = max(1, steps // 20) if history_every is None else _check_int("history_every", history_every, 1)
+    if not isinstance(joint, bool):
+        raise ValueError(f"joint: expected True or False, got {joint!r}")
+    if joint:
+        from headcount.surgery.pruning import gates_joint as _joint
+        params = _joint.check_params(_joint.DEFAULT_PARAMS if params is None else params)
+        weight_lr = _check_positive("weight_lr", _joint.WEIGHT_LR if weight_lr is None else weight_lr)
+    elif params is not None or weight_lr is not None:
+        raise ValueError(f"{'params' if params is not None else 'weight_lr'}: only with joint=True (the frozen "
+                         "variant trains no weight)")
     units = _units(model, mode)
     n_gates = sum(u[0] for u in units)
     unit = "query heads" if mode == "query" else "KV groups"
@@ -319,6 +344,9 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     log_alpha = torch.full((n_gates,), float(init), device=device, requires_grad=True)
     lambdas = torch.zeros(2, device=device, requires_grad=True)
     opt = torch.optim.Adam([log_alpha], lr=lr, betas=(0.5, 0.99))
+    trained = _joint.trained_parameters(model, params) if joint else []
+    opt_weights = torch.optim.AdamW(trained, lr=weight_lr, weight_decay=0.0) if joint else None
+    teacher_model = None
     opt_lambda = torch.optim.Adam([lambdas], lr=lambda_lr, betas=(0.0, 0.99), maximize=True)
     offsets = [0]
     for n, _, _ in units:
@@ -345,11 +373,15 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
         for p in model.parameters():
             p.requires_grad_(False)
         model.eval()
+        if joint:  # the teacher: the unedited weights, frozen, copied before the first step
+            teacher_model = _joint.teacher_copy(model, trained)
+            for p in trained:
+                p.requires_grad_(True)
         for step in range(steps):
             batch = batches[step % len(batches)]
             rows = batch.ids.shape[0]
             z = sample_gates(log_alpha.expand(rows, n_gates), generator=gen)  # [B, n_gates]: one draw per example
-            distill, _ = _distill(model, batch, decoder, [g.to(dtype) for g in per_layer(z)])
+            distill, _ = _distill(model, batch, decoder, [g.to(dtype) for g in per_layer(z)], teacher_model)
             t = density_target if step >= n_warm else density0 + (density_target - density0) * (step + 1) / n_warm
             gap = open_probability(log_alpha).mean() - t
             lagrangian = lambdas[0] * gap + lambdas[1] * gap * gap
@@ -358,6 +390,9 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
             (distill + lagrangian).backward()
             opt.step()
             opt_lambda.step()
+            if opt_weights is not None:
+                opt_weights.step()
+                opt_weights.zero_grad(set_to_none=True)
             with torch.no_grad():
                 log_alpha.clamp_(-LOG_ALPHA_LIMIT, LOG_ALPHA_LIMIT)
             tokens_used += batch.n_tokens
@@ -374,6 +409,7 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)
         model.train(was_training)
+        del teacher_model
 
     with torch.no_grad():
         la = log_alpha.detach().cpu()
@@ -399,7 +435,8 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
         calibration_tokens=calibration_tokens,
         forward_equivalents=4.0 * tokens_used / max(calibration_tokens, 1), seconds=time.perf_counter() - start,
         objective="KL(teacher || gated) of next-token distributions" if decoder else
-        "1 - cos of mean-pooled sentence embeddings (gated vs unmodified)")
+        "1 - cos of mean-pooled sentence embeddings (gated vs unmodified)",
+        joint=joint, params=params, weight_lr=weight_lr, trained_params=sum(p.numel() for p in trained))
     return result
 
 
@@ -431,7 +468,7 @@ def _fold(model, gates: GateResult) -> None:
                     attn.o_proj.weight[:, j * dh:(j + 1) * dh] *= value
 
 
-def apply_gates(model, gates: GateResult, *, compensate: str = "lstsq", calibration=None, force: bool = False,
+def apply_gates(model, gates: GateResult, *, compensate: str | None = None, calibration=None, force: bool = False,
                 progress: bool = True, **kwargs):
     """Remove the heads `gates` did not keep from `model`, in place, with headcount.surgery.prune (mode =
     the gates' mode) -> PruneResult with method "l0".
@@ -441,6 +478,8 @@ def apply_gates(model, gates: GateResult, *, compensate: str = "lstsq", calibrat
     "lstsq": nothing is folded; the refit of o_proj on the kept heads reproduces the unmodified model's
     attention outputs (it absorbs any scale a gate had). force=False refuses (ValueError naming `steps`)
     gates whose expected L0 ended more than 10% of the gates away from the target. Other keywords go to prune.
+    compensate None: "lstsq" for frozen gates, "none" for joint ones (the only choice there: `model` must be the
+    model trained with them, whose weights already compensate; gates_joint.py says why).
     """
     from headcount.surgery.pruning.removal import prune
 
@@ -449,6 +488,11 @@ def apply_gates(model, gates: GateResult, *, compensate: str = "lstsq", calibrat
     layout = [list(k) for k, _ in _plan.layout(model)]
     if layout != gates.layout:
         raise ValueError("gates: trained on a model with other heads (layouts differ); train them on this model")
+    if compensate is None:
+        compensate = "none" if gates.joint else "lstsq"
+    if gates.joint and compensate != "none":
+        raise ValueError(f"compensate: gates trained jointly with the model are applied to that trained model as "
+                         f"they are (compensate 'none'; its weights already compensate), got {compensate!r}")
     if not gates.reached and not force:
         unit = "query heads" if gates.mode == "query" else "KV groups"
         raise ValueError(f"steps: the L0 target is unreachable in the steps given: after {gates.steps} steps the "
@@ -468,16 +512,25 @@ def apply_gates(model, gates: GateResult, *, compensate: str = "lstsq", calibrat
 
 
 def prune_l0(model, *, fraction: float | None = None, heads_to_keep: int | None = None, steps: int, lr: float = 0.1,
-             calibration=None, mode: str = "query", compensate: str = "lstsq", force: bool = False,
-             progress: bool = True, train_kwargs: dict | None = None, **prune_kwargs):
+             calibration=None, mode: str = "query", compensate: str | None = None, force: bool = False,
+             progress: bool = True, joint: bool = False, params: str | None = None, train_kwargs: dict | None = None,
+             **prune_kwargs):
     """train_gates then apply_gates: L0-trained pruning in one call -> PruneResult (method "l0", .gates the
-    GateResult). train_kwargs go to train_gates (n_windows, window, batch_size, lambda_lr, warmup, init,
-    seed); other keywords to prune (calibration_windows, ridge, ...)."""
+    GateResult). joint=True trains `params` of `model` with the gates (in place) and removes the heads with
+    compensate "none" (None picks: "lstsq" frozen, "none" joint). train_kwargs go to train_gates (n_windows,
+    window, batch_size, lambda_lr, warmup, init, seed, weight_lr); other keywords to prune (calibration_windows,
+    ridge, ...)."""
     from headcount.surgery.pruning.compensate import COMPENSATIONS
 
+    if compensate is None:
+        compensate = "none" if joint else "lstsq"
     if compensate not in COMPENSATIONS:
         raise ValueError(f"compensate: expected one of {COMPENSATIONS}, got {compensate!r}")
+    if joint and compensate != "none":
+        raise ValueError(f"compensate: joint gates remove the heads from the trained model as it is ('none'), "
+                         f"got {compensate!r}")
     gates = train_gates(model, heads_to_keep=heads_to_keep, fraction=fraction, steps=steps, lr=lr,
-                        calibration=calibration, mode=mode, progress=progress, **(train_kwargs or {}))
+                        calibration=calibration, mode=mode, progress=progress, joint=joint, params=params,
+                        **(train_kwargs or {}))
     return apply_gates(model, gates, compensate=compensate, calibration=calibration, force=force, progress=progress,
                        **prune_kwargs)
