@@ -156,3 +156,37 @@ def test_prune_joint_json(tmp_path, minilm):
     assert data["method"] == "l0" and g["joint"] is True and g["params"] == "attention" and g["trained_params"] > 0
     assert data["prune"]["compensate"] == "none" and data["heads_after"] == 4
     assert (tmp_path / "o" / "headcount.json").exists()
+
+
+def test_report_c12_reads_the_joint_points_for_these_weights_only(tmp_path):
+    import json
+
+    from headcount.report.claims import c12_gates
+    from headcount.report.trained import saved_gates
+
+    def point(method, ppl, **extra):
+        return {"fraction": 0.5, "method": method, "heads_kept": 4, "steps": 7, "ppl_by_text": {"prose": ppl}, **extra}
+    section = {"model": "tiny", "heads": 8, "steps": 300, "weights_sha256": "abc", "base": {"ppl_by_text": {"prose": 10.0}},
+               "points": [point("l0 + lstsq", 15.0), point("l0 joint", 11.5, params="attention")]}
+    (tmp_path / "surgery_gates.json").write_text(json.dumps({"gates": {"tiny": section}}))
+    saved = saved_gates(tmp_path, "tiny", weights=lambda: "abc")
+    assert saved["joint"] and [p["ppl"] for p in saved["points"]] == [11.5]
+    c12 = c12_gates(saved, "tiny")
+    assert c12["status"] == "held" and abs(c12["number"] - 0.15) < 1e-9 and "trained with the model" in c12["finding"]
+    assert saved_gates(tmp_path, "tiny", weights="other") is None  # measured on other weights: not this model's
+    section["points"] = section["points"][:1]  # no joint points: the frozen gates' lstsq points, as before
+    (tmp_path / "surgery_gates.json").write_text(json.dumps({"gates": {"tiny": section}}))
+    saved = saved_gates(tmp_path, "tiny", weights="abc")
+    assert not saved["joint"] and c12_gates(saved, "tiny")["status"] == "did not hold"
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--part", "gates", "--methods", "l0 jointly"], "--methods"),
+    (["--part", "gates", "--models", "gpt2"], "--models"),
+    (["--part", "prune", "--methods", "l0 joint"], "--methods"),
+])
+def test_bench_gates_bad_methods_and_models(args, match):
+    result = runner.invoke(app, ["bench", "surgery", *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and match in lines[0], result.output

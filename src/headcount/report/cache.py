@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from headcount.models.fingerprint import weights_hash  # noqa: F401  (re-exported: the cache keys on it)
+
 CACHE_VERSION = 1  # bump when a cached result's meaning changes
 
 
@@ -23,20 +25,6 @@ def cache_dir() -> Path:
     """$HEADCOUNT_CACHE/report (default ~/.cache/headcount/report)."""
     from headcount.models.formats.gguf import cache_root
     return cache_root() / "report"
-
-
-def weights_hash(model) -> str:
-    """sha256 over every parameter and buffer (name, dtype, shape, bytes), in state_dict order."""
-    import torch
-
-    h = hashlib.sha256()
-    for name, tensor in model.state_dict().items():
-        t = tensor.detach().to("cpu").contiguous()
-        h.update(f"{name}:{t.dtype}:{tuple(t.shape)};".encode())
-        if t.dtype == torch.bfloat16:
-            t = t.view(torch.int16)
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()
 
 
 def text_hash(texts: str | Sequence[str] | None) -> str:

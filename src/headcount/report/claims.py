@@ -421,7 +421,9 @@ def c12_gates(gates: dict | None, model: str | None = None) -> dict:
     before, removed = gates.get("heads_before"), gates.get("heads_removed")
     share = removed / before if before and removed is not None else None
     reached = gates.get("reached")
-    bits = [f"{gates.get('steps')} steps of gate training on a frozen {model or 'model'} (distillation from the "
+    how = (f"gates and {model or 'the model'}'s {gates.get('params') or 'attention'} weights trained together"
+           if gates.get("joint") else f"gate training on a frozen {model or 'model'}")
+    bits = [f"{gates.get('steps')} steps of {how} (distillation from the "
             f"unmodified model{', ' + gates['objective'] if gates.get('objective') else ''}), target "
             f"{gates.get('fraction', 0):.0%} of the heads removed"]
     if gates.get("n_gates") is not None:
@@ -453,14 +455,19 @@ def _c12_saved(title: str, claim: str, test: str, gates: dict) -> dict:
     enough = [pq for pq in pts if share(pq) >= C12_FRACTION - 1e-9]
     ok = [pq for pq in enough if pq[1][0]]
     best, (_, words, number) = max(ok or enough or pts, key=share)
-    finding = (f"{best.get('model') or 'the model'}: gates trained {gates.get('steps')} steps then lstsq removed "
+    how = (f"gates trained with the model's {best.get('params') or 'attention'} weights (Voita's setup) for "
+           f"{best.get('steps') or gates.get('steps')} steps, the closed heads then removed:"
+           if gates.get("joint") else f"gates trained {best.get('steps') or gates.get('steps')} steps on the frozen "
+           "model then lstsq removed")
+    finding = (f"{best.get('model') or 'the model'}: {how} "
                f"{best['heads_removed']} of {best['heads_before']} heads; {words}"
                + (f" (other targets: " + ", ".join(f"{p['heads_removed']} removed" for p, _ in pts if p is not best)
                   + ")" if len(pts) > 1 else ""))
     quick = " --quick" if gates.get("quick") else ""
+    which = " (its l0 joint points: `headcount prune --method l0 --joint`)" if gates.get("joint") else ""
     return _claim("C12", title, claim, test, HELD if ok else NOT_HELD, finding, number,
-                  f"the gates bench's saved{quick} result in {gates.get('path')} (`headcount bench surgery --part "
-                  f"gates{quick}`), preferred to a short run on the report's model")
+                  f"the gates bench's saved{quick} result in {gates.get('path')}{which} (`headcount bench surgery "
+                  f"--part gates{quick}`), preferred to a short run on the report's model")
 
 
 # --------------------------------------------------------- measured checks: C2, C4, C5, C6, C10, C14

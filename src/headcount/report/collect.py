@@ -344,7 +344,7 @@ def pruning_section(model, *, calibration, held: HeldOut, sizes: Sizes, seed: in
 
 
 def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progress: bool,
-           done: dict, results_dir=None, timings: dict | None = None) -> list[Step]:
+           done: dict, results_dir=None, timings: dict | None = None, weights: str | None = None) -> list[Step]:
     """The report's steps in order; `done` holds the results so far (pruning reuses importance)."""
     from headcount.report.accounts import _variants, accounts, shape_json, shape_of, window_note
     from headcount.report.checks import chapter_checks
@@ -429,12 +429,14 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
     except MISSING:
         trainable = False
 
-    gate_source = gates_source(results_dir, getattr(model, "name", None))
+    # a saved gates result counts only for the weights it was measured on (its weights_sha256, when it has one)
+    weights_of = (lambda: weights) if weights else (lambda: weights_hash(model))
+    gate_source = gates_source(results_dir, getattr(model, "name", None), weights_of)
 
     def gates_step():  # the gates bench's saved result for this model when there is one, else a short run here
         from headcount.report.trained import gates_section, saved_gates
         if gate_source["source"] == "saved":
-            return saved_gates(results_dir, getattr(model, "name", None))
+            return saved_gates(results_dir, getattr(model, "name", None), weights_of)
         if not trainable:
             _fn("surgery", "train_gates")  # raises the reason: `unavailable`
         gw = min(sizes.gate_window, w)
@@ -464,7 +466,7 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
                                                          "method": 3},
              merge_step, optional=True),
         Step("gates", sized | cal_key | gate_source | {"steps": sizes.gate_steps, "windows": sizes.gate_windows,
-                                                       "version": 2, "gate_window": sizes.gate_window,
+                                                       "version": 3, "gate_window": sizes.gate_window,
                                                        "lr": sizes.gate_lr, "trained": trainable},
              gates_step, optional=True),
     ]
@@ -510,7 +512,7 @@ def collect(model, texts: str | Sequence[str] | None = None, *, seed: int = 0, q
         from headcount.report.trained import results_dir as default_results
         results_dir = default_results()
     steps = _steps(model, texts, seed=seed, sizes=sizes, sample=sample, progress=progress, done=got.results,
-                   results_dir=results_dir, timings=timings)
+                   results_dir=results_dir, timings=timings, weights=None if w_hash == "uncached" else w_hash)
     bar = _progress(len(steps), progress)
     try:
         for step in steps:

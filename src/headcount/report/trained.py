@@ -4,8 +4,13 @@ that needs trained gates (C12): where their numbers come from, as report.json se
     results_dir() -> Path | None                  benchmarks/results/ of a source checkout, when it exists
     experiment_section(name, *, results, seed, progress) -> {"source", "path", "result"}
     gates_section(model, *, calibration, held, sizes, progress) -> {...}   (C12; raises while train_gates is missing)
-    saved_gates(results, model) -> {...} | None   the gates bench's saved result for that model, when one exists
-    gates_source(results, model) -> {"source": "saved", "file", "sha256"} | {"source": "run"}   (C12 prefers saved)
+    saved_gates(results, model, weights=None) -> {...} | None   the gates bench's saved result for that model
+    gates_source(results, model, weights=None) -> {"source": "saved", "file", "sha256"} | {"source": "run"}
+                                                  (C12 prefers saved; weights: the model's weights_hash, or a
+                                                  function giving it, checked against the saved section's)
+
+C12 comes from gates trained WITH the model (Voita's setup, `headcount prune --method l0 --joint`): the saved
+"l0 joint" points when the bench saved any, else its frozen "l0 + lstsq" points; a short run here trains jointly.
 
 An experiment's numbers are the FULL run saved in benchmarks/results/<name>.json when that file exists (the
 page says so, with the run's seeds and steps), otherwise the experiment's --quick run (run here; collect.py
@@ -94,11 +99,24 @@ def experiment_section(name: str, *, results: Path | None, seed: int = 0, progre
 
 
 # ------------------------------------------------------------------------------------------- gates
-def saved_gates(results: Path | None, model: str | None) -> dict | None:
+JOINT, FROZEN = "l0 joint", "l0 + lstsq"  # the gates bench's methods C12 reads, preferred first
+
+
+def _weights_match(section: dict, weights) -> bool:
+    """A saved section is this model's when it records no weights hash (older saves) or the same one."""
+    saved = section.get("weights_sha256")
+    if not saved or weights is None:
+        return True
+    return saved == (weights() if callable(weights) else weights)
+
+
+def saved_gates(results: Path | None, model: str | None, weights=None) -> dict | None:
     """The gates bench's saved result for `model` (`headcount bench surgery --part gates --save-json
     benchmarks/results/surgery_gates.json`: {"gates": {model: {"heads", "steps", "base", "points"}}}), when it exists,
     as {"source": "saved", "path", "model", "steps", "points": [{"fraction", "heads_removed", "heads_before",
-    "ppl", "base_ppl" | "cosine"}]}: the points of gates followed by the default refit ("l0 + lstsq")."""
+    "ppl", "base_ppl" | "cosine"}]}: the points of gates trained with the model ("l0 joint") when there are any,
+    else of frozen gates followed by the default refit ("l0 + lstsq"). weights: the report's model's weights hash
+    (or a function giving it): a section saved for other weights is not used."""
     if results is None or not model:
         return None
     for name in GATES_FILES:
@@ -109,14 +127,19 @@ def saved_gates(results: Path | None, model: str | None) -> dict | None:
         section = ((data.get("gates") if isinstance(data, dict) else None) or {}).get(model)
         if not isinstance(section, dict) or not section.get("heads") or "error" in section:
             continue
+        if not _weights_match(section, weights):
+            continue
         heads, base = section["heads"], section.get("base") or {}
         base_ppl = next(iter((base.get("ppl_by_text") or {}).values()), None)
         points = []
+        found = {p.get("method") for p in section.get("points") or [] if p.get("heads_kept") is not None}
+        method = JOINT if JOINT in found else FROZEN
         for p in section.get("points") or []:
-            if p.get("method") != "l0 + lstsq" or p.get("heads_kept") is None:
+            if p.get("method") != method or p.get("heads_kept") is None:
                 continue
             point = {"fraction": p.get("fraction"), "heads_removed": heads - p["heads_kept"], "heads_before": heads,
-                     "method": p["method"], "model": model}
+                     "method": p["method"], "model": model, "steps": p.get("steps", section.get("steps")),
+                     "params": p.get("params")}
             if base_ppl is not None and p.get("ppl_by_text"):
                 point |= {"ppl": next(iter(p["ppl_by_text"].values())), "base_ppl": base_ppl}
             elif p.get("cosine") is not None:
@@ -125,15 +148,15 @@ def saved_gates(results: Path | None, model: str | None) -> dict | None:
         if points:
             return {"source": "saved", "path": f"benchmarks/results/{name}", "model": model,
                     "steps": section.get("steps"), "quick": bool(((data.get("gates") or {}).get("quick"))),
-                    "points": points}
+                    "method": method, "joint": method == JOINT, "points": points}
     return None
 
 
-def gates_source(results: Path | None, model: str | None) -> dict:
+def gates_source(results: Path | None, model: str | None, weights=None) -> dict:
     """What the gates step will read or run, as cache-key parameters: {"source": "saved", "file", "sha256"}
     when the gates bench saved a result for `model` (the report prefers it: minutes of training, not a dozen
     steps), else {"source": "run"} (a short train_gates run on the report's model)."""
-    saved = saved_gates(results, model)
+    saved = saved_gates(results, model, weights)
     if saved is None:
         return {"source": "run"}
     path = Path(results) / Path(saved["path"]).name
@@ -143,8 +166,9 @@ def gates_source(results: Path | None, model: str | None) -> dict:
 def gates_section(model, *, calibration, held, steps: int, n_windows: int, window: int,
                   calibration_windows: int, fraction: float = GATE_FRACTION, lr: float | None = None,
                   progress: bool = True) -> dict:
-    """Train hard-concrete gates on a copy of `model` to remove `fraction` of its heads (headcount.surgery.
-    train_gates, model frozen), remove the heads they closed (apply_gates, its default compensation), and
+    """Train hard-concrete gates WITH the attention weights of a copy of `model` to remove `fraction` of its heads
+    (headcount.surgery.train_gates(joint=True), Voita's setup; the copy owns the tensors that train, every other
+    one is shared), remove the heads they closed (apply_gates, its default compensation for joint gates), and
     measure held-out quality: {"fraction", "steps", "heads_before", "heads_removed", "reached", "n_closed",
     "ppl_before", "ppl_after" (decoders) | "cosine" (encoders), "gates": the GateResult's summary}.
 
@@ -155,9 +179,13 @@ def gates_section(model, *, calibration, held, steps: int, n_windows: int, windo
 
     train = fn("surgery", "train_gates")
     apply = fn("surgery", "apply_gates")
-    pruned = attention_copy(model)
+    try:
+        from headcount.surgery.pruning.gates_joint import teacher_copy, trained_parameters
+        pruned, joint = teacher_copy(model, trained_parameters(model, "attention")), True
+    except ImportError:  # a surgery room without joint gates: the frozen variant on an attention copy
+        pruned, joint = attention_copy(model), False
     kwargs = dict(fraction=fraction, steps=steps, calibration=calibration, n_windows=n_windows, window=window,
-                  progress=progress)
+                  progress=progress, **({"joint": True, "params": "attention"} if joint else {}))
     if lr is not None:
         kwargs["lr"] = lr
     gates = call_with(train, pruned, **kwargs)
@@ -172,7 +200,8 @@ def gates_section(model, *, calibration, held, steps: int, n_windows: int, windo
            "reached": g.get("reached"), "n_closed": g.get("n_closed"), "n_gates": g.get("n_gates"),
            "n_removed_closed": g.get("n_removed_closed"), "n_removed_ranked": g.get("n_removed_ranked"),
            "final_expected_l0": g.get("final_expected_l0"), "heads_to_keep": g.get("heads_to_keep"),
-           "final_loss": g.get("final_loss"), "objective": g.get("objective"),
+           "final_loss": g.get("final_loss"), "objective": g.get("objective"), "joint": bool(g.get("joint")),
+           "params": g.get("params"),
            "forward_equivalents": g.get("forward_equivalents"),
            "removed": r.get("removed", g.get("removed")), "gates": g.get("gates")}
     if hasattr(model, "lm_head"):

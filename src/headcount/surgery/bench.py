@@ -21,9 +21,9 @@ def _log(msg: str) -> None:
 
 
 def run(part: str = "all", quick: bool = False, log=_log, checkpoint=None, orders=None,
-        curve_only: bool = False, png=None) -> dict:
+        curve_only: bool = False, png=None, gates: dict | None = None) -> dict:
     """checkpoint: a JSON file rewritten after every finished section (a long run keeps what it measured).
-    png: the gates part's plot (Voita's curve, both models)."""
+    png: the gates part's plot (Voita's curve, both models); gates: overrides of the gates part's settings."""
     if part not in PARTS:
         raise ValueError(f"part: expected one of {', '.join(PARTS)}, got {part!r}")
     out: dict = {}
@@ -32,7 +32,7 @@ def run(part: str = "all", quick: bool = False, log=_log, checkpoint=None, order
     if part in ("merge", "all"):
         out["merge"] = merge_bench.run(quick=quick)
     if part in ("gates", "all"):
-        out["gates"] = gates_bench.run_gates(quick, log, checkpoint, png=png)
+        out["gates"] = gates_bench.run_gates(quick, log, checkpoint, png=png, overrides=gates)
     return out
 
 

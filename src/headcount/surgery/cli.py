@@ -35,6 +35,10 @@ def register(app, bench_app) -> None:
         from_json: Optional[Path] = typer.Option(None, "--from", help="print the tables of a JSON that --save "
                                                  "wrote, without measuring again"),
         png: Optional[Path] = typer.Option(None, "--png", help="gates part: write Voita's curve (both models) here"),
+        methods: Optional[str] = typer.Option(None, "--methods", help="gates part: comma-separated runs among "
+                                              "retraining-free, l0 (frozen gates), l0 joint (default all); with "
+                                              "--save, the other methods' saved points are kept"),
+        models: Optional[str] = typer.Option(None, "--models", help="gates part: smollm2, minilm or both (default)"),
     ) -> None:
         """Every measured number of issues 7 and 16: pruning curves (smollm2 prose and code, minilm), costs, merging,
         trained L0 gates vs retraining-free (--part gates, --png)."""
@@ -65,7 +69,7 @@ def register(app, bench_app) -> None:
                 if order_list is not None and not order_list:
                     raise ValueError(f"--orders: expected comma-separated order names, got {orders!r}")
                 result = bench.run(part=part, quick=quick, checkpoint=save_json, orders=order_list,
-                                   curve_only=curve_only, png=png)
+                                   curve_only=curve_only, png=png, gates=_gates_overrides(part, methods, models, quick))
         if save_json is not None:
             save_json.write_text(json.dumps(result, indent=1))
         if json_out:
@@ -73,3 +77,24 @@ def register(app, bench_app) -> None:
         else:
             from headcount.surgery import bench
             bench.render(result)
+
+    def _gates_overrides(part, methods, models, quick) -> dict | None:  # noqa: ARG001
+        """--methods / --models as the gates bench's settings overrides (checked, naming the flag)."""
+        from headcount.surgery.pruning.gates_bench import RUNS
+
+        if methods is None and models is None:
+            return None
+        if part not in ("gates", "all"):
+            raise ValueError(f"--{'methods' if methods is not None else 'models'}: the gates part's; use --part gates")
+        out = {}
+        if methods is not None:
+            runs = [m.strip() for m in methods.split(",") if m.strip()]
+            if not runs or any(m not in RUNS for m in runs):
+                raise ValueError(f"--methods: expected comma-separated names among {', '.join(RUNS)}, got {methods!r}")
+            out["methods"] = tuple(runs)
+        if models is not None:
+            names = [m.strip() for m in models.split(",") if m.strip()]
+            if not names or any(m not in ("smollm2", "minilm") for m in names):
+                raise ValueError(f"--models: expected smollm2, minilm or both, got {models!r}")
+            out |= {f"{m}_fractions": () for m in ("smollm2", "minilm") if m not in names}
+        return out

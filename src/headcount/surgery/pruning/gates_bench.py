@@ -11,11 +11,19 @@ For every fraction of query heads removed, from fresh copies of the unmodified m
   l0 + lstsq        train_gates (hard-concrete gates, distillation, Lagrangian on the expected L0), then
                     apply_gates with the default least-squares refit of o_proj (`--method l0`)
   l0 (no refit)     the same gates, compensate="none": the pruned model IS the gated model
+  l0 joint          train_gates(joint=True): the gates AND the model's weights (`joint_params`) trained together
+                    against the unedited model (Voita's setup), the closed heads removed from the trained model
+                    (`--method l0 --joint`)
 Both methods calibrate on removal.DEFAULT_CALIBRATION. Quality on held-out text only (surgery/held_out.py):
 smollm2 perplexity on held-out prose (default corpus) and code-like text (data.code_corpus); minilm mean
 cosine to the unmodified embeddings and Spearman of all pairwise similarities on held-out sentences.
 Which heads each method keeps is recorded; `agreement` counts the shared kept heads (and their Jaccard
-index) and lists the heads only one method keeps.
+index) and lists the heads only one method keeps. Each model's section records `weights_sha256`
+(models.fingerprint), so the report shows a saved point only for the weights it was measured on.
+
+settings' `methods` picks what runs ("retraining-free", "l0" = both frozen rows, "l0 joint"); with a
+checkpoint file, the points of the methods NOT run are kept from it (a joint run does not redo the frozen
+ones), each point carrying its own steps.
 """
 
 from __future__ import annotations
@@ -26,7 +34,8 @@ import os
 import sys
 import time
 
-METHODS = ("retraining-free", "l0 + lstsq", "l0 (no refit)")
+METHODS = ("retraining-free", "l0 + lstsq", "l0 (no refit)", "l0 joint")
+RUNS = ("retraining-free", "l0", "l0 joint")  # what settings' `methods` may name ("l0": both frozen rows)
 
 
 def _log(msg: str) -> None:
@@ -36,13 +45,14 @@ def _log(msg: str) -> None:
 def settings(quick: bool) -> dict:
     """quick: 2 fractions per model, few steps (a check that it runs, minutes); full: the curve (training
     <= ~15 minutes per point on 2 cores: 150 steps of 2 windows of 256 tokens for smollm2)."""
+    joint = {"methods": RUNS, "joint_params": "attention", "weight_lr": None}  # None: train_gates' default
     if quick:
         return {"smollm2_fractions": (0.3, 0.5), "minilm_fractions": (0.5, 0.75), "smollm2_steps": 20,
                 "minilm_steps": 40, "lr": 0.5, "n_windows": 4, "window": 256, "eval_windows": 2,
-                "held_out_sentences": 64}
-    return {"smollm2_fractions": (0.2, 0.3, 0.5, 0.7), "minilm_fractions": (0.25, 0.5, 0.75, 0.9),
+                "held_out_sentences": 64, **joint}
+    return {"smollm2_fractions": (0.3, 0.5), "minilm_fractions": (0.5, 0.75),
             "smollm2_steps": 150, "minilm_steps": 300, "lr": 0.1, "n_windows": 8, "window": 256, "eval_windows": 4,
-            "held_out_sentences": 256}
+            "held_out_sentences": 256, **joint}
 
 
 def _layout(model) -> dict[int, list[int]]:
@@ -70,12 +80,13 @@ def _quality(model, sets, refs) -> dict:
     return {"cosine": float(cos), "spearman": float(rho)}
 
 
-def _model_section(name: str, fractions, steps: int, cfg: dict, log, save) -> dict:
+def _model_section(name: str, fractions, steps: int, cfg: dict, log, save, kept: dict | None = None) -> dict:
     import torch
 
     from headcount.analysis.batches import is_decoder
     from headcount.data import code_corpus
     from headcount.models import load
+    from headcount.models.fingerprint import weights_hash
     from headcount.surgery.held_out import embed, held_out_sets
     from headcount.surgery.pruning.gates import apply_gates, train_gates
     from headcount.surgery.pruning.removal import DEFAULT_CALIBRATION, count_heads, prune_to
@@ -86,20 +97,37 @@ def _model_section(name: str, fractions, steps: int, cfg: dict, log, save) -> di
     sets = held_out_sets(base, held, cfg["eval_windows"], 512, sentences=cfg["held_out_sentences"])
     refs = None if decoder else {k: embed(base, v) for k, v in sets.items()}
     heads = count_heads(base)[0]
+    methods = cfg.get("methods", RUNS)
     out = {"model": name, "heads": heads, "steps": steps, "lr": cfg["lr"], "base": _quality(base, sets, refs),
-           "points": [], "agreement": []}
+           "weights_sha256": weights_hash(base), "points": [], "agreement": []}
+    if kept and kept.get("weights_sha256") in (None, out["weights_sha256"]):  # the points of methods not run now
+        runs = {m for m in METHODS if m in methods or (m.startswith("l0 ") and m != "l0 joint" and "l0" in methods)}
+        out["points"] = [p for p in kept.get("points", []) if p.get("method") not in runs
+                         or p.get("fraction") not in fractions]
+        out["agreement"] = [a for a in kept.get("agreement", []) if "l0" not in methods
+                            or a.get("fraction") not in fractions]
+        for p in out["points"]:
+            p.setdefault("steps", kept.get("steps"))
     save()
     for fraction in fractions:
+        if "l0 joint" in methods:
+            _joint_point(name, base, fraction, cfg.get("joint_steps") or steps, cfg, sets, refs, out, log)
+            save()
+        if "retraining-free" not in methods and "l0" not in methods:
+            continue
         t0 = time.perf_counter()
         rf = copy.deepcopy(base)
-        r = prune_to(rf, fraction, progress=False)
+        r = prune_to(rf, fraction, progress=False)  # also the agreement's reference when only "l0" runs
         point = {"fraction": fraction, "method": "retraining-free", "heads_kept": r.heads_after, "order": r.order,
                  "seconds": round(time.perf_counter() - t0, 1), **_quality(rf, sets, refs)}
         kept_rf = _layout(rf)
         del rf
-        out["points"].append(point)
-        log(f"  {name} {fraction:.0%} retraining-free: {_fmt(point)}")
-        save()
+        if "retraining-free" in methods:
+            out["points"].append(point)
+            log(f"  {name} {fraction:.0%} retraining-free: {_fmt(point)}")
+            save()
+        if "l0" not in methods:
+            continue
         torch.manual_seed(0)
         gates = train_gates(base, fraction=fraction, steps=steps, lr=cfg["lr"], calibration=DEFAULT_CALIBRATION,
                             n_windows=cfg["n_windows"], window=cfg["window"], progress=False)
@@ -111,7 +139,7 @@ def _model_section(name: str, fractions, steps: int, cfg: dict, log, save) -> di
             m = copy.deepcopy(base)
             res = apply_gates(m, gates, compensate=compensate, calibration=DEFAULT_CALIBRATION, force=True,
                               progress=False)
-            point = {"fraction": fraction, "method": method, "heads_kept": res.heads_after,
+            point = {"fraction": fraction, "method": method, "heads_kept": res.heads_after, "steps": steps,
                      "seconds": round(gates.seconds + time.perf_counter() - t1, 1),
                      "forward_equivalents": round(gates.forward_equivalents, 1), **_quality(m, sets, refs)}
             del m
@@ -124,6 +152,32 @@ def _model_section(name: str, fractions, steps: int, cfg: dict, log, save) -> di
                                  "expected_l0": gates.expected_l0[::max(1, steps // 50)]})
         save()
     return out
+
+
+def _joint_point(name, base, fraction, steps, cfg, sets, refs, out, log) -> None:
+    """Gates and weights trained together on a copy of `base`, the closed heads removed (`--method l0 --joint`)."""
+    import torch
+
+    from headcount.surgery.pruning.gates import apply_gates, train_gates
+    from headcount.surgery.pruning.removal import DEFAULT_CALIBRATION
+
+    torch.manual_seed(0)
+    m = copy.deepcopy(base)
+    extra = {"weight_lr": cfg["weight_lr"]} if cfg.get("weight_lr") else {}
+    gates = train_gates(m, fraction=fraction, steps=steps, lr=cfg["lr"], calibration=DEFAULT_CALIBRATION,
+                        n_windows=cfg["n_windows"], window=cfg["window"], progress=False, joint=True,
+                        params=cfg.get("joint_params") or "attention", **extra)
+    t1 = time.perf_counter()
+    res = apply_gates(m, gates, force=True, progress=False)
+    point = {"fraction": fraction, "method": "l0 joint", "heads_kept": res.heads_after, "steps": steps,
+             "params": gates.params, "weight_lr": gates.weight_lr, "reached": gates.reached,
+             "final_expected_l0": round(gates.final_expected_l0, 2), "final_loss": gates.final_loss,
+             "seconds": round(gates.seconds + time.perf_counter() - t1, 1),
+             "forward_equivalents": round(gates.forward_equivalents, 1), **_quality(m, sets, refs)}
+    del m
+    out["points"].append(point)
+    log(f"  {name} {fraction:.0%} l0 joint ({gates.params}, {steps} steps, weight lr {gates.weight_lr}): "
+        f"{_fmt(point)}, E[L0] {gates.final_expected_l0:.1f} / {gates.heads_to_keep}, {gates.seconds:.0f} s")
 
 
 def _fmt(p: dict) -> str:
@@ -154,13 +208,22 @@ def run_gates(quick: bool = False, log=_log, checkpoint=None, png=None, override
         with open(checkpoint, "w") as f:
             json.dump(data, f, indent=1, default=str)
 
+    before = {}
+    if checkpoint is not None:
+        try:
+            with open(checkpoint) as f:
+                before = (json.load(f).get("gates") or {})
+        except (OSError, ValueError, AttributeError):
+            before = {}
     for name in ("smollm2", "minilm"):
         fractions, steps = cfg[f"{name}_fractions"], cfg[f"{name}_steps"]
         if not fractions:
+            if isinstance(before.get(name), dict):
+                out[name] = before[name]  # a model not run now keeps its saved section
             continue
-        log(f"{name}: gates ({steps} steps, lr {cfg['lr']}) vs retraining-free at {list(fractions)} removed")
+        log(f"{name}: {', '.join(cfg.get('methods', RUNS))} ({steps} steps, lr {cfg['lr']}) at {list(fractions)} removed")
         try:
-            out[name] = _model_section(name, fractions, steps, cfg, log, save)
+            out[name] = _model_section(name, fractions, steps, cfg, log, save, kept=before.get(name))
         except Exception as e:  # noqa: BLE001  a benchmark keeps what it measured
             out[name] = {"error": f"{type(e).__name__}: {e}"}
             log(f"{name} failed: {type(e).__name__}: {e}")
@@ -181,9 +244,10 @@ def render(section: dict, console=None) -> None:
     console = console or Console()
     s = section.get("settings", {})
     kind = "quick" if section.get("quick") else "full"
-    table = Table(title=f"Trained L0 gates vs retraining-free pruning (held-out text; {kind} settings: smollm2 "
-                        f"{s.get('smollm2_steps')} / minilm {s.get('minilm_steps')} steps, lr {s.get('lr')}, "
-                        f"{s.get('n_windows')} windows of {s.get('window')})")
+    table = Table(title=f"L0 gates with the model frozen (l0 + lstsq, l0 no refit) or trained with it (l0 joint) vs "
+                        f"retraining-free pruning, held-out text; {kind} settings: smollm2 {s.get('smollm2_steps')} / "
+                        f"minilm {s.get('minilm_steps')} frozen steps, gate lr {s.get('lr')}, {s.get('n_windows')} "
+                        f"windows of {s.get('window')}")
     for col in ("model", "removed", "heads kept", "method", "prose ppl / cosine", "code ppl / Spearman", "seconds"):
         table.add_column(col, justify="left" if col in ("model", "method") else "right")
     for name in ("smollm2", "minilm"):
@@ -199,13 +263,15 @@ def render(section: dict, console=None) -> None:
                           f"{base['ppl_by_text']['code']:.3f}", "")
         else:
             table.add_row(name, "0%", str(data["heads"]), "unmodified", "1.000", "1.000", "")
-        for p in data["points"]:
+        for p in sorted(data["points"], key=lambda p: (p["fraction"], METHODS.index(p["method"])
+                                                         if p["method"] in METHODS else len(METHODS))):
             if "ppl_by_text" in p:
                 cells = [f"{p['ppl_by_text'][k]:.3f} ({(p['ppl_by_text'][k] / base['ppl_by_text'][k] - 1) * 100:+.0f}%)"
                          for k in ("prose", "code")]
             else:
                 cells = [f"{p['cosine']:.4f}", f"{p['spearman']:.4f}"]
-            table.add_row(name, f"{p['fraction']:.0%}", str(p["heads_kept"]), p["method"], *cells, f"{p['seconds']:.0f}")
+            how = p["method"] + (f" ({p['params']}, {p['steps']} steps)" if p.get("params") else "")
+            table.add_row(name, f"{p['fraction']:.0%}", str(p["heads_kept"]), how, *cells, f"{p['seconds']:.0f}")
     console.print(table)
     agree = Table(title="Which heads each keeps: L0 gates vs the retraining-free order")
     for col in ("model", "removed", "shared kept", "Jaccard", "only L0", "only retraining-free", "gates: E[L0] / target",
@@ -231,7 +297,8 @@ def plot(section: dict, path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-    styles = {"retraining-free": ("C0", "o"), "l0 + lstsq": ("C3", "s"), "l0 (no refit)": ("C2", "^")}
+    styles = {"retraining-free": ("C0", "o"), "l0 + lstsq": ("C3", "s"), "l0 (no refit)": ("C2", "^"),
+              "l0 joint": ("C1", "D")}
     for ax, name in zip(axes, ("smollm2", "minilm")):
         data = section.get(name)
         if not data or "error" in data:
