@@ -60,19 +60,22 @@ def test_family_matches_transformers(family, tmp_path):
     real = mask.bool()
     with torch.inference_mode():
         ref = hf(input_ids=ids, attention_mask=mask).logits
-        got = ours(ids, attention_mask=mask).logits
+        logits = ours(ids, attention_mask=mask).logits
     assert ref[real].abs().max() > 1.0
-    assert (got - ref)[real].abs().max() <= 1e-4
+    assert (logits - ref)[real].abs().max() <= 1e-4
 
-    # 32 greedy tokens after a prompt past the window: headcount's cached generate() = transformers' generate()
+    # 32 greedy tokens after a prompt past the window, headcount's generate() (KV cache): each is transformers'
+    # argmax after the tokens before it (one forward over the whole sequence: causal, so the same as its
+    # greedy generate() token by token, without 32 of its forwards)
     prompt = ids[:1, :PROMPT]
-    want = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=NEW, do_sample=False,
-                       eos_token_id=None, pad_token_id=0)[0, PROMPT:].tolist()
-    assert generate(ours, prompt[0].tolist(), NEW, stop_at_eos=False).new_ids == want
+    got = generate(ours, prompt[0].tolist(), NEW, stop_at_eos=False).new_ids
+    seq = torch.tensor([prompt[0].tolist() + got])
+    with torch.inference_mode():
+        want = hf(input_ids=seq).logits[0, PROMPT - 1:-1].argmax(-1).tolist()
+    assert got == want
     assert len(set(want)) > 4  # not collapsed onto one token
 
     # cached decoding, one token at a time past every window, = one full forward of the whole sequence
-    seq = torch.tensor([prompt[0].tolist() + want])
     with torch.inference_mode():
         full = ours(seq).logits[0]
         cache = ours.new_cache(1)
@@ -87,7 +90,7 @@ def test_family_matches_transformers(family, tmp_path):
     save(ours, tmp_path / "saved")
     back = load(tmp_path / "saved")
     with torch.inference_mode():
-        assert torch.equal(back(ids, attention_mask=mask).logits, got)
+        assert torch.equal(back(ids, attention_mask=mask).logits, logits)
 
     # export: transformers loads it by itself (AutoModelForCausalLM, no headcount code), logits within 1e-4
     export_transformers(ours, tmp_path / "hf")
@@ -251,3 +254,62 @@ def test_cost_of_mixtral_8x7b_is_the_published_46_7b_total_12_9b_active(tmp_path
     assert result.exit_code == 0, result.output
     params = json.loads(result.output)["params"]
     assert round(params["total"] / 1e9, 1) == 46.7 and round(params["active_per_token"] / 1e9, 1) == 12.9
+
+
+def _with_tokenizer():
+    """A tiny GPT-OSS on a byte-level vocabulary of 260 tokens, with its tokenizer (roles / importance / prune)."""
+    from tokenizers import pre_tokenizers
+
+    from headcount.models.tokenizer import Tokenizer, byte_level_bpe
+
+    tokens = ["<|endoftext|>"] + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"]
+    merges = ["Ġ t", "h e", "Ġt he"]
+    hf = random_transformers_model("gpt_oss", shape={**TINY, **FAMILIES["gpt_oss"], "vocab_size": len(tokens),
+                                                     "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0})
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.sinks.mul_(10.0)
+    model = from_transformers(hf)
+    model.tokenizer = Tokenizer(byte_level_bpe(tokens, merges, special_ids=[0]), bos_token_id=0, eos_token_id=0,
+                                pad_token_id=0, add_special_tokens=False)
+    return hf, model
+
+
+TEXT = ("The experts route each token to two of four feed-forward networks, and every head keeps a learned "
+        "sink logit that takes its share of the softmax. ") * 6
+
+
+def test_roles_show_the_declared_sinks_beside_the_measured_sink_role():
+    from headcount.analysis import roles
+
+    hf, model = _with_tokenizer()
+    result = roles(model, TEXT, max_tokens=64, window=32, only=["sink"], progress=False)
+    declared = result.to_json()["sink"]["declared"]
+    sinks = [layer.self_attn.sinks.detach() for layer in hf.model.layers]
+    assert [[round(x, 3) for x in row] for row in declared["logits"]] == [[round(float(x), 3) for x in s] for s in sinks]
+    assert len(declared["weight"]) == 2 and all(0.0 < w < 1.0 for row in declared["weight"] for w in row)
+    # the share a sink takes, from transformers' own eager weights (their sink column dropped): ours agree
+    ids = torch.tensor([model.tokenizer.encode(TEXT)[:32]])
+    with torch.no_grad():
+        theirs = hf(input_ids=ids, output_attentions=True).attentions
+        ours = model(ids, need_weights=True).weights
+    for t, o in zip(theirs, ours):
+        assert (t - o).abs().max() < 1e-5
+        assert (1 - t.sum(-1)).min() > 0  # every row gives the sink something
+
+
+def test_importance_and_retraining_free_prune_run_on_a_moe_model():
+    from headcount.analysis import importance
+    from headcount.surgery import prune
+
+    _, model = _with_tokenizer()
+    scores = importance(model, TEXT, window=32, max_windows=2, progress=False)
+    assert torch.isfinite(torch.as_tensor(scores.scores)).all()
+    ids = torch.tensor([model.tokenizer.encode(TEXT)[:32]])
+    result = prune(model, {0: [1], 1: [2, 3]}, compensate="lstsq", calibration=TEXT, calibration_windows=2,
+                   window=32, progress=False)
+    assert [layer.attn.n_heads for layer in model.layers] == [3, 2]
+    assert [tuple(layer.attn.sinks.shape) for layer in model.layers] == [(3,), (2,)]
+    with torch.no_grad():
+        assert torch.isfinite(model(ids).logits).all()
+    assert result is not None

@@ -131,6 +131,17 @@ def register(app, bench_app) -> None:
         if meta.get("sink_mean") is not None:
             console.print(f"mean weight on the first token (positions >= {meta['sink_from_position']}): "
                           f"{meta['sink_mean']:.3f}")
+        declared = meta.get("declared_sinks")
+        if declared:  # GPT-OSS: the sinks the model declares, beside the measured first-token sink role
+            share = declared["weight"]
+            ranked = sorted(((share[i][h], i, h) for i in range(len(share)) for h in range(len(share[i]))),
+                            reverse=True)[:6]
+            sink_scores = result.scores.get("sink")
+            console.print("declared sinks (learned logit per head): top heads layer/head logit, share of each row, "
+                          "measured first-token sink score: " + ", ".join(
+                              f"{i}/{h} {declared['logits'][i][h]:+.2f} {w:.2f} "
+                              f"({sink_scores[i][h]:.2f})" if sink_scores else f"{i}/{h} {w:.2f}"
+                              for w, i, h in ranked))
         if "syntactic" in meta:
             console.print(f"syntactic: {meta['syntactic']['causal_rule']}; words -> first subword")
         if png is not None:

@@ -98,6 +98,8 @@ class RoleScores:
     def to_json(self, *, meta: bool = False) -> dict:
         out = {r: {"scores": self.scores[r], "threshold": self.thresholds[r], "heads": self.heads[r]}
                for r in self.roles}
+        if "sink" in out and self.meta.get("declared_sinks"):  # a model with learned sink logits (GPT-OSS)
+            out["sink"]["declared"] = self.meta["declared_sinks"]
         if meta:
             out["meta"] = self.meta
         return out
@@ -187,12 +189,14 @@ def _window_pass(model, batches, causal, acc, progress, dp=None):
 
         def reduce(layer, w):
             return (patterns.pattern_sums(w, prev), patterns.pattern_sums(w, dup),
-                    patterns.offset_counts(w), patterns.first_token_sums(w, min_position=SINK_FROM if causal else 0))
+                    patterns.offset_counts(w), patterns.first_token_sums(w, min_position=SINK_FROM if causal else 0),
+                    _declared_sink_sums(w, SINK_FROM if causal else 0))
 
         out = capture(model, ids, summaries=reduce)
         for layer in range(len(mods)):
-            (pn, pd), (dn, dd), counts, (sn, sd) = out[layer]
+            (pn, pd), (dn, dd), counts, (sn, sd), (gn, gd) = out[layer]
             a = acc[layer]
+            a["declared"] = (a["declared"][0] + gn, a["declared"][1] + gd)
             a["prev"] = (a["prev"][0] + pn, a["prev"][1] + pd)
             a["dup"] = (a["dup"][0] + dn, a["dup"][1] + dd)
             a["sink"] = (a["sink"][0] + sn, a["sink"][1] + sd)
@@ -208,7 +212,7 @@ def _window_pass(model, batches, causal, acc, progress, dp=None):
         bar.update(1)
     bar.close()
     if dp is not None and dp.world > 1:  # every window's sums: one float64 all-reduce
-        keys = ("prev", "dup", "sink")
+        keys = ("prev", "dup", "sink", "declared")
         parts = [t for a in acc for k in keys for t in a[k]] + [a["offsets"] for a in acc]
         summed = iter(dp.sum_many(parts))
         for a in acc:
@@ -216,6 +220,15 @@ def _window_pass(model, batches, causal, acc, progress, dp=None):
                 a[k] = (next(summed), next(summed))
         for a in acc:
             a["offsets"] = next(summed)
+
+
+def _declared_sink_sums(w: Tensor, min_position: int) -> tuple[Tensor, Tensor]:
+    """Per head (sum over rows of 1 - the row's weights' sum, rows): the share of each softmax row a learned
+    sink logit takes (MultiHeadAttention.sinks: the weights returned leave the sink's column out), at query
+    positions >= min_position. 0 for a model without sinks."""
+    rows = w[:, :, min_position:].double()  # (B, H, T', S)
+    share = (1.0 - rows.sum(dim=-1)).clamp_min(0.0)  # (B, H, T')
+    return share.sum(dim=(0, 2)), torch.full((w.shape[1],), float(rows.shape[0] * rows.shape[2]), dtype=torch.float64)
 
 
 def _pad_counts(counts: Tensor, width: int) -> Tensor:
@@ -369,7 +382,7 @@ def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 
                                      f"rank(s) or raise max_tokens to {dp.world * rows.shape[1]}")
                 mine = (batches[dp.rank::dp.world] if len(batches) >= dp.world
                         else list(rows[dp.rank::dp.world].split(batch_size)))
-            acc = [{"prev": (z, z), "dup": (z, z), "sink": (z, z), "offsets": None} for z in zeros]
+            acc = [{"prev": (z, z), "dup": (z, z), "sink": (z, z), "declared": (z, z), "offsets": None} for z in zeros]
             _window_pass(model, mine, causal, acc, progress, dp)
             meta["window_tokens"] = int(sum(b.numel() for b in batches))
             meta["window_length"] = int(batches[0].shape[1])
@@ -381,6 +394,14 @@ def roles(model, texts: str | Sequence[str] | None = None, *, max_tokens: int = 
             sink_den = sum(float(a["sink"][1].sum()) for a in acc)
             meta["sink_mean"] = _round(sink_num / sink_den) if sink_den else None
             meta["sink_from_position"] = SINK_FROM if causal else 0
+            if any(getattr(m, "sinks", None) is not None for m in mods):  # the model declares its sinks (GPT-OSS)
+                meta["declared_sinks"] = {
+                    "logits": [[_round(float(x)) for x in m.sinks.detach().float()] if m.sinks is not None else None
+                               for m in mods],
+                    "weight": [ratio(a["declared"]) for a in acc],
+                    "what": "each head's learned sink logit, and the mean share of its softmax rows the sink takes "
+                            f"(1 - the row's weights' sum) at query positions >= {meta['sink_from_position']}; the "
+                            "sink role's scores measure the weight on the first token"}
             pos = [patterns.positional_from_counts(a["offsets"]) for a in acc]
             scores["positional"] = [[_round(float(x)) for x in share] for share, _ in pos]
             meta["positional_offsets"] = [[int(x) for x in off] for _, off in pos]

@@ -1,6 +1,6 @@
 """The mixture-of-experts feed-forward: a router picks top_k of n_experts gated MLPs per token, and each
-expert runs only on the tokens routed to it (index_select in, index_add out; never all experts on all
-tokens). One module with the few switches the four families need (transformers 5.24's code):
+expert runs only on the tokens routed to it (index_select in, an indexed accumulate out; never all
+experts on all tokens). One module with the few switches the four families need (transformers 5.24's code):
 
     Mixtral     softmax over all experts (float32), top-k, renormalised to sum 1      router "softmax_topk"
     Qwen3-MoE   the same; renormalised only with norm_topk_prob                      normalize=
@@ -143,5 +143,7 @@ class MoEFeedForward(nn.Module):
             start += count
             tokens = picked // self.top_k
             y = self._expert(e, flat.index_select(0, tokens)) * flat_weights[picked].unsqueeze(-1)
-            out.index_add_(0, tokens, y.to(out.dtype))
+            # out[tokens] += y (each token once per expert). index_put_(accumulate=True), not index_add_: the
+            # same sums, and on CPU (torch 2.13) index_add_ costs ~50 ms per call even for one row
+            out.index_put_((tokens,), y.to(out.dtype), accumulate=True)
         return out.view(shape)
