@@ -131,6 +131,7 @@ def cases():
         ("gemma3 unmodified", "gemma3", None, False),
         ("gemma3 query heads 3 (every layer)", "gemma3", prune({i: [1] for i in range(6)}), False),
         ("gemma3 query heads 4/3/4/2/4/4, forced", "gemma3", prune({1: [1], 3: [0, 2]}), True),
+        ("gemma3 query heads 4/3/4/2/4/4, zero-padded", "gemma3", prune({1: [1], 3: [0, 2]}), False),
     ]
 
 
@@ -140,7 +141,7 @@ def forced_file(model, path: Path, tok: Path) -> None:
     from headcount.models.formats.gguf_write import tokenizer_fields, write_gguf
 
     arch = model.config.family
-    meta, tensors = own_file(model, arch, "f32")
+    meta, tensors = own_file(model, arch, "f32", pad=False)
     layers = _layers(model)
     arrays = {f"{arch}.attention.head_count": [q for q, _ in layers],
               f"{arch}.attention.head_count_kv": [k for _, k in layers]}

@@ -45,11 +45,12 @@ Cases (`--cases`; the default is every case but the 1.5b model and the surgery o
                       the unmodified model exported by export_gguf (f32): gemma3 and qwen2 as themselves
   qwen2.5-coder-0.5b-pruned20   prune_to(0.2, mode="query") with the defaults: per-layer head counts, which
                       llama.cpp's qwen2 cannot hold, so export_gguf writes deci with the q/k/v biases
-  gemma3-270m-uniform25   prune_to(0.25, mode="query", uniform=True, compensate="none"): 3 of 4 query heads
-                      in every layer, exported as gemma3 (lstsq / mean compensation give o_proj a bias, which
-                      llama.cpp's gemma3 cannot hold: export_gguf refuses those)
-  gemma3-270m-pruned20    prune_to(0.2, mode="query", compensate="none"): per-layer counts, which no llama.cpp
-                      architecture with Gemma 3's graph holds: the row is export_gguf's refusal; not in the default
+  gemma3-270m-uniform25   prune_to(0.25, mode="query", uniform=True): 3 of 4 query heads in every layer,
+                      exported as gemma3 (the lstsq refit gives Gemma 3 no o_proj bias, which llama.cpp's gemma3
+                      cannot hold)
+  gemma3-270m-pruned20    prune_to(0.2, mode="query") with the defaults (`headcount prune --fraction 0.2`): per-layer
+                      counts, written as gemma3 with the removed query heads as exact zero heads (llama.cpp
+                      computes them: no compute saved); not in the default
   qwen2.5-coder-0.5b-mqa  merge_kv(model, 1), exported; not in the default
   Every export row's notes say which architecture export_gguf chose and why.
 
@@ -232,8 +233,8 @@ def build_case(name: str, workdir: Path, rebuild: bool) -> Case:
 
         t = time.perf_counter()
         fraction, uniform = (0.2, False) if surgery == "pruned20" else (0.25, True)
-        # Gemma 3: no compensation, whose o_proj bias llama.cpp's gemma3 cannot hold (export_gguf refuses it)
-        compensate = "none" if model.config.family == "gemma3" else "lstsq"
+        # the defaults: lstsq refit (with no o_proj bias on Gemma 3, whose llama.cpp graph has none)
+        compensate = "lstsq"
         result = prune_to(model, fraction, mode="query", uniform=uniform, compensate=compensate)
         notes.append(f"prune_to {fraction} query{' uniform' if uniform else ''} compensate {compensate}: query heads "
                      f"{result.heads_before} -> {result.heads_after}, {time.perf_counter() - t:.0f} s")

@@ -105,6 +105,10 @@ def _print_summary(to: str, out: Path, summary: dict) -> None:
                    f"{summary['sliding_layers']} sliding-window layers once {window:,} tokens fill their window "
                    f"(this model's own: {summary['kv_bytes_window_model'] / 2**20:,.2f} MiB; llama.cpp allocates "
                    "the window plus one batch of cells)")
+    if summary.get("zero_query_heads"):
+        typer.echo(f"note: {summary['zero_query_heads']} query heads are written as exact zeros so that every layer has "
+                   f"{max(summary['query_heads_written'])}: llama.cpp runs them, so the GGUF saves no compute for the "
+                   "heads pruned (its logits are this model's); `headcount prune --uniform` gives one that does")
     if summary["grows"]:
         typer.echo(f"warning: llama.cpp needs contiguous equal GQA groups, so {summary['kv_heads_copied']} KV heads are "
                    "written as copies: the exported KV cache is LARGER than the model's. Prune with --mode group or "

@@ -58,7 +58,8 @@ import numpy as np
 
 from headcount.models.formats.gguf import (GGUFError, dequantized, field, open_reader, permute, reverse_permute,
                                           token_ids, tokenizer_backend, tokenizer_info)
-from headcount.models.formats.gguf_own import check_gemma3, own_file, qwen2_misfit, window_layers
+from headcount.models.formats.gguf_own import (check_gemma3, gemma3_layout, gemma3_zero_heads, own_file, qwen2_misfit,
+                                               window_layers)
 from headcount.models.formats.gguf_write import (DTYPES, check_gguf_path, display_name, finish, group_layout,
                                                  mlp_tensors, numpy32, output_tensors, rows, source_gguf, tokenizer_fields, tokenizer_source,
                                                  write_gguf)
@@ -293,6 +294,13 @@ def choose_architecture(model) -> tuple[str, str]:
     family = model.config.family
     if family == "gemma3":
         check_gemma3(model)
+        zq, zkv = gemma3_zero_heads(model)
+        if zq or zkv:
+            return "gemma3", (f"Gemma 3's own architecture, which builds every layer with one head count: the layers "
+                              f"are padded with {zq} exact zero query heads" + (f" and {zkv} zero KV heads" if zkv
+                                                                               else "") +
+                              " (the same logits), which llama.cpp computes all the same: it saves no compute for "
+                              "the heads pruned. Prune with --uniform for a GGUF that runs faster")
         return "gemma3", "Gemma 3's own architecture: the same head counts in every layer"
     _check_deci(model)
     if family == "qwen2":
@@ -365,12 +373,14 @@ def plan_gguf_export(model, dtype: str = "f32") -> dict:
     arch, why = choose_architecture(model)
     dh = model.config.head_dim
     heads, kv_written, kv_model = [], [], []
-    for layer in model.layers:
+    padded = gemma3_layout(model) if arch == "gemma3" else None
+    for i, layer in enumerate(model.layers):
         attn = layer.attn
-        _, slots = group_layout(attn.kv_head_of)
+        slots = padded[i] if padded else group_layout(attn.kv_head_of)[1]
         heads.append(attn.n_heads)
         kv_written.append(len(slots))
         kv_model.append(attn.n_kv_heads)
+    heads_written = [sum(len(qs) for _, qs in slots) for slots in padded] if padded else list(heads)
     local = window_layers(model)
     window = model.config.sliding_window if any(local) else None
 
@@ -378,8 +388,11 @@ def plan_gguf_export(model, dtype: str = "f32") -> dict:
         return sum(2 * n * dh * 2 for n, w in zip(counts, local) if w == sliding)
 
     extra = sum(2 * (w - m) * dh * model.config.d_model for w, m in zip(kv_written, kv_model))  # copied K/V rows
+    extra += sum(2 * (w - m) * dh * model.config.d_model for w, m in zip(heads_written, heads))  # zero Q rows, O cols
     params = sum(p.numel() for p in model.parameters())
-    return {"architecture": arch, "reason": why, "dtype": dtype, "query_heads": heads, "kv_heads_model": kv_model,
+    return {"architecture": arch, "reason": why, "dtype": dtype, "query_heads": heads,
+            "query_heads_written": heads_written, "zero_query_heads": sum(heads_written) - sum(heads),
+            "kv_heads_model": kv_model,
             "kv_heads_written": kv_written, "kv_bytes_per_token_model": kv_bytes(kv_model, False),
             "kv_bytes_per_token_llama_cpp": kv_bytes(kv_written, False),
             "sliding_window": window, "sliding_layers": sum(local),

@@ -15,7 +15,12 @@ claim below was also run: docs/models.md, "Checking against llama.cpp"):
     attention scale at key_length^-0.5 (d_model / head_count^-0.5 for the 62-layer 27B), and reads the
     local / global layers as a period P (`attention.sliding_window_pattern`: layer i is local when
     i % P < P - 1; 0 = all local). There is no other llama.cpp architecture with Gemma 3's graph, so a
-    non-uniform Gemma 3 is refused (no file llama.cpp cannot run).
+    Gemma 3 pruned unevenly is written PADDED (gemma3_layout): every layer gets the largest layer's groups
+    (KV heads) x the largest group's query heads, the missing ones written as exact zero heads (zero Q rows and
+    zero o_proj columns; a zero KV head has zero K / V rows). A zero query head's q_norm(0) = 0, so its scores
+    are 0, its softmax uniform, and its context (a mean of V) meets zero o_proj columns: it adds exactly 0.
+    The logits are the pruned model's; llama.cpp computes the zero heads all the same, so it saves no
+    compute or KV cache for them (export says so; `--uniform` pruning needs no padding).
 
 The file (no permutation of q/k rows: llama.cpp runs NEOX rotary on these, headcount's own layout):
   qwen2: block_count, context_length, embedding_length, feed_forward_length, attention.head_count and
@@ -46,6 +51,34 @@ _ALTERNATIVES = ("prune with the same number of query heads in every layer (`hea
 def _layers(model) -> list[tuple[int, int]]:
     """(query heads, KV heads as written) per layer."""
     return [(layer.attn.n_heads, len(group_layout(layer.attn.kv_head_of)[1])) for layer in model.layers]
+
+
+def gemma3_layout(model) -> list[list[tuple[int | None, list[int | None]]]]:
+    """Per layer, the written KV slots in order: (current KV head, or None for a zero KV head; its query heads
+    in order, current indices, None for a zero query head). Every layer gets the same number of slots (the
+    most KV heads any layer's queries read) and every slot the same number of queries (the largest group),
+    so llama.cpp's one head_count / head_count_kv holds every layer. A uniform model is written unpadded."""
+    readers = []
+    for layer in model.layers:
+        r: dict[int, list[int]] = {}
+        for i, k in enumerate(layer.attn.kv_head_of):
+            r.setdefault(int(k), []).append(i)
+        readers.append(r)
+    n_slots = max(len(r) for r in readers)
+    size = max(len(q) for r in readers for q in r.values())
+    out = []
+    for r in readers:
+        slots = [(k, r[k] + [None] * (size - len(r[k]))) for k in sorted(r)]
+        out.append(slots + [(None, [None] * size)] * (n_slots - len(slots)))
+    return out
+
+
+def gemma3_zero_heads(model) -> tuple[int, int]:
+    """(zero query heads, zero KV heads) the gemma3 file pads with (gemma3_layout)."""
+    lay = gemma3_layout(model)
+    zq = sum(q is None for slots in lay for _, qs in slots for q in qs)
+    zkv = sum(k is None for slots in lay for k, _ in slots)
+    return zq, zkv
 
 
 def _has(t) -> bool:
@@ -93,12 +126,7 @@ def check_gemma3(model) -> None:
     from headcount.models.decoder import SLIDING
 
     cfg = model.config
-    layers = _layers(model)
-    if len(set(layers)) > 1:
-        raise ValueError(f"model: gemma3 layers keep different head counts (query/KV per layer: "
-                         f"{[f'{q}/{k}' for q, k in layers]}); llama.cpp's gemma3 builds every layer with layer 0's "
-                         f"counts and no other llama.cpp architecture has Gemma 3's graph, so no GGUF can hold it: "
-                         f"{_ALTERNATIVES}")
+    lay = gemma3_layout(model)  # uneven layers are padded with zero heads to one count
     if not cfg.causal:
         raise ValueError("model: a bidirectional Gemma 3 (embedding model) is not llama.cpp's causal gemma3")
     want = dict(norm="rms_float", mlp="gated_gelu_tanh", position="rotary", qk_norm=True, post_norms=True,
@@ -109,7 +137,7 @@ def check_gemma3(model) -> None:
     if cfg.embed_scale is None or not math.isclose(cfg.embed_scale, math.sqrt(cfg.d_model), rel_tol=1e-6):
         raise ValueError(f"model: embed_scale {cfg.embed_scale}; llama.cpp's gemma3 scales embeddings by "
                          f"sqrt(d_model) = {math.sqrt(cfg.d_model):.6g}")
-    scale = gemma3_scale(cfg, layers[0][0])
+    scale = gemma3_scale(cfg, sum(len(qs) for _, qs in lay[0]))
     local = [cfg.layer_type(i) == SLIDING for i in range(cfg.n_layers)]
     if any(local) and swa_period(local) is None:
         raise ValueError(f"model: sliding-window layers {[i for i, x in enumerate(local) if x]} are not periodic; "
@@ -129,10 +157,10 @@ def check_gemma3(model) -> None:
             raise ValueError(f"model: layer {i} has sliding_window {attn.sliding_window}, its config type says "
                              f"{cfg.sliding_window if local[i] else None}")
         if _has(attn.o_proj.bias):
-            raise ValueError(f"model: layer {i}'s o_proj has a bias (what lstsq and mean compensation add); "
-                             "llama.cpp's gemma3 has no attn_output.bias and the post-attention norm follows it, so "
-                             "it cannot be folded away: prune with compensate='none' (`headcount prune --compensate "
-                             "none`) to export a Gemma 3")
+            raise ValueError(f"model: layer {i}'s o_proj has a bias (what mean compensation, or lstsq with "
+                             "bias=True, adds); llama.cpp's gemma3 has no attn_output.bias and the post-attention "
+                             "norm follows it, so it cannot be folded away: prune with the default lstsq refit "
+                             "(no bias on Gemma 3) or compensate='none' to export a Gemma 3")
         if _has(attn.qkv_proj.bias):
             raise ValueError(f"model: layer {i} has q/k/v biases; headcount writes gemma3 without them")
 
@@ -152,18 +180,42 @@ def _attention(out: dict, b: str, attn, dh: int) -> tuple[int, int]:
     return nh, len(slots)
 
 
-def own_file(model, arch: str, dtype: str) -> tuple[list[tuple], dict[str, np.ndarray]]:
-    """(metadata, tensors) of `model` as llama.cpp's `arch` (qwen2 | gemma3); the model already checked."""
+def _attention_padded(out: dict, b: str, attn, dh: int, slots) -> tuple[int, int]:
+    """gemma3: attn_q / attn_k / attn_v / attn_output of one layer in gemma3_layout's slots, zero heads as
+    zero rows (Q, K, V) and zero columns (o_proj)."""
+    nh, nkv = attn.n_heads, attn.n_kv_heads
+    w = numpy32(attn.qkv_proj.weight)
+    o = numpy32(attn.o_proj.weight)
+    d = w.shape[1]
+    zeros_in, zeros_out = np.zeros((dh, d), np.float32), np.zeros((o.shape[0], dh), np.float32)
+    q, k, v, out_cols = [], [], [], []
+    for kv, queries in slots:
+        k.append(w[nh * dh + kv * dh:nh * dh + (kv + 1) * dh] if kv is not None else zeros_in)
+        v.append(w[(nh + nkv) * dh + kv * dh:(nh + nkv) * dh + (kv + 1) * dh] if kv is not None else zeros_in)
+        for h in queries:
+            q.append(w[h * dh:(h + 1) * dh] if h is not None else zeros_in)
+            out_cols.append(o[:, h * dh:(h + 1) * dh] if h is not None else zeros_out)
+    out[b + "attn_q.weight"] = np.concatenate(q)
+    out[b + "attn_k.weight"] = np.concatenate(k)
+    out[b + "attn_v.weight"] = np.concatenate(v)
+    out[b + "attn_output.weight"] = np.concatenate(out_cols, axis=1)
+    return len(q), len(slots)
+
+
+def own_file(model, arch: str, dtype: str, pad: bool = True) -> tuple[list[tuple], dict[str, np.ndarray]]:
+    """(metadata, tensors) of `model` as llama.cpp's `arch` (qwen2 | gemma3); the model already checked.
+    pad=False: gemma3 without the zero heads (tools/llamacpp_archs.py's probe of per-layer arrays)."""
     from headcount.models.decoder import SLIDING
 
     cfg = model.config
     d, dh, ff = cfg.d_model, cfg.head_dim, cfg.d_ff
     out: dict[str, np.ndarray] = {"token_embd.weight": numpy32(model.embed.weight)}
     counts = []
+    padded = gemma3_layout(model) if arch == "gemma3" and pad else None
     for i, layer in enumerate(model.layers):
         attn, b = layer.attn, f"blk.{i}."
         out[b + "attn_norm.weight"] = numpy32(layer.attn_norm.weight)
-        counts.append(_attention(out, b, attn, dh))
+        counts.append(_attention_padded(out, b, attn, dh, padded[i]) if padded else _attention(out, b, attn, dh))
         if arch == "qwen2":  # headcount's qwen2 reader (and transformers) expect the three biases
             order, slots = group_layout(attn.kv_head_of)
             nh, nkv = attn.n_heads, attn.n_kv_heads

@@ -15,7 +15,8 @@ to move the pruned stream on. Compensation:
 
     "none"   nothing: the removed heads' columns of o_proj are simply gone (== head_gates 0).
     "mean"   FLAP: bias += W_O[:, removed] @ mean(Z[:, removed]) over calibration tokens.
-    "lstsq"  o_proj refit on the kept heads' contexts (plus a bias) to reproduce a target T in the
+    "lstsq"  o_proj refit on the kept heads' contexts (plus a bias; bias=False or Gemma 3: the bias stays
+             what it was, none, see refit_bias) to reproduce a target T in the
              least-squares sense, ridge-regularised towards the ORIGINAL weights of the kept columns:
                  min_{W, b} ||[Z_keep 1] [W b]^T - T||^2 + lam ||W - W_O[:, keep]||^2,
                  lam = ridge * mean(diag(Z_keep^T Z_keep))
@@ -62,6 +63,16 @@ class LayerFit:
         return asdict(self)
 
 
+NO_O_PROJ_BIAS = ("gemma3",)  # families whose llama.cpp graph has no attn_output bias and cannot fold one
+
+
+def refit_bias(model) -> bool:
+    """The default of `bias`: may the lstsq refit give o_proj a bias? Not for Gemma 3: llama.cpp's gemma3 graph
+    has no attn_output bias and its post-attention norm follows o_proj (a bias cannot be folded away), so a bias
+    would make the pruned model impossible to export to GGUF. Elsewhere deci / transformers write it."""
+    return getattr(model.config, "family", None) not in NO_O_PROJ_BIAS
+
+
 class _Stop(Exception):
     pass
 
@@ -97,23 +108,34 @@ def _objective(stats: GramStats, sol: Tensor) -> float:
     return float(stats.yty.sum() - 2 * (sol * stats.xty).sum() + (sol * (stats.xtx @ sol)).sum())
 
 
-def solve_toward(stats: GramStats, w0: Tensor, *, ridge: float) -> tuple[Tensor, Tensor]:
-    """min ||X1 [W b]^T - Y||^2 + lam ||W - w0||^2 (bias free); w0 [d_model, D]. float64 results."""
+def solve_toward(stats: GramStats, w0: Tensor, *, ridge: float, b0: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """min ||X1 [W b]^T - Y||^2 + lam ||W - w0||^2; w0 [d_model, D]. float64 results.
+
+    b0 None: the bias b is free. b0 [d_model]: the bias is FIXED at b0 (no new bias: what a target with no
+    o_proj bias, llama.cpp's gemma3, can hold), and only W is solved: min ||X W^T - (Y - b0)||^2 + lam ||W - w0||^2,
+    whose normal equations are the Gram block without the ones column and X^T Y - (X^T 1) b0^T."""
     d = stats.n_inputs
     lam = ridge * float(stats.xtx.diagonal()[:d].mean()) if d else 0.0
-    a = stats.xtx.clone()
+    n = d + 1 if b0 is None else d
+    a = stats.xtx[:n, :n].clone()
     a.diagonal()[:d] += lam
-    rhs = stats.xty.clone()
+    rhs = stats.xty[:n].clone()
     rhs[:d] += lam * w0.T.double()
+    if b0 is not None:
+        rhs -= stats.xtx[:d, d:d + 1] * b0.double()[None]
     chol, info = torch.linalg.cholesky_ex(a)
     sol = torch.cholesky_solve(rhs, chol) if int(info) == 0 else torch.linalg.lstsq(a, rhs).solution
-    return sol[:d].T.contiguous(), sol[d].clone()
+    return sol[:d].T.contiguous(), (sol[d].clone() if b0 is None else b0.double().clone())
 
 
 def _set_o_proj(attn, weight: Tensor, bias: Tensor) -> None:
-    """Write o_proj's weight and bias; an o_proj without a bias gets one (a new public Linear)."""
+    """Write o_proj's weight and bias; an o_proj without a bias gets one (a new public Linear) unless the
+    bias is exactly zero (the no-bias refit), which leaves it without one."""
     old = attn.o_proj
     with torch.no_grad():
+        if old.bias is None and not bool(bias.abs().max() > 0):
+            old.weight.copy_(weight.to(old.weight))
+            return
         if old.bias is None:
             new = nn.Linear(old.in_features, old.out_features, bias=True, device=old.weight.device,
                             dtype=old.weight.dtype)
@@ -125,11 +147,14 @@ def _set_o_proj(attn, weight: Tensor, bias: Tensor) -> None:
 
 def prune_sequential(model, plan: dict[int, list[int]], batches: list[tuple[Tensor, Tensor | None]], *,
                      compensate: str, ridge: float = DEFAULT_RIDGE, target: str = DEFAULT_TARGET,
-                     prior: str = "original", progress: bool = True, group=None) -> list[LayerFit]:
+                     prior: str = "original", progress: bool = True, group=None,
+                     bias: bool | None = None) -> list[LayerFit]:
     """Remove plan[layer] (ORIGINAL head indices) layer by layer, compensating; returns one LayerFit per
     pruned layer. batches: [(input_ids [B, T], attention_mask [B, T] or None)], THIS rank's share when
     `group` is a process group: each layer's sums are all-reduced in float64 before the solve, so every
-    rank computes the same o_proj (equal to one process's to float64 summation order)."""
+    rank computes the same o_proj (equal to one process's to float64 summation order).
+
+    bias: may the lstsq refit give o_proj a (new) bias? None = refit_bias(model) (no, for Gemma 3)."""
     from tqdm.auto import tqdm
 
     from headcount.distributed import DataParallel
@@ -143,6 +168,7 @@ def prune_sequential(model, plan: dict[int, list[int]], batches: list[tuple[Tens
         raise ValueError(f"prior: expected one of {PRIORS}, got {prior!r}")
     if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or ridge < 0:
         raise ValueError(f"ridge: expected a float >= 0, got {ridge!r}")
+    fit_bias = refit_bias(model) if bias is None else bool(bias)
     if not plan:
         return []
     need_orig = compensate == "lstsq" and target in ("output", "residual")
@@ -223,18 +249,19 @@ def prune_sequential(model, plan: dict[int, list[int]], batches: list[tuple[Tens
             w_keep = w_full.index_select(1, keep_cols)
             sol_none = torch.cat([w_keep.T, b_full[None]], dim=0)
             if compensate == "mean":
-                bias = b_full + w_full.index_select(1, drop_cols) @ (zsum / max(n_tok, 1))
+                new_bias = b_full + w_full.index_select(1, drop_cols) @ (zsum / max(n_tok, 1))
                 weight = w_keep
-            elif prior == "zero":
-                weight, bias = ridge_solve(stats, range(stats.n_inputs), ridge=ridge)
-            else:
-                weight, bias = solve_toward(stats, w_keep, ridge=ridge)
-            sol_after = torch.cat([weight.T, bias[None]], dim=0)
+            elif prior == "zero" and fit_bias:
+                weight, new_bias = ridge_solve(stats, range(stats.n_inputs), ridge=ridge)
+            else:  # towards the original weights, or towards zero with the bias held at the original one
+                w0 = w_keep if prior == "original" else torch.zeros_like(w_keep)
+                weight, new_bias = solve_toward(stats, w0, ridge=ridge, b0=None if fit_bias else b_full)
+            sol_after = torch.cat([weight.T, new_bias[None]], dim=0)
             norm = max(float(stats.yty.sum()), 1e-30)
             fits.append(LayerFit(l, list(plan[l]), _objective(stats, sol_none) / norm,
                                  _objective(stats, sol_after) / norm, n_tok))
             attn.prune_heads(removed_cur)
-            _set_o_proj(attn, weight, bias)
+            _set_o_proj(attn, weight, new_bias)
             for s in streams:
                 s[0] = require_finite(layer(s[0], **s[2])[0], f"layer {l}'s output")
             bar.update(1)

@@ -24,7 +24,9 @@ from headcount.analysis.batches import is_decoder
 from headcount.models.copying import attention_copy
 from headcount.surgery.held_out import EVAL_WINDOWS, embed, evaluate, held_out_sets
 from headcount.surgery.pruning import plan as _plan
-from headcount.surgery.pruning.removal import CALIBRATION_WINDOWS, WINDOW, prune, prune_to, resolve_scores
+from headcount.surgery.pruning.removal import (CALIBRATION_WINDOWS, DEFAULT_MAX_SHARE, DEFAULT_PROTECT, WINDOW,
+                                              _protected_layers,
+                                              calibration_batches, prune, prune_to, resolve_scores)
 
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
 
@@ -54,8 +56,11 @@ def pruning_curve(model, *, fractions=FRACTIONS, orders=("gradient", "random"), 
                   mode: str = "query", uniform: bool = False, calibration=None, held_out=None, seeds=(0, 1, 2),
                   eval_windows: int = EVAL_WINDOWS, window: int = WINDOW,
                   calibration_windows: int = CALIBRATION_WINDOWS, scores: dict | None = None, progress: bool = True,
-                  log=None, **prune_kwargs) -> PruningCurve:
+                  log=None, protect=DEFAULT_PROTECT, max_share=DEFAULT_MAX_SHARE, **prune_kwargs) -> PruningCurve:
     """Prune fresh copies of `model` at each fraction x order x compensation; see the module doc.
+
+    protect, max_share: prune_to's per-layer limits ("auto": the layers where the massive activations form,
+    found once on the unpruned model), so the curve's points are what prune_to gives.
 
     scores: {order name: HeadScores} computed elsewhere (skips scoring them here).
     log: called with each finished point (a dict), for progress reporting.
@@ -80,11 +85,15 @@ def pruning_curve(model, *, fractions=FRACTIONS, orders=("gradient", "random"), 
             given = (scores or {}).get(name)
             s, _ = resolve_scores(model, given if given is not None else name, calibration=calibration)
             resolved.append((name, None, s))
+    if isinstance(protect, str):
+        protect = [] if uniform or not is_decoder(model) else _protected_layers(
+            model, calibration_batches(model, calibration, calibration_windows=calibration_windows, window=window))
     for name, seed, s in resolved:
         for comp in compensations:
             for frac in fractions:
                 pruned = attention_copy(model)
-                plan = _plan.plan_fraction(pruned, frac, s, mode=mode, uniform=uniform)
+                plan = _plan.plan_fraction(pruned, frac, s, mode=mode, uniform=uniform, protect=protect,
+                                           max_share=max_share)
                 result = prune(pruned, plan, mode=mode, compensate=comp, calibration=calibration,
                                calibration_windows=calibration_windows, window=window, progress=progress,
                                **prune_kwargs)

@@ -132,9 +132,51 @@ def _check_fraction(fraction) -> float:
     return float(fraction)
 
 
+def check_max_share(max_share) -> float | None:
+    if max_share is None:
+        return None
+    if isinstance(max_share, bool) or not isinstance(max_share, (int, float)) or not 0 < max_share <= 1:
+        raise ValueError(f"max_share: expected None or a number in (0, 1] (the most of a layer's heads one prune "
+                         f"removes), got {max_share!r}")
+    return float(max_share)
+
+
+def _layer_limits(counts: list[int], protect, max_share: float | None) -> list[int]:
+    """How many units (heads or groups) each layer may lose: protected layers none, else
+    floor(max_share x the layer's count), and never the layer's last one."""
+    protect = set(protect or ())
+    out = []
+    for layer, n in enumerate(counts):
+        cap = n - 1
+        if max_share is not None:
+            cap = min(cap, int(max_share * n + 1e-9))
+        out.append(0 if layer in protect else max(cap, 0))
+    return out
+
+
+def _take_lowest(units, n: int, limits: list[int], relaxed: list[int]) -> list:
+    """The n lowest-scoring units (already sorted) within the per-layer limits; when the limits cannot give n,
+    the rest come from the relaxed limits (the cap lifted, protection kept, then protection lifted too)."""
+    taken, used = [], [0] * len(limits)
+    for limits_now in (limits, *relaxed):
+        for unit in units:
+            if len(taken) == n:
+                return taken
+            layer = unit[0]
+            if unit not in taken and used[layer] < limits_now[layer]:
+                taken.append(unit)
+                used[layer] += 1
+    return taken
+
+
 def plan_fraction(model, fraction: float, scores: dict[tuple[int, int], float], *, mode: str = "query",
-                  uniform: bool = False) -> dict[int, list[int]]:
+                  uniform: bool = False, protect=(), max_share: float | None = None) -> dict[int, list[int]]:
     """The heads to remove for `fraction` of the model's current query heads (original indices).
+
+    Global plans (not uniform) take two limits per layer: `protect` (layers that lose nothing, e.g. where the
+    residual stream's massive activations form: analysis.outliers) and `max_share` (at most floor(max_share x
+    its heads) from one layer). When the limits leave fewer than asked, the cap is lifted, then the protection
+    (the fraction asked is what is removed). Uniform plans take neither.
 
     query, global:    the round(fraction * heads) lowest scores; a layer's last head is skipped.
     query, uniform:   in every GQA group of every layer, its round(fraction * group size) lowest heads
@@ -151,17 +193,15 @@ def plan_fraction(model, fraction: float, scores: dict[tuple[int, int], float], 
                          "Use mode='query' (--mode query), which keeps the one KV head")
     key = lambda lh: (scores[lh], lh)  # noqa: E731  ties broken by (layer, head)
     plan: dict[int, list[int]] = {}
+    max_share = check_max_share(max_share)
     if mode == "query" and not uniform:
         total = sum(len(k) for k, _ in lay)
-        n = round(fraction * total)
-        left = [len(k) for k, _ in lay]
-        for layer, head in sorted(((l, h) for l, (k, _) in enumerate(lay) for h in k), key=key):
-            if n == 0:
-                break
-            if left[layer] > 1:
-                plan.setdefault(layer, []).append(head)
-                left[layer] -= 1
-                n -= 1
+        counts = [len(k) for k, _ in lay]
+        units = sorted(((l, h) for l, (k, _) in enumerate(lay) for h in k), key=key)
+        relaxed = [_layer_limits(counts, protect, None), _layer_limits(counts, (), None)]
+        for layer, head in _take_lowest(units, round(fraction * total), _layer_limits(counts, protect, max_share),
+                                        relaxed):
+            plan.setdefault(layer, []).append(head)
     elif mode == "query":
         sizes = {len(m) for l in range(len(lay)) for m in groups_of(model, l).values()}
         if len(sizes) != 1:
@@ -182,15 +222,12 @@ def plan_fraction(model, fraction: float, scores: dict[tuple[int, int], float], 
         groups = [(layer, kv, members) for layer in range(len(lay)) for kv, members in groups_of(model, layer).items()]
         gkey = lambda g: (sum(scores[(g[0], h)] for h in g[2]), g[0], g[1])  # noqa: E731
         if not uniform:
-            n = round(fraction * len(groups))
-            left = {layer: len(groups_of(model, layer)) for layer in range(len(lay))}
-            for layer, kv, members in sorted(groups, key=gkey):
-                if n == 0:
-                    break
-                if left[layer] > 1:
-                    plan.setdefault(layer, []).extend(members)
-                    left[layer] -= 1
-                    n -= 1
+            counts = [len(groups_of(model, layer)) for layer in range(len(lay))]
+            units = [(layer, kv, tuple(members)) for layer, kv, members in sorted(groups, key=gkey)]
+            relaxed = [_layer_limits(counts, protect, None), _layer_limits(counts, (), None)]
+            for layer, kv, members in _take_lowest(units, round(fraction * len(groups)),
+                                                   _layer_limits(counts, protect, max_share), relaxed):
+                plan.setdefault(layer, []).extend(members)
         else:
             counts = {len(groups_of(model, layer)) for layer in range(len(lay))}
             if len(counts) != 1:

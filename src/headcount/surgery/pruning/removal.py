@@ -30,6 +30,8 @@ from headcount.surgery.pruning.compensate import COMPENSATIONS, DEFAULT_RIDGE, D
 
 Tensor = torch.Tensor
 
+DEFAULT_MAX_SHARE = None  # prune_to's per-layer cap (docs/pruning.md, "Holding on GQA models")
+DEFAULT_PROTECT = ()  # prune_to's protected layers: "auto" = where the massive activations form
 CALIBRATION_WINDOWS = 8  # the curve in docs/pruning.md was measured with 8; 16 doubles the cost (issue 15)
 WINDOW = 512
 CALIBRATION_SENTENCES = 256
@@ -72,6 +74,8 @@ class PruneResult:
     # (SCORING_PASSES[order] x its tokens / calibration tokens) + the refit's layer calls (REFIT_PASSES)
     forward_equivalents: float = 0.0
     method: str | None = None  # "retraining-free" (prune_to's order), "l0" (trained gates, gates.py), None: given heads
+    protected: list | None = None  # prune_to: layers that lost no head (protect), None: not prune_to / uniform
+    max_share: float | None = None  # prune_to: the per-layer cap used
     gates: object | None = None  # the GateResult of method "l0"
 
     @property
@@ -92,6 +96,7 @@ class PruneResult:
             "forward_equivalents": round(self.forward_equivalents, 2),
             "ridge": self.ridge, "target": self.target,
             "layer_fits": [f.to_json() for f in self.layer_fits], "method": self.method,
+            "protected": self.protected, "max_share": self.max_share,
             **({"gates": self.gates.to_json()} if self.gates is not None else {}),
         }
 
@@ -141,8 +146,12 @@ def _check_choice(name: str, value, allowed) -> None:
 
 def prune(model, heads, *, mode: str = "query", compensate: str = "lstsq", calibration=DEFAULT_CALIBRATION,
           calibration_windows: int = CALIBRATION_WINDOWS, window: int = WINDOW, ridge: float = DEFAULT_RIDGE,
-          target: str = DEFAULT_TARGET, prior: str = "original", progress: bool = True, group=None) -> PruneResult:
+          target: str = DEFAULT_TARGET, prior: str = "original", progress: bool = True, group=None,
+          bias: bool | None = None) -> PruneResult:
     """Remove `heads` (original indices) from `model` in place, compensating; see the module doc.
+
+    bias: may the lstsq refit add an o_proj bias? None = yes, except for Gemma 3, whose llama.cpp graph has
+    no place for one (compensate.refit_bias); False = the bias stays what it was (none on the zoo's models).
 
     Everything is checked before the first weight changes: a bad head list leaves the model as it was.
     """
@@ -165,7 +174,7 @@ def prune(model, heads, *, mode: str = "query", compensate: str = "lstsq", calib
         model.eval()
         try:
             fits = prune_sequential(model, removed, batches, compensate=compensate, ridge=ridge, target=target,
-                                    prior=prior, progress=progress, group=group)
+                                    prior=prior, progress=progress, group=group, bias=bias)
         finally:
             model.train(was_training)
         tokens = fits[0].tokens if fits else 0
@@ -227,16 +236,29 @@ def scoring_inputs(model, calibration, *, calibration_windows: int = CALIBRATION
 
 
 def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "query", compensate: str = "lstsq",
-             uniform: bool = False, calibration=DEFAULT_CALIBRATION, seed: int = 0, **kwargs) -> PruneResult:
+             uniform: bool = False, calibration=DEFAULT_CALIBRATION, seed: int = 0, protect=DEFAULT_PROTECT,
+             max_share=DEFAULT_MAX_SHARE, **kwargs) -> PruneResult:
     """Remove `fraction` of the query heads (or of the GQA groups, mode="group"), least important first.
 
     order: a HeadScores (headcount.analysis.importance), a method name computed here on the
     calibration text, or "random" (seeded by `seed`). uniform=True: the same number from every
     layer, and in query mode the same number from every GQA group. Other keywords go to prune().
+    protect: layers that lose no head. "auto" (decoders): the layers up to the one where the residual
+        stream's massive activations form (headcount.analysis.outliers, on the first calibration batch);
+        an order measures each layer's error alone, and an error there is not small downstream (issue 26:
+        qwen2.5-coder-0.5b lost 79% at 10% removed, 8 of layer 0's 14 heads among them). () = none.
+    max_share: at most floor(max_share x a layer's heads) from one layer (None: no cap). Both limits are
+    lifted, cap first, only when they leave fewer heads than `fraction` asks; neither applies to uniform.
     """
     _plan.check_mode(mode)
     _check_choice("compensate", compensate, COMPENSATIONS)
     _plan._check_fraction(fraction)
+    max_share = _plan.check_max_share(max_share)
+    if not (isinstance(protect, str) and protect == "auto"):
+        if isinstance(protect, (str, bytes)) or not hasattr(protect, "__iter__") or any(
+                isinstance(l, bool) or not isinstance(l, int) or not 0 <= l < len(model.layers) for l in protect):
+            raise ValueError(f"protect: expected 'auto' or layer indices in [0, {len(model.layers)}), got {protect!r}")
+        protect = sorted(set(protect))
     calibration_windows = kwargs.get("calibration_windows", CALIBRATION_WINDOWS)
     window = kwargs.get("window", WINDOW)
     ready = isinstance(calibration, Tensor) or (isinstance(calibration, list) and calibration
@@ -248,11 +270,28 @@ def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "que
     scores, name, scoring = _scores_and_cost(model, order, calibration=calibration, seed=seed,
                                              calibration_windows=calibration_windows, window=window,
                                              group=kwargs.get("group"))
+    if isinstance(protect, str):  # "auto": where the massive activations form (decoders; encoders: none)
+        protect = [] if uniform or not hasattr(model, "lm_head") else _protected_layers(model, calibration)
     ordering_seconds = time.perf_counter() - start
-    chosen = _plan.plan_fraction(model, fraction, scores, mode=mode, uniform=bool(uniform))
+    chosen = _plan.plan_fraction(model, fraction, scores, mode=mode, uniform=bool(uniform), protect=protect,
+                                 max_share=max_share)
     result = prune(model, chosen, mode=mode, compensate=compensate, calibration=calibration, **kwargs)
     result.order, result.fraction, result.uniform = name, float(fraction), bool(uniform)
+    result.protected, result.max_share = (None, None) if uniform else (list(protect), max_share)
     result.method = "retraining-free"
     result.forward_equivalents += scoring
     result.seconds += ordering_seconds  # seconds and forward_equivalents cover the same work: order + refit
     return result
+
+
+def _protected_layers(model, calibration) -> list[int]:
+    """prune_to's protect="auto": analysis.outliers on the first calibration batch (a [B, T] of ids)."""
+    from headcount.analysis.outliers import residual_outliers
+
+    if isinstance(calibration, Tensor):
+        ids = calibration[:4]
+    elif isinstance(calibration, list) and calibration and isinstance(calibration[0], tuple):
+        ids = calibration[0][0]
+    else:
+        ids = calibration_batches(model, calibration)[0][0]
+    return residual_outliers(model, ids).protected
