@@ -151,7 +151,7 @@ def test_sinks_fused_path_matches_the_formula(grad):
     from headcount import kernels
 
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, n, 700, 16, generator=g) for n in (4, 2, 2))
+    q, k, v = (torch.randn(2, n, 300, 16, generator=g) for n in (4, 2, 2))  # 2 chunks of _logsumexp
     sinks = torch.randn(4, generator=g) * 3
     if grad:
         q.requires_grad_(True)
@@ -313,3 +313,27 @@ def test_importance_and_retraining_free_prune_run_on_a_moe_model():
     with torch.no_grad():
         assert torch.isfinite(model(ids).logits).all()
     assert result is not None
+
+
+def test_generate_tp_over_3_ranks_equals_one_process():
+    """Heads split over 3 gloo ranks (4 = 2 + 1 + 1, each with its heads' sinks), every expert's hidden units
+    split alike, the router replicated: logits and greedy tokens as in one process."""
+    from moe_tp_worker import tp_worker  # a module of its own: the ranks import it without transformers
+
+    from headcount import distributed as runtime
+    from headcount.parallel.transfer import share
+
+    refs, payloads = {}, {}
+    ids, mask = _ids()
+    for family in ("gpt_oss",):  # experts with biases and sinks (the dense MLP's split is test_parallel's)
+        _, model = _pair(family)
+        with torch.no_grad():
+            refs[family] = (model(ids, attention_mask=mask).logits[mask.bool()],
+                            generate(model, ids[0, :PROMPT].tolist(), 8, stop_at_eos=False).new_ids)
+        payloads[family] = share(model)
+    results = runtime.spawn(tp_worker, 3, payloads, _ids(), PROMPT, timeout_s=120)
+    for rank, r in enumerate(results):
+        for family, (logits, tokens) in refs.items():
+            assert (torch.tensor(r[family]["logits"]) - logits).abs().max() < 1e-5, (rank, family)
+            assert r[family]["tokens"] == tokens
+        assert r["gpt_oss"]["sinks"] == [[2, 1, 1][rank]] * 2

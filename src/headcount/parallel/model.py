@@ -5,6 +5,8 @@
     MLP         column- then row-parallel: rank r keeps a contiguous block of the hidden units (d_ff
                 split as evenly as heads are): those rows of gate/up (both halves of the fused
                 [gate | up]), those columns of down, down's bias on rank 0 only; one all-reduce after down.
+                A mixture of experts (models/moe.py) the same way inside every expert (each expert's
+                d_expert hidden units split; the router replicated, so every rank routes alike).
     replicated  embeddings, position tables, norms, lm_head (tied or not) and the pooler: every rank
                 holds them whole and computes them redundantly. Not vocab-parallel: for SmolLM2 the
                 embedding is 28 M of 135 M parameters, and replicated logits need no gather.
@@ -42,6 +44,8 @@ def _take(linear: nn.Linear, rows: list[int] | None = None, cols: list[int] | No
 
 
 def _mlp_width(mlp: nn.Module) -> int:
+    if hasattr(mlp, "d_expert"):  # MoEFeedForward: each expert's hidden width
+        return mlp.d_expert
     if hasattr(mlp, "gate_up_proj"):
         return mlp.gate_up_proj.out_features // 2
     if hasattr(mlp, "up_proj") and hasattr(mlp, "down_proj"):
@@ -56,6 +60,22 @@ def shard_mlp(mlp: nn.Module, group=None) -> nn.Module:
     d_ff = _mlp_width(mlp)
     cols = list(split_even(d_ff, world, what="d_ff")[rank])
     if world == 1:
+        return mlp
+    if hasattr(mlp, "d_expert"):  # experts [E, 2 f, d] / [E, d, f]: the same hidden units of every expert
+        rows = torch.tensor(cols + [d_ff + c for c in cols], device=mlp.gate_up_proj.device)
+        index = torch.tensor(cols, device=mlp.gate_up_proj.device)
+        with torch.no_grad():
+            mlp.gate_up_proj = nn.Parameter(mlp.gate_up_proj.index_select(1, rows).clone(),
+                                            requires_grad=mlp.gate_up_proj.requires_grad)
+            mlp.down_proj = nn.Parameter(mlp.down_proj.index_select(2, index).clone(),
+                                         requires_grad=mlp.down_proj.requires_grad)
+            if mlp.gate_up_bias is not None:
+                mlp.gate_up_bias = nn.Parameter(mlp.gate_up_bias.index_select(1, rows).clone(),
+                                                requires_grad=mlp.gate_up_bias.requires_grad)
+        mlp.d_expert = len(cols)
+        if rank != 0 and mlp.down_bias is not None:
+            mlp.down_bias = None  # added once, by rank 0 (scaled by each token's routing weight there)
+        install_collectives(mlp, group)
         return mlp
     if hasattr(mlp, "gate_up_proj"):
         _take(mlp.gate_up_proj, rows=cols + [d_ff + c for c in cols])  # rows [gate | up]: the same units of both
