@@ -140,8 +140,8 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_unsupported_rope_scaling(tmp_path):
-    d, _ = _tiny_llama_dir(tmp_path, rope_scaling={"rope_type": "yarn", "factor": 4.0})
-    with pytest.raises(CheckpointError, match="rotary scaling 'yarn'"):
+    d, _ = _tiny_llama_dir(tmp_path, rope_scaling={"rope_type": "ntk-by-parts", "factor": 4.0})
+    with pytest.raises(CheckpointError, match="rope_scaling.rope_type: 'ntk-by-parts' is not supported"):
         load_checkpoint(d)
 
 

@@ -133,7 +133,8 @@ def test_qwen2_sliding_window_layers():
 
 
 @pytest.mark.parametrize("field,value,match", [
-    ("rope_parameters", {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e4}, "rotary scaling 'yarn'"),
+    ("rope_parameters", {"rope_type": "ntk-by-parts", "factor": 4.0, "rope_theta": 1e4},
+     "rope_type: 'ntk-by-parts' is not supported"),
     ("rope_parameters", {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5},
      "partial_rotary_factor"),
     ("final_logit_softcapping", 30.0, "final_logit_softcapping"),

@@ -93,6 +93,13 @@ class DecoderConfig:
     # --- issue 27: mixture-of-experts feed-forward and per-head sink logits (GPT-OSS) ---
     moe: MoEConfig | None = None  # routed experts instead of the dense MLP (moe.py); a dict is converted
     attn_sinks: bool = False  # a learned sink logit per head in every row's softmax (MultiHeadAttention.sinks)
+    # --- issue 27: rope types, NoPE layers, Granite's multipliers (the defaults change nothing) ---
+    rope_type: str = "default"  # transformers' rope type (rotary.ROPE_TYPES); "linear" stays rope_scaling
+    rope_parameters: dict | None = None  # that type's fields (factor, original_max_position_embeddings, ...)
+    nope_layers: tuple[int, ...] = ()  # layers that leave rotary out (SmolLM3's no_rope_layers zeros)
+    embedding_multiplier: float = 1.0  # Granite: embeddings x this (a Python float, as transformers)
+    residual_multiplier: float = 1.0  # Granite: each sub-layer's output x this before the residual add
+    logits_scaling: float = 1.0  # Granite: logits / this
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -118,6 +125,14 @@ class DecoderConfig:
         if self.rope_scaling <= 0:
             raise ValueError(f"rope_scaling: expected a positive factor, got {self.rope_scaling!r}")
         self.moe = MoEConfig.from_value(self.moe)
+        self.nope_layers = tuple(int(i) for i in self.nope_layers)
+        if any(not 0 <= i < self.n_layers for i in self.nope_layers):
+            raise ValueError(f"nope_layers: expected layer indices below n_layers={self.n_layers}, "
+                             f"got {list(self.nope_layers)}")
+        for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: expected a positive number, got {getattr(self, name)!r}")
+
 
     def layer_type(self, i: int) -> str:
         """FULL or SLIDING for layer i."""
@@ -144,6 +159,7 @@ class DecoderConfig:
             d["layer_types"] = list(d["layer_types"])
         if self.moe is not None:
             d["moe"] = self.moe.to_dict()
+        d["nope_layers"] = list(d["nope_layers"])
         return d
 
 
@@ -216,6 +232,23 @@ def _norm(cfg: DecoderConfig, factory: dict) -> nn.Module:
     return RMSNorm(cfg.d_model, cfg.norm_eps, weight_in_float32=cfg.norm == "rms_float", **factory)
 
 
+class ScaledLMHead(nn.Module):
+    """lm_head with Granite's logits_scaling: F.linear(x, weight) / scaling. Not an nn.Linear on purpose: the
+    packed path (packing.py) replaces Linear forwards and would drop the division."""
+
+    def __init__(self, d_model: int, vocab_size: int, scaling: float, *, device=None, dtype=None):
+        super().__init__()
+        self.scaling = scaling
+        self.weight = nn.Parameter(torch.empty(vocab_size, d_model, device=device, dtype=dtype))
+        self.bias = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight) / self.scaling
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[1]}, {self.weight.shape[0]}, logits / {self.scaling:g}"
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)); with post_norms the attention
     and MLP outputs are normed again before the residual add (post_attn_norm, post_mlp_norm)."""
@@ -225,6 +258,8 @@ class DecoderLayer(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.layer_type = cfg.layer_type(index)
         self.causal = cfg.causal
+        self.use_rope = index not in cfg.nope_layers  # SmolLM3's NoPE layers: no rotary at all
+        self.residual_multiplier = cfg.residual_multiplier
         self.attn_norm = _norm(cfg, factory)
         self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
                                        bias=cfg.qkv_bias, o_bias=cfg.o_bias, **cfg.attention_kwargs(index), **factory)
@@ -245,15 +280,21 @@ class DecoderLayer(nn.Module):
                 qk_transform, head_gates: Tensor | None, need_weights: bool,
                 qk_transform_local=None) -> tuple[Tensor, Tensor | None]:
         rope = qk_transform_local if self.layer_type == SLIDING and qk_transform_local is not None else qk_transform
+        if not self.use_rope:
+            rope = None
         out, weights = self.attn(self.attn_norm(x), cache=cache, is_causal=self.causal,
                                  key_padding_mask=key_padding_mask, qk_transform=rope,
                                  head_gates=head_gates, need_weights=need_weights)
         if self.post_attn_norm is not None:
             out = self.post_attn_norm(out)
+        if self.residual_multiplier != 1.0:  # Granite
+            out = out * self.residual_multiplier
         x = x + out
         out = self.mlp(self.mlp_norm(x))
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(out)
+        if self.residual_multiplier != 1.0:
+            out = out * self.residual_multiplier
         return x + out, weights
 
 
@@ -322,7 +363,8 @@ class DecoderStack(nn.Module):
         self.rotary = self.rotary_local = None
         if config.position == "rotary":
             self.rotary = RotaryEmbedding(config.head_dim, config.max_position, config.rope_theta,
-                                          linear_factor=config.rope_scaling, rotary_dim=config.rotary_dim,
+                                          linear_factor=config.rope_scaling, rope_type=config.rope_type,
+                                          rope_parameters=config.rope_parameters, rotary_dim=config.rotary_dim,
                                           device=device)
             local = config.rope_local_theta
             if local is not None and SLIDING in {config.layer_type(i) for i in range(config.n_layers)}:
@@ -361,6 +403,8 @@ class DecoderStack(nn.Module):
         x = self.embed(input_ids)  # (B, T, d)
         if self.config.embed_scale is not None:  # as transformers: a float32 scalar cast to the weight dtype
             x = x * torch.tensor(self.config.embed_scale, dtype=torch.float32).to(x.dtype)
+        if self.config.embedding_multiplier != 1.0:  # Granite: a Python float, as transformers multiplies
+            x = x * self.config.embedding_multiplier
         hooks = {"qk_transform": None}
         if self.rotary is not None:
             hooks["qk_transform"] = self.rotary.hook(start, length, position_ids=position_ids, dtype=x.dtype)
@@ -391,7 +435,11 @@ class Decoder(DecoderStack):
             raise ValueError("config.causal is False: a bidirectional model is an encoder.BidirectionalEncoder, "
                              "not a Decoder")
         super().__init__(config, device=device, dtype=dtype)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False, device=device, dtype=dtype)
+        if config.logits_scaling != 1.0:  # Granite: every caller of lm_head (losses too) gets logits / scaling
+            self.lm_head = ScaledLMHead(config.d_model, config.vocab_size, config.logits_scaling, device=device,
+                                        dtype=dtype)
+        else:
+            self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False, device=device, dtype=dtype)
         if config.tie_embeddings:
             self.lm_head.weight = self.embed.weight
 

@@ -12,7 +12,8 @@
   of 600 tokens, past its 512-token sliding window (every position's logits, then 32 greedy tokens);
 - one random small model of each family headcount reads (built with transformers' own config classes,
   no download: llama, qwen2 and qwen3 with sliding-window layers, mistral, gemma3_text causal and
-  bidirectional, gemma3's language model): logits (last hidden states for the bidirectional one) on a
+  bidirectional, gemma3's language model; llama with llama3 / dynamic rope, qwen2 with yarn, phi3, smollm3,
+  granite): logits (last hidden states for the bidirectional one) on a
   padded batch, and greedy decoding with the KV cache from a prompt longer than the sliding window
   against transformers' generate().
 """
@@ -215,6 +216,32 @@ def gguf_model_vs_transformers(name: str, *, window: int = GGUF_WINDOW, max_wind
 
 
 # ------------------------------------------------------------------------------- random small families
+# issue 27's rotary families: rope types past original_max_position_embeddings = 32 (the rows decode past it),
+# Phi-3's fused projections + LongRoPE + partial rotary, SmolLM3's NoPE layers, Granite's multipliers
+# A narrower shape than SHAPE's (d_model 64, 3 layers, head_dim 16): these rows are also the test suite's.
+_SMALL = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + 0.05 * i for i in range(6)],
+             "long_factor": [1.0 + 0.4 * i for i in range(6)]}
+ROPE_FAMILIES = {
+    "llama rope llama3": ("LlamaConfig", "LlamaForCausalLM", {
+        **_SMALL, "rope_parameters": {
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32, "rope_theta": 500000.0}}),
+    "qwen2 rope yarn": ("Qwen2Config", "Qwen2ForCausalLM", {
+        **_SMALL, "rope_parameters": {
+            "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32, "rope_theta": 10000.0}}),
+    "llama rope dynamic": ("LlamaConfig", "LlamaForCausalLM", {
+        **_SMALL, "rope_parameters": {"rope_type": "dynamic", "factor": 2.0, "rope_theta": 10000.0}}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {  # head_dim 16, rotary on the first 12 dims (Phi-4-mini's 0.75)
+        **_SMALL, "original_max_position_embeddings": 32, "partial_rotary_factor": 0.75,
+        "rope_parameters": _LONGROPE, "sliding_window": 40}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {  # layers 1 and 3: no rotary, and a 16-token window
+        **_SMALL, "num_hidden_layers": 4, "no_rope_layer_interval": 2, "use_sliding_window": True,
+        "sliding_window": 16, "tie_word_embeddings": True}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {
+        **_SMALL, "embedding_multiplier": 6.0, "attention_multiplier": 0.1,
+        "residual_multiplier": 0.5, "logits_scaling": 4.0, "attention_bias": True}),
+}
 # family -> (transformers config class, model class, config fields beyond the shared shape)
 RANDOM_FAMILIES = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", {"num_key_value_heads": 2}),
@@ -242,6 +269,7 @@ RANDOM_FAMILIES = {
                 {"num_key_value_heads": 2, "head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
                  "intermediate_size": 64, "sliding_window": 16, "swiglu_limit": 3.0,
                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    **ROPE_FAMILIES,
 }
 # transformers classes that have no SDPA path (GPT-OSS: its sinks): compared on their eager attention
 EAGER_ONLY = ("GptOssForCausalLM",)

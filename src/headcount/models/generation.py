@@ -116,11 +116,22 @@ def _stream(model, ids, max_new_tokens, temperature, top_k, seed, stop_at_eos, t
             timings["prefill_s"], timings["decode_s"] = t1 - t0, 0.0
         yield token
         step = torch.empty((1, 1), dtype=torch.long, device=device)
+        rotary = getattr(model, "rotary", None)
+        seen = list(ids)
         for _ in range(max_new_tokens - 1):
             if eos is not None and token == eos:
                 break
-            step.fill_(token)
-            logits = model(step, cache=cache, last_only=True).logits
+            seen.append(token)
+            if rotary is not None and rotary.refills_cache(cache[0].length):
+                # LongRoPE passing original_max_position_embeddings: the cached keys were turned with the short
+                # factors; transformers' Phi3 generate() drops its cache here and runs the whole sequence again
+                # (long factors on every key), and so does headcount
+                cache = model.new_cache(1, len(ids) + max_new_tokens)
+                logits = model(torch.tensor([seen], dtype=torch.long, device=device), cache=cache,
+                               last_only=True).logits
+            else:
+                step.fill_(token)
+                logits = model(step, cache=cache, last_only=True).logits
             token = pick(logits[0, -1])
             if timings is not None:
                 timings["decode_s"] = time.perf_counter() - t1

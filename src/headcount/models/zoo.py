@@ -179,7 +179,8 @@ def load(name: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir: str
     """A headcount model (Decoder or Encoder, in eval mode, with `.tokenizer`) by zoo name or path.
 
     name: "minilm", "smollm2", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", a transformers
-    checkpoint directory, or a .gguf file (llama, qwen2, gemma3, deci).
+    checkpoint directory, a .gguf file (llama, qwen2, gemma3, deci), or a Hugging Face hub id ORG/NAME found in
+    the local hub cache (models/hub.py: $HF_HUB_CACHE, $HF_HOME/hub, ~/.cache/huggingface/hub; never downloaded).
     cache_dir: where assembled and dequantized GGUF files are kept (default $HEADCOUNT_CACHE or
     ~/.cache/headcount).
     """
@@ -207,5 +208,16 @@ def load(name: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir: str
         return model
     if path.is_file():
         raise ModelNotFoundError(f"{path}: a file, not a checkpoint directory or a .gguf file")
+    from headcount.models import hub
+
+    if hub.is_hub_id(key):  # ORG/NAME: the local Hugging Face cache, never a download
+        try:
+            directory = hub.snapshot_dir(key)
+        except hub.HubModelNotFound as e:
+            raise ModelNotFoundError(str(e)) from None
+        model = load(directory, dtype=dtype, cache_dir=cache_dir)
+        model.name = key
+        return model
     raise ModelNotFoundError(f"unknown model {key!r}; known: {', '.join(known_models())} "
-                             f"(or a path to a local transformers checkpoint directory or .gguf file)")
+                             f"(or a path to a local transformers checkpoint directory or .gguf file, or a hub id "
+                             f"ORG/NAME in the local Hugging Face cache)")

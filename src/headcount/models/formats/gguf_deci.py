@@ -276,7 +276,8 @@ def _check_deci(model) -> None:
     if cfg.mlp_bias:
         raise ValueError("model: MLP biases are not written (Llama and Qwen2 checkpoints have none)")
     for key, plain in (("sliding_window", None), ("qk_norm", False), ("post_norms", False), ("embed_scale", None),
-                       ("rope_scaling", 1.0), ("causal", True)):
+                       ("rope_scaling", 1.0), ("causal", True), ("rope_type", "default"),
+                       ("rotary_dim", None)):
         if getattr(cfg, key) != plain:
             raise ValueError(f"model: {key}={getattr(cfg, key)!r}; llama.cpp's deci graph has none "
                              f"(it needs {key}={plain!r})")

@@ -31,6 +31,7 @@ Every error names the file and, where one is at fault, the tensor. Nothing is ev
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -124,10 +125,13 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) ->
         h, o = f"layers.{i}.", f"layers.{i}."
         for ours, theirs in norms.items():
             yield o + ours + ".weight", norm(t.get(h + theirs + ".weight", (d,)))
-        q = t.get(h + "self_attn.q_proj.weight", (nh * hd, d), heads)
-        k = t.get(h + "self_attn.k_proj.weight", (nkv * hd, d), heads)
-        v = t.get(h + "self_attn.v_proj.weight", (nkv * hd, d), heads)
-        yield o + "attn.qkv_proj.weight", torch.cat([q, k, v], dim=0)  # rows [Q heads | K heads | V heads]
+        if cfg.family == "phi3":  # fused already, in headcount's row order: qkv_proj [q; k; v]
+            yield o + "attn.qkv_proj.weight", t.get(h + "self_attn.qkv_proj.weight", ((nh + 2 * nkv) * hd, d), heads)
+        else:
+            q = t.get(h + "self_attn.q_proj.weight", (nh * hd, d), heads)
+            k = t.get(h + "self_attn.k_proj.weight", (nkv * hd, d), heads)
+            v = t.get(h + "self_attn.v_proj.weight", (nkv * hd, d), heads)
+            yield o + "attn.qkv_proj.weight", torch.cat([q, k, v], dim=0)  # rows [Q heads | K heads | V heads]
         if cfg.qkv_bias:
             yield o + "attn.qkv_proj.bias", torch.cat([
                 t.get(h + "self_attn.q_proj.bias", (nh * hd,), heads),
@@ -144,9 +148,13 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) ->
         if cfg.is_moe_layer(i):
             yield from hf_moe.read_layer(cfg, t, i)
             continue
-        gate = t.get(h + "mlp.gate_proj.weight", (ff, d), f"intermediate_size={ff}")
-        up = t.get(h + "mlp.up_proj.weight", (ff, d), f"intermediate_size={ff}")
-        yield o + "mlp.gate_up_proj.weight", torch.cat([gate, up], dim=0)
+        if cfg.family == "phi3":  # gate_up_proj [gate; up], as headcount's
+            yield o + "mlp.gate_up_proj.weight", t.get(h + "mlp.gate_up_proj.weight", (2 * ff, d),
+                                                       f"2 x intermediate_size={ff}")
+        else:
+            gate = t.get(h + "mlp.gate_proj.weight", (ff, d), f"intermediate_size={ff}")
+            up = t.get(h + "mlp.up_proj.weight", (ff, d), f"intermediate_size={ff}")
+            yield o + "mlp.gate_up_proj.weight", torch.cat([gate, up], dim=0)
         yield o + "mlp.down_proj.weight", t.get(h + "mlp.down_proj.weight", (d, ff), f"intermediate_size={ff}")
         if cfg.mlp_bias:
             yield o + "mlp.gate_up_proj.bias", torch.cat([t.get(h + "mlp.gate_proj.bias", (ff,)),
@@ -321,6 +329,9 @@ HF_CLASSES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
     "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
+    "granite": ("GraniteConfig", "GraniteForCausalLM"),
 }
 _MODEL_TYPE = {"gemma3": "gemma3_text"}
 
@@ -342,19 +353,25 @@ def _qk_scalar(cfg: DecoderConfig) -> int | float:
     return int(round(scalar)) if abs(scalar - round(scalar)) < 1e-6 * scalar else scalar
 
 
+def _granite_scale(cfg: DecoderConfig) -> float:
+    """Granite's attention_multiplier: its softmax scale (the config's, or head_dim ** -0.5 when unset)."""
+    return cfg.softmax_scale if cfg.softmax_scale is not None else cfg.head_dim ** -0.5
+
+
 def _attention_biases(model, family: str) -> bool:
     """The one attention_bias switch of llama / qwen3 / gemma3 (q, k, v and o together): True when any
     layer has a bias (an lstsq refit or mean compensation gives o_proj one; the rest are written as zeros).
     Qwen2 always has q/k/v biases and no o bias; Mistral has none: a bias they cannot hold is refused."""
     qkv = any(layer.attn.qkv_proj.bias is not None for layer in model.layers)
     o = any(layer.attn.o_proj.bias is not None for layer in model.layers)
-    if family in ("mistral", "mixtral") and (qkv or o):
+    if family in ("mistral", "mixtral", "phi3") and (qkv or o):
         raise ValueError(f"model: a {family} checkpoint has no attention biases, and this model has some "
                          "(compensation adds an o_proj bias): transformers' model cannot hold them")
     if family == "qwen2" and o:
         raise ValueError("model: a Qwen2 checkpoint has no o_proj bias, and this model has one (compensation adds it): "
                          "transformers' Qwen2ForCausalLM cannot hold it")
-    return (qkv or o) if family in ("llama", "qwen3", "gemma3", "qwen3_moe", "olmoe", "gpt_oss") else family == "qwen2"
+    return (qkv or o) if family in ("llama", "qwen3", "gemma3", "qwen3_moe", "olmoe", "gpt_oss", "smollm3",
+                                    "granite") else family == "qwen2"
 
 
 def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[dict, dict[str, Tensor]]:
@@ -369,7 +386,7 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
     nh, nkv = model.layers[0].attn.n_heads, model.layers[0].attn.n_kv_heads
     hd, ff = cfg.head_dim, cfg.d_ff
     bias = _attention_biases(model, family)
-    if cfg.mlp_bias and family != "llama":
+    if cfg.mlp_bias and family not in ("llama", "smollm3", "granite"):
         raise ValueError(f"model: MLP biases; transformers' {family} has none")
     gemma = family == "gemma3"
 
@@ -386,9 +403,12 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
         p = f"{top}layers.{i}."
         attn = layer.attn
         w = attn.qkv_proj.weight.detach()
-        sd[p + "self_attn.q_proj.weight"] = w[: nh * hd]
-        sd[p + "self_attn.k_proj.weight"] = w[nh * hd:(nh + nkv) * hd]
-        sd[p + "self_attn.v_proj.weight"] = w[(nh + nkv) * hd:]
+        if family == "phi3":  # Phi3 keeps them fused, in headcount's row order
+            sd[p + "self_attn.qkv_proj.weight"] = w
+        else:
+            sd[p + "self_attn.q_proj.weight"] = w[: nh * hd]
+            sd[p + "self_attn.k_proj.weight"] = w[nh * hd:(nh + nkv) * hd]
+            sd[p + "self_attn.v_proj.weight"] = w[(nh + nkv) * hd:]
         b = attn.qkv_proj.bias
         if bias:
             b = b.detach() if b is not None else w.new_zeros(w.shape[0])
@@ -410,7 +430,10 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
                 sd[p + theirs + ".weight"] = norm(getattr(layer, ours).weight)
             continue
         gu = layer.mlp.gate_up_proj.weight.detach()
-        sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gu[:ff], gu[ff:]
+        if family == "phi3":
+            sd[p + "mlp.gate_up_proj.weight"] = gu
+        else:
+            sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gu[:ff], gu[ff:]
         sd[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.weight.detach()
         if cfg.mlp_bias:
             gub = layer.mlp.gate_up_proj.bias.detach()
@@ -431,6 +454,16 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
     }
     if cfg.rope_scaling != 1.0:  # the older spelling, which transformers 4.x and 5.x both read
         hf["rope_scaling"] = {"rope_type": "linear", "factor": cfg.rope_scaling}
+    partial = cfg.rotary_dim is not None and cfg.rotary_dim != hd
+    if cfg.rope_type != "default" or partial:
+        hf["rope_parameters"] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta,
+                                 **(cfg.rope_parameters or {})}
+        if partial:  # transformers rotates int(head_dim * factor) dims: a factor that gives rotary_dim back
+            factor = cfg.rotary_dim / hd
+            factor = factor if int(hd * factor) == cfg.rotary_dim else math.nextafter(factor, 1.0)
+            hf["rope_parameters"]["partial_rotary_factor"] = hf["partial_rotary_factor"] = factor
+        if family == "phi3" and cfg.rope_type == "longrope":  # Phi3Config reads it at the top level first
+            hf["original_max_position_embeddings"] = cfg.rope_parameters["original_max_position_embeddings"]
     types = [cfg.layer_type(i) for i in range(cfg.n_layers)]
     if gemma:
         window = cfg.sliding_window
@@ -457,13 +490,25 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
     elif family == "gpt_oss":
         hf.update({"attention_bias": bias, "sliding_window": cfg.sliding_window, "layer_types": types})
     if family in MOE_FAMILIES:  # transformers 5 spelling (GptOssConfig would otherwise default to yarn)
-        hf["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-        if cfg.rope_scaling != 1.0:
-            hf["rope_parameters"].update(rope_type="linear", factor=cfg.rope_scaling)
+        if "rope_parameters" not in hf:  # (a rope type beyond linear is written above)
+            hf["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
+            if cfg.rope_scaling != 1.0:
+                hf["rope_parameters"].update(rope_type="linear", factor=cfg.rope_scaling)
         hf.pop("rope_scaling", None)
         return hf, sd
-    if family == "llama":
+    if family in ("llama", "smollm3", "granite"):
         hf.update({"attention_bias": bias, "mlp_bias": cfg.mlp_bias})
+        if family == "smollm3":
+            hf.update({"no_rope_layers": [int(i not in cfg.nope_layers) for i in range(cfg.n_layers)],
+                       "layer_types": types, "use_sliding_window": cfg.sliding_window is not None,
+                       "sliding_window": cfg.sliding_window})
+        if family == "granite":
+            hf.update({"embedding_multiplier": cfg.embedding_multiplier, "residual_multiplier": cfg.residual_multiplier,
+                       "logits_scaling": cfg.logits_scaling, "attention_multiplier": _granite_scale(cfg)})
+    elif family == "phi3":
+        if cfg.sliding_window is not None and "full_attention" in types:
+            raise ValueError("model: Phi3 applies its sliding window to every layer; this model has full layers")
+        hf["sliding_window"] = cfg.sliding_window
     elif family == "mistral":
         if cfg.sliding_window is not None and "full_attention" in types:
             raise ValueError("model: Mistral applies its sliding window to every layer; this model has full layers")

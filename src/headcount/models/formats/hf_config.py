@@ -2,8 +2,18 @@
 
 Every field that changes the computation is read or refused by name; nothing is silently ignored.
 
-- llama / mistral / qwen2 / qwen3: rotary default or "linear" (rope_parameters, or the older rope_theta +
-  rope_scaling); other rope types (llama3, yarn, dynamic, ...) and partial_rotary_factor are refused.
+- llama / mistral / qwen2 / qwen3 / smollm3 / granite / phi3: rotary from rope_parameters (or the older
+  rope_scaling, which transformers prefers when both are there) + rope_theta, of rope type default, linear,
+  llama3, yarn, dynamic or longrope (phi3: default or longrope; its "su" / "yarn" mean longrope, as
+  Phi3Config reads them); each type's fields are read or refused by name (rotary.ROPE_FIELDS), a missing
+  one named. original_max_position_embeddings: a top-level field wins (Phi3Config: default 4096), else the
+  block's, else max_position_embeddings. partial_rotary_factor only for phi3 (transformers' Llama-style
+  rotary ignores it for the default type and breaks for the others).
+- phi3: fused qkv_proj [q; k; v] and gate_up_proj [gate; up] (headcount's own layouts), sliding_window on
+  every layer when set (null by default). smollm3: no_rope_layers (1 = rotary, 0 = none; default: every
+  no_rope_layer_interval-th layer has none), sliding windows on the layers layer_types marks. granite:
+  embedding_multiplier, attention_multiplier (the softmax scale, default 1.0), residual_multiplier,
+  logits_scaling.
   mistral: `sliding_window` on every layer (null = full attention; a missing field is transformers'
   default 4096; `layer_types` is ignored, as MistralModel ignores it). qwen2 / qwen3: sliding windows are
   implemented: with use_sliding_window, on the layers `layer_types` marks (else layers >= max_window_layers).
@@ -30,10 +40,15 @@ from headcount.models.decoder import DecoderConfig
 from headcount.models.moe import MoEConfig
 from headcount.models.encoder import EncoderConfig
 from headcount.models.formats.errors import CheckpointError
+from headcount.models.rotary import check_rope
 
 MOE_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss")
-SUPPORTED = ("bert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gemma3", *MOE_FAMILIES)
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED = ("bert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gemma3", *MOE_FAMILIES, "phi3",
+             "smollm3", "granite")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "granite")
+# _REFUSED fields a family reads (so they are not refused for it)
+_READS = {"phi3": {"partial_rotary_factor"}, "smollm3": {"no_rope_layers"},
+          "granite": {"logits_scaling", "embedding_multiplier", "residual_multiplier", "attention_multiplier"}}
 
 # transformers' Gemma3TextConfig defaults: config.json files written by older versions (and the
 # text_config of a gemma3 multimodal config) leave out whatever equals them.
@@ -80,17 +95,78 @@ def _rope_block(block: dict, theta: float, source: str, where: str) -> tuple[flo
     return float(block.get("rope_theta", theta)), float(factor)
 
 
-def _rope(cfg: dict, source: str) -> tuple[float, float]:
-    """(rope_theta, linear factor) of a one-rotary model, from rope_parameters (transformers 5) or the
-    older rope_theta + rope_scaling."""
-    theta = float(cfg.get("rope_theta", 10000.0))
-    factor = 1.0
-    if cfg.get("rope_parameters"):
-        theta, factor = _rope_block(cfg["rope_parameters"], theta, source, "rope_parameters")
-    if cfg.get("rope_scaling"):
-        _, factor2 = _rope_block(cfg["rope_scaling"], theta, source, "rope_scaling")
-        factor = factor2 if factor2 != 1.0 else factor
-    return theta, factor
+def _rope_fields(cfg: dict, kind: str, head_dim: int, source: str) -> dict:
+    """The DecoderConfig rotary fields (rope_theta, rope_scaling, rope_type, rope_parameters,
+    rotary_dim) of a one-rotary family, standardised as transformers' RotaryEmbeddingConfigMixin
+    does; a missing or unknown field of the rope type raises CheckpointError naming it."""
+    where = "rope_scaling" if cfg.get("rope_scaling") else "rope_parameters"
+    block = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(block, dict):
+        raise CheckpointError(f"{source}: {where} is {block!r}, expected a dict")
+    block = dict(block)
+    theta = float(block.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    partial = block.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
+    partial = 1.0 if partial is None else partial
+    if partial != 1.0 and kind != "phi3":
+        raise CheckpointError(f"{source}: {where}.partial_rotary_factor={partial!r} is not supported for {kind} "
+                              "(transformers rotates the whole head there)")
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise CheckpointError(f"{source}: partial_rotary_factor: expected a number in (0, 1], got {partial!r}")
+    kind_of_rope = block.get("rope_type", block.get("type", "default")) or "default"
+    if kind == "phi3":
+        kind_of_rope = "longrope" if kind_of_rope in ("su", "yarn") else kind_of_rope  # as Phi3Config reads it
+        if kind_of_rope not in ("default", "longrope"):
+            raise CheckpointError(f"{source}: {where}.rope_type: {kind_of_rope!r} is not one Phi3 has "
+                                  "(default, longrope)")
+    if kind_of_rope in ("llama3", "yarn", "longrope"):
+        if "original_max_position_embeddings" in cfg or kind == "phi3":  # a top-level value wins (Phi3Config)
+            block["original_max_position_embeddings"] = cfg.get("original_max_position_embeddings", 4096)
+        else:
+            block.setdefault("original_max_position_embeddings", cfg.get("max_position_embeddings", 2048))
+    params = {k: v for k, v in block.items() if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor")}
+    rotary_dim = int(head_dim * partial)
+    try:
+        check_rope(kind_of_rope, params, rotary_dim)
+    except ValueError as e:
+        raise CheckpointError(f"{source}: {where}{str(e)[len('rope_parameters'):]}") from None
+    fields = dict(rope_theta=theta, rotary_dim=rotary_dim if partial != 1.0 else None)
+    if kind_of_rope == "linear":  # the older spelling of linear scaling: DecoderConfig.rope_scaling
+        return {**fields, "rope_scaling": float(params["factor"])}
+    if kind_of_rope == "default":
+        return fields
+    return {**fields, "rope_type": kind_of_rope, "rope_parameters": params}
+
+
+def _nope_layers(cfg: dict, n_layers: int, source: str) -> tuple[int, ...]:
+    """SmolLM3's layers without rotary: no_rope_layers[i] == 0 (1 = rotary), or by default every
+    no_rope_layer_interval-th layer (as SmolLM3Config builds the list)."""
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        interval = cfg.get("no_rope_layer_interval", 4)
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise CheckpointError(f"{source}: no_rope_layer_interval: expected a positive int, got {interval!r}")
+        flags = [int((i + 1) % interval != 0) for i in range(n_layers)]
+    if not isinstance(flags, (list, tuple)) or len(flags) != n_layers or any(f not in (0, 1) for f in flags):
+        raise CheckpointError(f"{source}: no_rope_layers: expected {n_layers} entries of 0 / 1 (num_hidden_layers), "
+                              f"got {flags!r}")
+    return tuple(i for i, f in enumerate(flags) if not f)
+
+
+def _smollm3_layers(cfg: dict, n_layers: int, nope: tuple[int, ...],
+                    source: str) -> tuple[int | None, tuple[str, ...] | None]:
+    """SmolLM3's sliding windows: layer_types (default: the NoPE layers, when use_sliding_window and
+    sliding_window are set), each sliding layer with config.sliding_window."""
+    types = cfg.get("layer_types")
+    window = cfg.get("sliding_window")
+    if types is None:
+        on = cfg.get("use_sliding_window") and window is not None
+        types = ["sliding_attention" if on and i in nope else "full_attention" for i in range(n_layers)]
+    types = _layer_types(types, n_layers, source)
+    if "sliding_attention" not in types:
+        return None, None
+    if window is None:
+        raise CheckpointError(f"{source}: layer_types has sliding_attention layers but sliding_window is null")
+    return int(window), types
 
 
 def _get(cfg: dict, key: str, source: str):
@@ -100,8 +176,9 @@ def _get(cfg: dict, key: str, source: str):
 
 
 def _refuse_unsupported(cfg: dict, source: str) -> None:
+    reads = _READS.get(cfg.get("model_type"), ())
     for key, off in _REFUSED.items():
-        if cfg.get(key, off) != off:
+        if key not in reads and cfg.get(key, off) != off:
             raise CheckpointError(f"{source}: {key}={cfg[key]!r} is not supported (headcount does not implement it "
                                   f"and will not ignore it)")
 
@@ -151,21 +228,30 @@ def _llama_like(cfg: dict, kind: str, source: str) -> DecoderConfig:
         raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for {kind} (only 'silu')")
     if cfg.get("use_bidirectional_attention"):
         raise CheckpointError(f"{source}: use_bidirectional_attention is not supported for {kind}")
-    fields = _common(cfg, source, tie_default=False)
-    theta, factor = _rope(cfg, source)
+    fields = _common(cfg, source, tie_default=kind == "smollm3")
+    rope = _rope_fields(cfg, kind, fields["head_dim"], source)
     attention_bias = bool(cfg.get("attention_bias", False))
-    window, types = None, None
+    window, types, extra = None, None, {}
     if kind in ("qwen2", "qwen3"):
         window, types = _qwen_layers(cfg, fields["n_layers"], source)
-    elif kind == "mistral":
-        # MistralModel puts every layer in the window (it ignores layer_types, as transformers warns)
-        window = cfg.get("sliding_window", 4096)
+    elif kind in ("mistral", "phi3"):
+        # MistralModel / Phi3Model put every layer in the window (Mistral ignores layer_types, as transformers
+        # warns); a missing field is Mistral's default 4096, Phi3's None
+        window = cfg.get("sliding_window", 4096 if kind == "mistral" else None)
         window = int(window) if window is not None else None
+    elif kind == "smollm3":
+        extra["nope_layers"] = _nope_layers(cfg, fields["n_layers"], source)
+        window, types = _smollm3_layers(cfg, fields["n_layers"], extra["nope_layers"], source)
+    elif kind == "granite":
+        extra = dict(softmax_scale=float(cfg.get("attention_multiplier", 1.0)),
+                     embedding_multiplier=float(cfg.get("embedding_multiplier", 1.0)),
+                     residual_multiplier=float(cfg.get("residual_multiplier", 1.0)),
+                     logits_scaling=float(cfg.get("logits_scaling", 1.0)))
     return DecoderConfig(
-        **fields, norm="rms", mlp="gated_silu", rope_theta=theta, rope_scaling=factor,
-        qkv_bias={"qwen2": True, "mistral": False}.get(kind, attention_bias),
-        o_bias={"qwen2": False, "mistral": False}.get(kind, attention_bias),
-        mlp_bias=bool(cfg.get("mlp_bias", False)) if kind == "llama" else False,
+        **fields, **rope, **extra, norm="rms", mlp="gated_silu",
+        qkv_bias={"qwen2": True, "mistral": False, "phi3": False}.get(kind, attention_bias),
+        o_bias={"qwen2": False, "mistral": False, "phi3": False}.get(kind, attention_bias),
+        mlp_bias=bool(cfg.get("mlp_bias", False)) if kind in ("llama", "smollm3", "granite") else False,
         qk_norm=kind == "qwen3", sliding_window=window, layer_types=types, family=kind)
 
 
@@ -190,7 +276,7 @@ def _moe(cfg: dict, kind: str, source: str) -> DecoderConfig:
                               "q/k/v and will not ignore it)")
     fields = _common(cfg, source, tie_default=False)
     n_layers = fields["n_layers"]
-    theta, factor = _rope(cfg, source)
+    rope = _rope_fields(cfg, kind, fields["head_dim"], source)
     n_experts = _count(cfg, ("num_experts", "num_local_experts") if kind in ("qwen3_moe", "olmoe")
                        else ("num_local_experts", "num_experts"), source, low=0 if kind == "qwen3_moe" else 1)
     top_k = _count(cfg, ("num_experts_per_tok",), source)
@@ -231,7 +317,7 @@ def _moe(cfg: dict, kind: str, source: str) -> DecoderConfig:
         if isinstance(window, bool) or not isinstance(window, int) or window < 1:
             raise CheckpointError(f"{source}: sliding_window={window!r}, expected a positive int or null")
     moe_cfg = MoEConfig(**moe) if n_experts else None
-    return DecoderConfig(**{**fields, "norm": "rms", "mlp": "gated_silu", "rope_theta": theta, "rope_scaling": factor,
+    return DecoderConfig(**{**fields, "norm": "rms", "mlp": "gated_silu", **rope,
                             "sliding_window": window, "layer_types": types, "moe": moe_cfg, "family": kind, **extra})
 
 
