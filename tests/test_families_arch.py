@@ -30,3 +30,121 @@ def test_partial_rotary_matches_gpt_neox():
     assert torch.equal(got[0][..., 8:], q[..., 8:])  # the last 24 dims pass through
     with pytest.raises(ValueError, match="rotary_dim"):
         RotaryEmbedding(32, 64, rotary_dim=7)
+
+
+# ------------------------------------------------------------------------------------- the three families
+import warnings  # noqa: E402
+
+from headcount import kernels  # noqa: E402
+from headcount.models import CheckpointError, from_transformers, generate, load, load_checkpoint  # noqa: E402
+from headcount.models import exactness  # noqa: E402
+from headcount.models.formats.hf import export_transformers, from_state_dict  # noqa: E402
+from headcount.surgery import save  # noqa: E402
+
+FAMILIES = ("gemma2", "gpt_neox", "olmo2")
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request):
+    """(family, transformers model, headcount model): exactness's random small config of the family."""
+    hf = exactness.random_transformers_model(request.param)
+    return request.param, hf, from_transformers(hf)
+
+
+def _ids(batch, length, seed=1):
+    return torch.randint(3, 509, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_logits_on_a_padded_batch_and_32_greedy_tokens(pair):
+    family, hf, ours = pair
+    ids = _ids(2, 48)
+    mask = torch.ones_like(ids)
+    mask[1, 30:] = 0
+    with torch.no_grad():
+        ref = hf(input_ids=ids, attention_mask=mask).logits
+        assert (ours(ids, attention_mask=mask).logits - ref)[mask.bool()].abs().max().item() <= 1e-4
+    greedy = exactness._greedy(ours, hf, _ids(1, 24, seed=2)[0].tolist(), 32)  # no stop at eos: 32 tokens
+    assert greedy["greedy_equal"] and greedy["greedy_tokens"] == 32 and greedy["distinct_tokens"] > 1
+
+
+def test_cached_decoding_past_every_window_equals_a_full_forward(pair):
+    _, _, ours = pair
+    ids = _ids(1, 40, seed=4)  # windows are 16 (gemma2's local layers): 30 decode steps go past them
+    with torch.no_grad():
+        full = ours(ids).logits
+        cache = ours.new_cache(1, 40)
+        steps = [ours(ids[:, :10], cache=cache).logits]
+        steps += [ours(ids[:, t:t + 1], cache=cache).logits for t in range(10, 40)]
+    assert (torch.cat(steps, dim=1) - full).abs().max().item() <= 1e-4
+
+
+def test_save_reload_bit_identical_and_export_loads_in_transformers(pair, tmp_path):
+    family, hf, ours = pair
+    ids = _ids(1, 40, seed=5)
+    with torch.no_grad():
+        want = ours(ids).logits
+        save(ours, tmp_path / "saved")
+        assert torch.equal(load(tmp_path / "saved")(ids).logits, want)
+        export_transformers(ours, tmp_path / "hf")
+        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()  # transformers code only
+        assert type(back).__name__ == type(hf).__name__
+        assert (back(ids).logits - hf(ids).logits).abs().max().item() <= 1e-4
+        assert (load_checkpoint(tmp_path / "hf")(ids).logits - want).abs().max().item() <= 1e-4
+
+
+def test_prune_a_fraction_and_importance_run(pair):
+    from headcount.analysis import importance
+    from headcount.surgery import prune_to
+
+    family, hf, _ = pair
+    model = from_transformers(hf)
+    cal = _ids(2, 24, seed=6)
+    scores = importance(model, method="gradient", windows=cal, progress=False)
+    assert tuple(scores.scores.shape) == (6, 4) and torch.isfinite(scores.scores).all()
+    result = prune_to(model, 0.25, order="gradient", calibration=cal, progress=False)
+    assert result.heads_after == 18 == sum(layer.attn.n_heads for layer in model.layers)
+    with torch.no_grad():
+        assert torch.isfinite(model(cal).logits).all()
+
+
+def test_gemma2_soft_capping_runs_in_query_chunks_and_reaches_the_loss(pair, monkeypatch):
+    family, hf, ours = pair
+    if family != "gemma2":
+        pytest.skip("gemma2 only")
+    ids = _ids(1, 64, seed=7)
+    with torch.no_grad():
+        ref = hf(ids).logits
+        monkeypatch.setattr(kernels, "CAPPED_ELEMENTS", 4 * 64 * 8)  # 8-query chunks: the chunked path
+        out = ours(ids)
+        assert (out.logits - ref).abs().max().item() <= 1e-4
+        weighted = ours(ids, need_weights=True).logits  # the eager path with weights, one chunk
+        assert (weighted - ref).abs().max().item() <= 1e-4
+        nll = ours.token_nll(out.hidden_states[:, :-1], ids[:, 1:])  # chunked_nll: the final soft-cap too
+        want = torch.nn.functional.cross_entropy(ref[0, :-1], ids[0, 1:], reduction="none")
+        assert (nll[0] - want).abs().max().item() <= 1e-4
+    assert ref.abs().max().item() <= 10.0 and ours.config.final_softcap == 10.0
+
+
+def test_gpt_neox_fused_qkv_is_split_per_head(pair):
+    family, hf, ours = pair
+    if family != "gpt_neox":
+        pytest.skip("gpt_neox only")
+    w = hf.gpt_neox.layers[0].attention.query_key_value.weight  # rows [n_heads, 3, head_dim]
+    ours_w = ours.layers[0].attn.qkv_proj.weight  # rows [Q heads | K heads | V heads]
+    hd = 32
+    assert torch.equal(ours_w[hd:2 * hd], w[3 * hd:4 * hd])  # Q of head 1
+    assert torch.equal(ours_w[4 * hd:5 * hd], w[hd:2 * hd])  # K of head 0
+    assert ours.rotary.rotary_dim == 8 and ours.layers[0].parallel_residual
+
+
+@pytest.mark.parametrize("family,field,value,fragment", [
+    ("gemma2", "head_dim", 32, "head_dim=32"),
+    ("olmo2", "num_key_value_heads", 1, "n_kv_heads=1"),
+    ("gpt_neox", "num_attention_heads", 3, "num_attention_heads=3"),
+])
+def test_contradictory_config_is_one_line_naming_the_field(family, field, value, fragment):
+    hf = exactness.random_transformers_model(family)
+    cfg = {**hf.config.to_dict(), field: value}
+    with pytest.raises(CheckpointError, match=fragment) as err:
+        from_state_dict(cfg, hf.state_dict())
+    assert "\n" not in str(err.value)

@@ -17,6 +17,9 @@ before qk_transform (rotary), and a sliding window (sliding_window; Gemma 3's lo
 with a KV cache that keeps only the window. S always counts every token seen, cached or evicted.
 Per-head sink logits (sinks=True; GPT-OSS): `sinks` [n_heads] joins each head's softmax as a key with no
 value (kernels.py says how the fused path keeps it); pruning a head removes its sink with it.
+Issue 27: q/k norms over the whole projection instead of each head (qk_norm_full; OLMo 2) and
+attention-logit soft-capping (logit_softcap; Gemma 2), which runs the eager formula in query chunks
+(kernels.py: SDPA's fused kernel cannot cap the scores).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from torch import nn
 
 from headcount import head_surgery, kernels, masks
 from headcount.cache import KVCache, SlidingKVCache
-from headcount.norms import HeadRMSNorm
+from headcount.norms import FullRMSNorm, HeadRMSNorm
 
 Tensor = torch.Tensor
 QKTransform = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
@@ -90,6 +93,10 @@ class MultiHeadAttention(nn.Module):
         sliding_window: when set, with is_causal query p attends keys p - sliding_window < j <= p; without,
             |p - j| < sliding_window (transformers' Mistral / Gemma 3 masks). Settable after construction.
         sinks: a learned sink logit per query head (`sinks` [n_heads], zeros) in every row's softmax.
+        qk_norm_full: with qk_norm_eps, q_norm / k_norm are norms.FullRMSNorm over all heads' q (resp. k)
+            together, weight [n_heads * head_dim] (resp. [n_kv_heads * head_dim]): OLMo 2.
+        logit_softcap: scores -> logit_softcap * tanh(scores / logit_softcap) before the mask (Gemma 2);
+            runs the eager formula in query chunks (kernels.attend), never SDPA's fused kernel.
 
     Parameters:
         qkv_proj: Linear(d_model, (n_heads + 2 * n_kv_heads) * head_dim); rows [all Q | all K | all V],
@@ -102,7 +109,8 @@ class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, *, n_kv_heads: int | None = None, head_dim: int | None = None,
                  bias: bool = True, o_bias: bool | None = None, dropout: float = 0.0,
                  softmax_scale: float | None = None, qk_norm_eps: float | None = None,
-                 sliding_window: int | None = None, sinks: bool = False, device=None, dtype=None):
+                 sliding_window: int | None = None, sinks: bool = False, qk_norm_full: bool = False,
+                 logit_softcap: float | None = None, device=None, dtype=None):
         super().__init__()
         _positive_int("d_model", d_model)
         _positive_int("n_heads", n_heads)
@@ -130,8 +138,16 @@ class MultiHeadAttention(nn.Module):
         self.kept_heads: tuple[int, ...] = tuple(range(n_heads))  # original indices of the query heads left
         self.register_buffer("kv_index", None, persistent=False)  # [n_heads] long when groups are uneven
         eps = _check_qk_norm_eps(qk_norm_eps)
-        self.q_norm = HeadRMSNorm(head_dim, eps=eps, **factory) if eps is not None else None
-        self.k_norm = HeadRMSNorm(head_dim, eps=eps, **factory) if eps is not None else None
+        if eps is not None and qk_norm_full:
+            self.q_norm = FullRMSNorm(n_heads, head_dim, eps=eps, **factory)
+            self.k_norm = FullRMSNorm(n_kv_heads, head_dim, eps=eps, **factory)
+        else:
+            self.q_norm = HeadRMSNorm(head_dim, eps=eps, **factory) if eps is not None else None
+            self.k_norm = HeadRMSNorm(head_dim, eps=eps, **factory) if eps is not None else None
+        if logit_softcap is not None and (isinstance(logit_softcap, bool) or not isinstance(logit_softcap, (int, float))
+                                          or not math.isfinite(logit_softcap) or logit_softcap <= 0):
+            raise ValueError(f"logit_softcap: expected a positive float or None, got {logit_softcap!r}")
+        self.logit_softcap = None if logit_softcap is None else float(logit_softcap)
         self.sliding_window = sliding_window
         self.sinks = nn.Parameter(torch.zeros(n_heads, **factory)) if sinks else None
 
@@ -158,6 +174,10 @@ class MultiHeadAttention(nn.Module):
             extra += f", sliding_window={self.sliding_window}"
         if self.sinks is not None:
             extra += ", sinks"
+        if isinstance(self.q_norm, FullRMSNorm):
+            extra += ", qk_norm over all heads"
+        if self.logit_softcap is not None:
+            extra += f", logit_softcap={self.logit_softcap:g}"
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads} ({kind}), "
                 f"head_dim={self.head_dim}{extra}")
 
@@ -295,7 +315,8 @@ class MultiHeadAttention(nn.Module):
 
         out, weights = kernels.attend(q, k, v, mask=mask, is_causal=is_causal, need_weights=need_weights,
                                       dropout_p=self.dropout if self.training else 0.0, scale=self.softmax_scale,
-                                      kv_index=self.kv_index, window=self.sliding_window, sinks=self.sinks)
+                                      kv_index=self.kv_index, window=self.sliding_window, sinks=self.sinks,
+                                      softcap=self.logit_softcap)
         if weights is not None and held is not None:  # evicted keys: weight 0, so weights stay [B, nh, T, S]
             full = weights.new_zeros(*weights.shape[:-1], src_len)
             full[..., held] = weights

@@ -9,6 +9,9 @@ pruning across GQA groups (say group sizes 3, 2, 3) keeps an explicit query-head
 (`kv_head_of`, and the `kv_index` buffer the kernels gather with); the uniform case stays on the
 fast path with no map. q_norm / k_norm (per head_dim, shared by every head) are left unchanged. A head's
 sink logit (`sinks`, GPT-OSS) goes with the head.
+Full-width q/k norms (norms.FullRMSNorm, OLMo 2) keep the weights of the heads kept; their statistics
+then run over those heads only, so the heads left are normalised differently than before the removal
+(an approximation: docs/models.md gives its measured size and why headcount accepts it).
 """
 
 from __future__ import annotations
@@ -70,6 +73,9 @@ def prune_heads(attn, heads) -> None:
     if sinks is not None:  # [n_heads]: one logit per query head
         attn.sinks = nn.Parameter(sinks.detach()[keep].clone(), requires_grad=sinks.requires_grad)
 
+    if getattr(attn.q_norm, "keep", None) is not None:  # full-width norms: the kept heads' weights
+        attn.q_norm.keep(keep)
+        attn.k_norm.keep(used_kv)
     attn.kv_head_of = tuple(renumber[attn.kv_head_of[h]] for h in keep)
     attn.kept_heads = tuple(attn.kept_heads[h] for h in keep)
     attn.n_heads, attn.n_kv_heads = len(keep), len(used_kv)
@@ -115,5 +121,7 @@ def merge_kv_heads(attn, n_kv_heads: int) -> None:
             attn.qkv_proj.bias = nn.Parameter(torch.cat([qb, pool(kb), pool(vb)]).clone(),
                                               requires_grad=b.requires_grad)
     attn.qkv_proj.out_features = attn.qkv_proj.weight.shape[0]
+    if getattr(attn.k_norm, "pool", None) is not None:  # a full-width k_norm: its weights pooled the same way
+        attn.k_norm.pool(n_kv_heads)
     attn.n_kv_heads = n_kv_heads
     attn.kv_head_of = tuple(i // (nh // n_kv_heads) for i in range(nh))

@@ -20,6 +20,11 @@ because softmax-with-sink = softmax * Z / (Z + e^sink) with Z = e^L. L comes fro
 (aten._scaled_dot_product_flash_attention_for_cpu returns it beside the output) when no gradient is
 needed; otherwise (and off the CPU) from _logsumexp, which walks the queries in chunks so at most
 [chunk, S] scores exist at once (never [T, S] for a long T), and is differentiable.
+Logit soft-capping (`softcap=`, Gemma 2: scores -> softcap * tanh(scores / softcap) after the scale, before
+the mask): SDPA's fused kernel cannot apply a function to the scores, so a soft-capped attention always
+runs the eager formula. Without need_weights it runs it over query chunks (`_capped`): each chunk's scores
+are [B, nh, chunk, keys] with chunk sized to a budget (CAPPED_ELEMENTS), causal chunks reading only the
+keys up to their last query and windowed chunks only their band, so a long input never holds [T, S] scores.
 
 Both: GQA grouping (query head i reads KV head kv_index[i]; uniform grouping i // (n_heads //
 n_kv_heads) never copies K/V), and a query row whose keys are all masked gives exactly 0 output and
@@ -60,7 +65,7 @@ def _expand_kv(k: Tensor, v: Tensor, n_heads: int, kv_index: Tensor | None) -> t
 def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_causal: bool = False,
            need_weights: bool = False, dropout_p: float = 0.0, scale: float | None = None,
            kv_index: Tensor | None = None, window: int | None = None,
-           sinks: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+           sinks: Tensor | None = None, softcap: float | None = None) -> tuple[Tensor, Tensor | None]:
     """Attention for q [B, nh, T, dh] over k, v [B, nkv, S, dh] -> ([B, nh, T, dh], weights or None).
 
     mask: bool (True = may attend) or float (added), broadcastable to [B, nh, T, S].
@@ -70,6 +75,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_ca
         without, |p - j| < window. Key j sits at position j, query t at S - T + t.
     sinks: [nh] per-head sink logits (in the scores' units, after the scale): each joins its head's softmax
         as one more key with no value (see the module doc).
+    softcap: scores -> softcap * tanh(scores / softcap) before the mask (the eager formula, in query chunks).
     """
     tgt_len, src_len = q.shape[2], k.shape[2]
     if scale is None:
@@ -79,7 +85,8 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_ca
     if window is not None:
         chunk = 0 if need_weights else _chunk_size(tgt_len, src_len, window, is_causal)
         if chunk:
-            return _fused_windowed(q, k, v, mask, is_causal, dropout_p, scale, kv_index, window, chunk, sinks), None
+            return _fused_windowed(q, k, v, mask, is_causal, dropout_p, scale, kv_index, window, chunk, sinks,
+                                   softcap), None
         mask = combine(mask, window_mask(tgt_len, src_len, window, causal=is_causal, device=q.device), dtype=q.dtype)
         is_causal = False  # the band already holds causality
     if is_causal and tgt_len == 1:
@@ -88,11 +95,39 @@ def attend(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None, is_ca
         mask = combine(mask, causal_mask(tgt_len, src_len, q.device), dtype=q.dtype)
         is_causal = False
     if need_weights:
-        return _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks)
-    return _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks), None
+        return _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks, softcap)
+    return _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks, softcap), None
 
 
-def _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks=None) -> Tensor:
+# The soft-capped path's budget: scores of at most this many elements per query chunk (64 MiB of fp32).
+CAPPED_ELEMENTS = 1 << 24
+
+
+def _capped(q, k, v, mask, is_causal, dropout_p, scale, kv_index, softcap, sinks=None) -> Tensor:
+    """The eager formula with soft-capped scores over query chunks: chunk [a, b) reads keys [0, hi),
+    hi = its last query's position + 1 when causal (the keys it may see), else every key."""
+    batch, n_heads, tgt_len, _ = q.shape
+    src_len = k.shape[2]
+    offset = src_len - tgt_len  # position of query 0
+    chunk = max(1, min(tgt_len, CAPPED_ELEMENTS // max(1, batch * n_heads * src_len)))
+    outs = []
+    for a in range(0, tgt_len, chunk):
+        b = min(a + chunk, tgt_len)
+        hi = offset + b if is_causal else src_len
+        part = None
+        if mask is not None:  # [..., T or 1, S]
+            part = mask[..., a:b, :hi] if mask.shape[-2] != 1 else mask[..., :hi]
+        if is_causal:
+            part = combine(part, window_band(offset + a, b - a, 0, hi, hi + 1, causal=True, device=q.device),
+                           dtype=q.dtype)
+        outs.append(_eager(q[:, :, a:b], k[:, :, :hi], v[:, :, :hi], part, False, dropout_p, scale, kv_index,
+                           sinks, softcap)[0])
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)  # (B, nh, T, dh)
+
+
+def _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks=None, softcap=None) -> Tensor:
+    if softcap is not None:  # SDPA cannot cap the scores: the eager formula, in query chunks
+        return _capped(q, k, v, mask, is_causal, dropout_p, scale, kv_index, softcap, sinks)
     if sinks is not None:
         return _fused_with_sinks(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks)
     n_heads, n_kv = q.shape[1], k.shape[1]
@@ -119,7 +154,8 @@ def _chunk_size(tgt_len: int, src_len: int, window: int, causal: bool) -> int:
     return chunk if tgt_len > chunk and 2 * keys_per_chunk <= src_len else 0
 
 
-def _fused_windowed(q, k, v, mask, causal, dropout_p, scale, kv_index, window, chunk, sinks=None) -> Tensor:
+def _fused_windowed(q, k, v, mask, causal, dropout_p, scale, kv_index, window, chunk, sinks=None,
+                    softcap=None) -> Tensor:
     """The fused path over query chunks: chunk [a, b) attends keys [lo, hi), the only ones its band
     reaches, with a [b - a, hi - lo] band mask (and the matching slice of `mask`)."""
     tgt_len, src_len = q.shape[2], k.shape[2]
@@ -134,7 +170,7 @@ def _fused_windowed(q, k, v, mask, causal, dropout_p, scale, kv_index, window, c
         if mask is not None:  # [..., T or 1, S]
             part = mask[..., a:b, lo:hi] if mask.shape[-2] != 1 else mask[..., lo:hi]
         outs.append(_fused(q[:, :, a:b], k[:, :, lo:hi], v[:, :, lo:hi], combine(part, band, dtype=q.dtype),
-                           False, dropout_p, scale, kv_index, sinks))
+                           False, dropout_p, scale, kv_index, sinks, softcap))
     return torch.cat(outs, dim=2)  # (B, nh, T, dh)
 
 
@@ -190,7 +226,7 @@ def _fused_with_sinks(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sink
     return out * share.unsqueeze(-1).to(out.dtype)
 
 
-def _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks=None) -> tuple[Tensor, Tensor]:
+def _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks=None, softcap=None) -> tuple[Tensor, Tensor]:
     batch, n_heads, tgt_len, head_dim = q.shape
     if kv_index is not None:
         k, v = _expand_kv(k, v, n_heads, kv_index)
@@ -204,6 +240,11 @@ def _eager(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks=None) -> 
     # In-place from here to the softmax: none of these ops needs its input for backward, and each
     # out-of-place copy would be one more n x n tensor (the eager path holds scores + weights only).
     scores.mul_(scale)
+    if softcap is not None:  # Gemma 2: softcap * tanh(scores / softcap), before the mask
+        if scores.requires_grad:  # tanh's backward needs its output: no in-place op on it
+            scores = torch.tanh(scores / softcap) * softcap
+        else:
+            scores.div_(softcap).tanh_().mul_(softcap)
     if mask is not None:
         if mask.dtype == torch.bool:
             scores.masked_fill_(~mask, float("-inf"))

@@ -142,11 +142,18 @@ def register(app, bench_app) -> None:
         gguf_windows: int = typer.Option(4, "--gguf-windows", help="their held-out windows (0 = the whole "
                                          "held-out corpus)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+        families_only: bool = typer.Option(False, "--families", help="only the random small model of every "
+                                           "family (no model packages needed; the same as --models families)"),
     ) -> None:
         """Every embedded model (and a random small model of every family) against transformers on the same
         weights: logits, perplexity, greedy tokens, Gemma past its sliding window."""
         with _one_line_errors("bench exactness"):
             from headcount.models import exactness
+
+            if families_only:
+                if models is not None:
+                    raise ValueError("--families: give either it or --models, not both")
+                models = exactness.FAMILIES
 
             if gguf_windows < 0:
                 raise ValueError(f"--gguf-windows: expected >= 0, got {gguf_windows}")

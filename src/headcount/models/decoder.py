@@ -8,6 +8,18 @@ norms around attention and MLP, gated tanh-GELU) and GPT-2 (LayerNorm, learned p
 
 (post_attn_norm / post_mlp_norm only with `post_norms`, Gemma's "sandwich" norms.)
 
+Issue 27's switches (the defaults change nothing):
+- `pre_norms=False` (OLMo 2): no attn_norm / mlp_norm, only the norms after each sub-layer:
+  x + post_attn_norm(attn(x)) ; x + post_mlp_norm(mlp(x)).
+- `parallel_residual` (GPT-NeoX / Pythia): x + attn(attn_norm(x)) + mlp(mlp_norm(x)), both from the same x.
+- `attn_softcap` (Gemma 2): attention scores capped, softcap * tanh(scores / softcap), before the mask. SDPA's
+  fused kernel cannot do it, so these layers run the eager formula in query chunks (kernels.attend): the
+  scores of one chunk of queries at a time, never [T, S], and with a cache only the new queries.
+- `final_softcap` (Gemma 2): logits -> final_softcap * tanh(logits / final_softcap), inside lm_head
+  (`SoftcapLinear`), so forward, generate, chunked_nll and every caller of model.lm_head get it.
+- `qk_norm_full` (OLMo 2): q_norm / k_norm over the whole projection (norms.FullRMSNorm), not per head.
+- `rotary_dim` (GPT-NeoX): partial rotary, only the first rotary_dim dims of each head rotate.
+
 Rotary position embedding enters each attention module through its `qk_transform` hook (one hook per
 forward call, shared by all layers): the attention module is used as is, never copied. A model whose
 sliding-window layers use their own rotary base (Gemma 3: 10k local, 1e6 global) hands every layer
@@ -100,6 +112,11 @@ class DecoderConfig:
     embedding_multiplier: float = 1.0  # Granite: embeddings x this (a Python float, as transformers)
     residual_multiplier: float = 1.0  # Granite: each sub-layer's output x this before the residual add
     logits_scaling: float = 1.0  # Granite: logits / this
+    attn_softcap: float | None = None  # scores -> c * tanh(scores / c) before the mask (Gemma 2)
+    final_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
+    parallel_residual: bool = False  # x + attn(attn_norm(x)) + mlp(mlp_norm(x)) (GPT-NeoX)
+    pre_norms: bool = True  # False: no norm before attention / MLP, only post_norms (OLMo 2)
+    qk_norm_full: bool = False  # q/k norms over the whole projection, before the head split (OLMo 2)
 
     def __post_init__(self):
         if self.n_kv_heads is None:
@@ -133,6 +150,14 @@ class DecoderConfig:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected a positive number, got {getattr(self, name)!r}")
 
+        for name in ("attn_softcap", "final_softcap"):
+            cap = getattr(self, name)
+            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
+                raise ValueError(f"{name}: expected a positive float or None, got {cap!r}")
+        if not self.pre_norms and not self.post_norms:
+            raise ValueError("pre_norms: False needs post_norms (a block with no norm at all is not a family)")
+        if self.qk_norm_full and not self.qk_norm:
+            raise ValueError("qk_norm_full: True needs qk_norm")
 
     def layer_type(self, i: int) -> str:
         """FULL or SLIDING for layer i."""
@@ -147,6 +172,10 @@ class DecoderConfig:
                   "sliding_window": self.sliding_window if self.layer_type(i) == SLIDING else None}
         if self.attn_sinks:
             kwargs["sinks"] = True
+        if self.qk_norm_full:
+            kwargs["qk_norm_full"] = True
+        if self.attn_softcap is not None:
+            kwargs["logit_softcap"] = self.attn_softcap
         return kwargs
 
     def is_moe_layer(self, i: int) -> bool:
@@ -226,6 +255,21 @@ class GeluMLP(nn.Module):
         return self.down_proj(F.gelu(self.up_proj(x), approximate=self.approximate))
 
 
+class SoftcapLinear(nn.Linear):
+    """lm_head with Gemma 2's final soft-capping: softcap * tanh(linear(x) / softcap). A subclass, so the
+    weight (tied or not) and the state-dict key stay lm_head.weight; packing.py leaves it unpacked."""
+
+    def __init__(self, in_features: int, out_features: int, *, softcap: float, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=False, device=device, dtype=dtype)
+        self.softcap = float(softcap)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.tanh(super().forward(x) / self.softcap) * self.softcap
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + f", softcap={self.softcap:g}"
+
+
 def _norm(cfg: DecoderConfig, factory: dict) -> nn.Module:
     if cfg.norm == "layer":
         return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, **factory)
@@ -251,7 +295,8 @@ class ScaledLMHead(nn.Module):
 
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)); with post_norms the attention
-    and MLP outputs are normed again before the residual add (post_attn_norm, post_mlp_norm)."""
+    and MLP outputs are normed again before the residual add (post_attn_norm, post_mlp_norm); without
+    pre_norms attn_norm / mlp_norm are None (OLMo 2); with parallel_residual x + attn(..) + mlp(mlp_norm(x))."""
 
     def __init__(self, cfg: DecoderConfig, index: int = 0, *, device=None, dtype=None):
         super().__init__()
@@ -260,13 +305,14 @@ class DecoderLayer(nn.Module):
         self.causal = cfg.causal
         self.use_rope = index not in cfg.nope_layers  # SmolLM3's NoPE layers: no rotary at all
         self.residual_multiplier = cfg.residual_multiplier
-        self.attn_norm = _norm(cfg, factory)
+        self.parallel_residual = cfg.parallel_residual
+        self.attn_norm = _norm(cfg, factory) if cfg.pre_norms else None
         self.attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
                                        bias=cfg.qkv_bias, o_bias=cfg.o_bias, **cfg.attention_kwargs(index), **factory)
         if cfg.qk_norm and cfg.norm == "rms":  # Qwen3's q/k norms cast before the weight, like its other norms
             self.attn.q_norm.cast_before_weight = self.attn.k_norm.cast_before_weight = True
         self.post_attn_norm = _norm(cfg, factory) if cfg.post_norms else None
-        self.mlp_norm = _norm(cfg, factory)
+        self.mlp_norm = _norm(cfg, factory) if cfg.pre_norms else None
         if cfg.is_moe_layer(index):
             self.mlp = MoEFeedForward(cfg.d_model, cfg.moe, **factory)
         elif cfg.mlp.startswith("gated_"):
@@ -282,15 +328,17 @@ class DecoderLayer(nn.Module):
         rope = qk_transform_local if self.layer_type == SLIDING and qk_transform_local is not None else qk_transform
         if not self.use_rope:
             rope = None
-        out, weights = self.attn(self.attn_norm(x), cache=cache, is_causal=self.causal,
-                                 key_padding_mask=key_padding_mask, qk_transform=rope,
+        out, weights = self.attn(self.attn_norm(x) if self.attn_norm is not None else x, cache=cache,
+                                 is_causal=self.causal, key_padding_mask=key_padding_mask, qk_transform=rope,
                                  head_gates=head_gates, need_weights=need_weights)
         if self.post_attn_norm is not None:
             out = self.post_attn_norm(out)
+        if self.parallel_residual:  # GPT-NeoX: both from the same x, summed as transformers sums them
+            return self.mlp(self.mlp_norm(x)) + out + x, weights
         if self.residual_multiplier != 1.0:  # Granite
             out = out * self.residual_multiplier
         x = x + out
-        out = self.mlp(self.mlp_norm(x))
+        out = self.mlp(self.mlp_norm(x) if self.mlp_norm is not None else x)
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(out)
         if self.residual_multiplier != 1.0:
@@ -435,7 +483,10 @@ class Decoder(DecoderStack):
             raise ValueError("config.causal is False: a bidirectional model is an encoder.BidirectionalEncoder, "
                              "not a Decoder")
         super().__init__(config, device=device, dtype=dtype)
-        if config.logits_scaling != 1.0:  # Granite: every caller of lm_head (losses too) gets logits / scaling
+        if config.final_softcap is not None:
+            self.lm_head = SoftcapLinear(config.d_model, config.vocab_size, softcap=config.final_softcap,
+                                         device=device, dtype=dtype)
+        elif config.logits_scaling != 1.0:  # Granite: every caller of lm_head (losses too) gets logits / scaling
             self.lm_head = ScaledLMHead(config.d_model, config.vocab_size, config.logits_scaling, device=device,
                                         dtype=dtype)
         else:

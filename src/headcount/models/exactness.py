@@ -13,7 +13,8 @@
 - one random small model of each family headcount reads (built with transformers' own config classes,
   no download: llama, qwen2 and qwen3 with sliding-window layers, mistral, gemma3_text causal and
   bidirectional, gemma3's language model; llama with llama3 / dynamic rope, qwen2 with yarn, phi3, smollm3,
-  granite): logits (last hidden states for the bidirectional one) on a
+  granite; gemma2 with attention and final soft-capping, gpt_neox with partial rotary and parallel
+  residual, olmo2 with full-width q/k norms): logits (last hidden states for the bidirectional one) on a
   padded batch, and greedy decoding with the KV cache from a prompt longer than the sliding window
   against transformers' generate().
 """
@@ -270,6 +271,12 @@ RANDOM_FAMILIES = {
                  "intermediate_size": 64, "sliding_window": 16, "swiglu_limit": 3.0,
                  "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
     **ROPE_FAMILIES,
+    # issue 27: families that change the decoder's structure
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               {"num_key_value_heads": 2, "head_dim": 48, "sliding_window": 16, "query_pre_attn_scalar": 40,
+                "attn_logit_softcapping": 4.0, "final_logit_softcapping": 10.0, "tie_word_embeddings": True}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"rotary_pct": 0.25, "use_parallel_residual": True}),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {"num_key_value_heads": 2}),
 }
 # transformers classes that have no SDPA path (GPT-OSS: its sinks): compared on their eager attention
 EAGER_ONLY = ("GptOssForCausalLM",)
@@ -294,15 +301,18 @@ def random_transformers_model(family: str, seed: int = 0, *, shape: dict | None 
                                         image_token_index=511, boi_token_index=509, eoi_token_index=510)
     else:
         cfg = getattr(transformers, cfg_name)(**fields)
-    cfg._attn_implementation = "eager" if model_name in EAGER_ONLY else "sdpa"
+    # eager where transformers has no SDPA path (EAGER_ONLY) or soft-caps the scores (Gemma 2: _supports_sdpa False)
+    cfg._attn_implementation = "eager" if model_name in EAGER_ONLY or fields.get("attn_logit_softcapping") else "sdpa"
     torch.manual_seed(seed)
     model = getattr(transformers, model_name)(cfg).eval()
-    gemma = cfg_name.startswith("Gemma3")
+    gemma = cfg_name.startswith(("Gemma3", "Gemma2"))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:  # Gemma multiplies by 1 + w, the others by w
                 p.copy_((0.0 if gemma else 1.0) + torch.randn(p.shape, generator=g) * (0.3 if gemma else 0.1))
+            elif cfg_name == "GPTNeoXConfig":  # parallel residual: N(0, 0.2) everywhere collapses onto one token
+                p.copy_(torch.randn(p.shape, generator=g) * (1.0 if "embed_in" in name else 0.05))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * (0.02 if gemma and "embed" in name else 0.2))
     return model

@@ -91,8 +91,9 @@ def packed(model: nn.Module, *, enabled: bool = True, max_bytes: int | None = No
     if not enabled or not available():
         yield model
         return
+    # plain nn.Linear only: a subclass (decoder.SoftcapLinear) has its own forward, which packing would shadow
     linears = [m for m in model.modules()
-               if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+               if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
     if max_bytes is None:
         weights = sum(p.numel() * p.element_size() for p in model.parameters())
         max_bytes = weights if weights <= PACK_WHOLE else int(PACK_FIXED + PACK_OF_WEIGHTS * weights)

@@ -112,14 +112,13 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) ->
         yield "norm.weight", t.get("ln_f.weight", (d,))
         yield "norm.bias", t.get("ln_f.bias", (d,))
         return
-    # llama / mistral / qwen2 / qwen3 / gemma3
-    gemma = cfg.family == "gemma3"
+    if cfg.family == "gpt_neox":
+        yield from _gpt_neox_values(cfg, t, heads, lm_head=lm_head)
+        return
+    # llama / mistral / qwen2 / qwen3 / gemma3 / gemma2 / olmo2
+    gemma = cfg.family in GEMMA
     norm = _gemma_weight if gemma else (lambda w: w)
-    # headcount's norm <- transformers' (Llama's post_attention_layernorm is the norm BEFORE the MLP;
-    # Gemma's is the one after the attention, and its pre_feedforward_layernorm comes before the MLP)
-    norms = ({"attn_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
-              "mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"} if gemma
-             else {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"})
+    norms = _NORMS.get(cfg.family, _NORMS["llama"])
     yield "embed.weight", t.get("embed_tokens.weight", (cfg.vocab_size, d), "vocab_size x d_model")
     for i in range(cfg.n_layers):
         h, o = f"layers.{i}.", f"layers.{i}."
@@ -137,7 +136,10 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) ->
                 t.get(h + "self_attn.q_proj.bias", (nh * hd,), heads),
                 t.get(h + "self_attn.k_proj.bias", (nkv * hd,), heads),
                 t.get(h + "self_attn.v_proj.bias", (nkv * hd,), heads)])
-        if cfg.qk_norm:
+        if cfg.qk_norm_full:  # OLMo 2: one norm over the whole projection
+            yield o + "attn.q_norm.weight", t.get(h + "self_attn.q_norm.weight", (nh * hd,), heads)
+            yield o + "attn.k_norm.weight", t.get(h + "self_attn.k_norm.weight", (nkv * hd,), heads)
+        elif cfg.qk_norm:
             for n in ("q_norm", "k_norm"):
                 yield o + f"attn.{n}.weight", norm(t.get(h + f"self_attn.{n}.weight", (hd,), f"head_dim={hd}"))
         yield o + "attn.o_proj.weight", t.get(h + "self_attn.o_proj.weight", (d, nh * hd), heads)
@@ -173,6 +175,60 @@ def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) ->
                                   f"{[cfg.vocab_size, d]}")
         check_finite(w, name, t.source)
         yield "lm_head.weight", w
+
+
+# headcount's norm <- transformers' (Llama's post_attention_layernorm is the norm BEFORE the MLP; Gemma's is
+# the one after the attention, and its pre_feedforward_layernorm comes before the MLP; OLMo 2 has only the
+# norms after each sub-layer)
+_NORMS = {
+    "llama": {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"},
+    "gemma3": {"attn_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
+               "mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"},
+    "olmo2": {"post_attn_norm": "post_attention_layernorm", "post_mlp_norm": "post_feedforward_layernorm"},
+}
+_NORMS["gemma2"] = _NORMS["gemma3"]
+GEMMA = ("gemma3", "gemma2")  # norms stored as w, multiplied by 1 + w
+
+
+def _gpt_neox_values(cfg: DecoderConfig, t: _Tensors, heads: str, *, lm_head: bool) -> Iterator[tuple[str, Tensor]]:
+    """GPT-NeoX / Pythia: query_key_value's rows are laid out [n_heads, 3, head_dim] (each head's q, k, v
+    together); headcount's qkv_proj wants [3, n_heads, head_dim] ([all Q | all K | all V])."""
+    d, nh, hd, ff = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
+    yield "embed.weight", t.get("embed_in.weight", (cfg.vocab_size, d), "vocab_size x hidden_size")
+    for i in range(cfg.n_layers):
+        h, o = f"layers.{i}.", f"layers.{i}."
+        for src, dst in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")):
+            yield o + dst + ".weight", t.get(h + src + ".weight", (d,))
+            yield o + dst + ".bias", t.get(h + src + ".bias", (d,))
+        w = t.get(h + "attention.query_key_value.weight", (3 * nh * hd, d), heads)
+        yield o + "attn.qkv_proj.weight", w.view(nh, 3, hd, d).transpose(0, 1).reshape(3 * nh * hd, d)
+        if cfg.qkv_bias:
+            b = t.get(h + "attention.query_key_value.bias", (3 * nh * hd,), heads)
+            yield o + "attn.qkv_proj.bias", b.view(nh, 3, hd).transpose(0, 1).reshape(-1)
+        yield o + "attn.o_proj.weight", t.get(h + "attention.dense.weight", (d, nh * hd), heads)
+        if cfg.o_bias:
+            yield o + "attn.o_proj.bias", t.get(h + "attention.dense.bias", (d,))
+        yield o + "mlp.up_proj.weight", t.get(h + "mlp.dense_h_to_4h.weight", (ff, d), f"intermediate_size={ff}")
+        yield o + "mlp.up_proj.bias", t.get(h + "mlp.dense_h_to_4h.bias", (ff,))
+        yield o + "mlp.down_proj.weight", t.get(h + "mlp.dense_4h_to_h.weight", (d, ff), f"intermediate_size={ff}")
+        yield o + "mlp.down_proj.bias", t.get(h + "mlp.dense_4h_to_h.bias", (d,))
+    yield "norm.weight", t.get("final_layer_norm.weight", (d,))
+    yield "norm.bias", t.get("final_layer_norm.bias", (d,))
+    if lm_head and not cfg.tie_embeddings:
+        yield "lm_head.weight", _lm_head(cfg, t, ("embed_out.weight", "lm_head.weight"))
+
+
+def _lm_head(cfg: DecoderConfig, t: _Tensors, names: tuple[str, ...]) -> Tensor:
+    """The untied output matrix: outside the model's prefix in *ForCausalLM checkpoints."""
+    found = [n for n in names if n in t.tensors]
+    if not found:
+        raise CheckpointError(f"{t.source}: tensor {names[0]!r} is missing (tie_word_embeddings is false)")
+    w = t.tensors[found[0]]
+    if tuple(w.shape) != (cfg.vocab_size, cfg.d_model):
+        raise CheckpointError(f"{t.source}: tensor {found[0]!r} has shape {list(w.shape)}, expected "
+                              f"{[cfg.vocab_size, cfg.d_model]}")
+    check_finite(w, found[0], t.source)
+    return w
 
 
 def _encoder_values(cfg: EncoderConfig, t: _Tensors) -> dict[str, Tensor]:
@@ -225,7 +281,7 @@ def from_state_dict(cfg: dict, tensors: Mapping[str, Tensor], *, source: str = "
         values = _encoder_values(ecfg, t)
     else:
         dcfg = decoder_config(cfg, source)
-        prefixes = ("transformer.", "model.", "")
+        prefixes = ("gpt_neox.", "") if kind == "gpt_neox" else ("transformer.", "model.", "")
         if kind == "gemma3":  # Gemma3ForConditionalGeneration: the language model only
             prefixes = ("model.language_model.", "language_model.model.", "language_model.")
             vision = sum(1 for k in tensors if k.startswith(_VISION))
@@ -332,6 +388,9 @@ HF_CLASSES = {
     "phi3": ("Phi3Config", "Phi3ForCausalLM"),
     "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
     "granite": ("GraniteConfig", "GraniteForCausalLM"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
 }
 _MODEL_TYPE = {"gemma3": "gemma3_text"}
 
@@ -371,7 +430,7 @@ def _attention_biases(model, family: str) -> bool:
         raise ValueError("model: a Qwen2 checkpoint has no o_proj bias, and this model has one (compensation adds it): "
                          "transformers' Qwen2ForCausalLM cannot hold it")
     return (qkv or o) if family in ("llama", "qwen3", "gemma3", "qwen3_moe", "olmoe", "gpt_oss", "smollm3",
-                                    "granite") else family == "qwen2"
+                                    "granite", "gemma2", "olmo2") else family == "qwen2"
 
 
 def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[dict, dict[str, Tensor]]:
@@ -381,6 +440,8 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
     cfg = model.config
     family = cfg.family
     hf_classes(model)  # refuses other families
+    if family == "gpt_neox":
+        return _gpt_neox_state_dict(model)
     # Head counts from the modules (a pruned or merged model's config keeps the original counts);
     # the caller checks that every layer has the same counts with even groups.
     nh, nkv = model.layers[0].attn.n_heads, model.layers[0].attn.n_kv_heads
@@ -388,15 +449,13 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
     bias = _attention_biases(model, family)
     if cfg.mlp_bias and family not in ("llama", "smollm3", "granite"):
         raise ValueError(f"model: MLP biases; transformers' {family} has none")
-    gemma = family == "gemma3"
+    gemma = family in GEMMA
 
     def norm(w: Tensor) -> Tensor:
         w = w.detach()
         return (w.float() - 1.0).to(w.dtype) if gemma else w
 
-    norms = ({"attn_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
-              "mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"} if gemma
-             else {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"})
+    norms = _NORMS.get(family, _NORMS["llama"])
     top = "model." if cfg.causal else ""  # Gemma3TextModel (the encoder) has no "model." prefix
     sd: dict[str, Tensor] = {top + "embed_tokens.weight": model.embed.weight.detach()}
     for i, layer in enumerate(model.layers):
@@ -465,6 +524,17 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
         if family == "phi3" and cfg.rope_type == "longrope":  # Phi3Config reads it at the top level first
             hf["original_max_position_embeddings"] = cfg.rope_parameters["original_max_position_embeddings"]
     types = [cfg.layer_type(i) for i in range(cfg.n_layers)]
+    if family == "gemma2":
+        if cfg.embed_scale != cfg.d_model ** 0.5:
+            raise ValueError(f"model: embed_scale {cfg.embed_scale} is not sqrt(d_model); Gemma 2 cannot hold it")
+        hf.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": _qk_scalar(cfg),
+                   "sliding_window": cfg.sliding_window if cfg.sliding_window is not None else 4096,
+                   "layer_types": types, "attention_bias": bias, "attn_logit_softcapping": cfg.attn_softcap,
+                   "final_logit_softcapping": cfg.final_softcap})
+        return hf, sd
+    if family == "olmo2":
+        hf.update({"hidden_act": "silu", "attention_bias": bias})
+        return hf, sd
     if gemma:
         window = cfg.sliding_window
         if window is not None and not cfg.causal:
@@ -525,6 +595,63 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
     return hf, sd
 
 
+def _gpt_neox_state_dict(model: Decoder) -> tuple[dict, dict[str, Tensor]]:
+    """GPT-NeoX / Pythia: qkv_proj's [all Q | all K | all V] rows written back per head ([n_heads, 3,
+    head_dim]). transformers derives head_size = hidden_size / num_attention_heads, so a pruned layer is
+    written with every original head: each removed head padded back as a ZERO head (zero q, k, v rows and
+    biases, zero dense columns; its context is 0, so the output is exactly the pruned model's)."""
+    cfg = model.config
+    d, n, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
+    bias = any(l.attn.qkv_proj.bias is not None or l.attn.o_proj.bias is not None for l in model.layers)
+    sd: dict[str, Tensor] = {"gpt_neox.embed_in.weight": model.embed.weight.detach()}
+    for i, layer in enumerate(model.layers):
+        attn, p = layer.attn, f"gpt_neox.layers.{i}."
+        if attn.n_kv_heads != attn.n_heads or not attn.is_uniform:
+            raise ValueError(f"model: layer {i} shares K/V heads ({attn.n_heads} query, {attn.n_kv_heads} KV); "
+                             "GPT-NeoX in transformers has one K/V head per query head")
+        k, kept = attn.n_heads, torch.tensor(attn.kept_heads)
+        w = attn.qkv_proj.weight.detach()
+        full = w.new_zeros(n, 3, hd, d)
+        full[kept] = w.view(3, k, hd, d).transpose(0, 1)
+        sd[p + "attention.query_key_value.weight"] = full.reshape(3 * n * hd, d)
+        o = w.new_zeros(d, n, hd)
+        o[:, kept] = attn.o_proj.weight.detach().view(d, k, hd)
+        sd[p + "attention.dense.weight"] = o.reshape(d, n * hd)
+        if bias:
+            b = attn.qkv_proj.bias
+            full_b = w.new_zeros(n, 3, hd)
+            if b is not None:
+                full_b[kept] = b.detach().view(3, k, hd).transpose(0, 1)
+            sd[p + "attention.query_key_value.bias"] = full_b.reshape(-1)
+            ob = attn.o_proj.bias
+            sd[p + "attention.dense.bias"] = ob.detach() if ob is not None else w.new_zeros(d)
+        for ours, theirs in (("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")):
+            sd[p + theirs + ".weight"] = getattr(layer, ours).weight.detach()
+            sd[p + theirs + ".bias"] = getattr(layer, ours).bias.detach()
+        for ours, theirs in (("up_proj", "dense_h_to_4h"), ("down_proj", "dense_4h_to_h")):
+            sd[p + f"mlp.{theirs}.weight"] = getattr(layer.mlp, ours).weight.detach()
+            sd[p + f"mlp.{theirs}.bias"] = getattr(layer.mlp, ours).bias.detach()
+    sd["gpt_neox.final_layer_norm.weight"] = model.norm.weight.detach()
+    sd["gpt_neox.final_layer_norm.bias"] = model.norm.bias.detach()
+    if not cfg.tie_embeddings:
+        sd["embed_out.weight"] = model.lm_head.weight.detach()  # Pythia's name (transformers 5 renames it)
+    rd = cfg.rotary_dim or hd
+    pct = rd / hd if int(hd * (rd / hd)) == rd else (rd + 0.5) / hd  # transformers takes int(head_dim * pct)
+    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta, "partial_rotary_factor": pct}
+    if cfg.rope_scaling != 1.0:
+        rope.update(rope_type="linear", factor=cfg.rope_scaling)
+    hf = {
+        "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": cfg.vocab_size,
+        "hidden_size": d, "num_hidden_layers": cfg.n_layers, "num_attention_heads": n, "intermediate_size": cfg.d_ff,
+        "hidden_act": "gelu" if cfg.mlp == "gelu" else "gelu_new", "max_position_embeddings": cfg.max_position,
+        "layer_norm_eps": cfg.norm_eps, "use_parallel_residual": cfg.parallel_residual, "rope_parameters": rope,
+        "rotary_pct": pct, "rotary_emb_base": cfg.rope_theta, "attention_bias": bias,
+        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
+        "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32",
+    }
+    return hf, sd
+
+
 def to_transformers(model: Decoder | BidirectionalEncoder, *, attn_implementation: str = "sdpa"):
     """The transformers model (LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM,
     Gemma3ForCausalLM, or Gemma3TextModel for a bidirectional Gemma) with this model's weights (needs
@@ -541,8 +668,10 @@ def to_transformers(model: Decoder | BidirectionalEncoder, *, attn_implementatio
     cfg_name, model_name = hf_classes(model)
     cfg = getattr(transformers, cfg_name)(
         **{k: v for k, v in hf_cfg.items() if k not in ("architectures", "model_type", "torch_dtype")})
-    cfg._attn_implementation = attn_implementation
+    # Gemma 2's soft-capping runs on transformers' eager path only (Gemma2PreTrainedModel._supports_sdpa is False)
+    cfg._attn_implementation = "eager" if model.config.attn_softcap is not None else attn_implementation
     hf = getattr(transformers, model_name)(cfg).to(model.embed.weight.dtype)
+    sd = {("lm_head.weight" if k == "embed_out.weight" else k): v for k, v in sd.items()}  # GPT-NeoX in transformers 5
     missing, unexpected = hf.load_state_dict({k: v.clone() for k, v in sd.items()}, strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
     if missing or unexpected:
@@ -577,6 +706,10 @@ def decoder_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
     if not isinstance(model, (Decoder, BidirectionalEncoder)) or model.config.family not in HF_CLASSES:
         raise ValueError(f"model: export_transformers writes {' / '.join(HF_CLASSES)} decoders and BERT encoders; "
                          f"this is {type(model).__name__} ({getattr(model.config, 'family', '?')})")
+    if model.config.family == "gpt_neox":  # removed heads are padded back as zero heads: any pattern is written
+        hf, sd = to_transformers_state_dict(model)
+        hf["dtype"] = "float32"
+        return hf, sd
     lay = _layouts(model)
     if len({(nh, nkv) for nh, nkv, _ in lay}) != 1:
         counts = ", ".join(f"{i}:{nh}/{nkv}" for i, (nh, nkv, _) in enumerate(lay))

@@ -27,8 +27,16 @@ Every field that changes the computation is read or refused by name; nothing is 
   olmoe: q/k norms over the whole projection; gpt_oss: biases, per-head sinks, alternating windows) and
   the routed feed-forward of moe.py (expert counts, top-k, each router's normalisation; Qwen3-MoE's
   mlp_only_layers / decoder_sparse_step give dense layers; OLMoE's clip_qkv is refused).
-- Refused wherever set: final_logit_softcapping, attn_logit_softcapping, partial_rotary_factor,
-  attention_chunk_size, no_rope_layers, and the Granite-style multipliers.
+- gemma2 (issue 27): Gemma2Config's defaults fill what a file leaves out; attn_logit_softcapping and
+  final_logit_softcapping; layer_types (default: sliding on even layers, full on odd); one rotary base;
+  query_pre_attn_scalar; sandwich norms; embeddings x hidden_size ** 0.5. use_bidirectional_attention refused.
+- gpt_neox (Pythia): head_dim = hidden_size / num_attention_heads; partial rotary (rotary_pct, or
+  rope_parameters.partial_rotary_factor; rotary_emb_base); use_parallel_residual; LayerNorm with bias;
+  GELU MLP with biases; attention_bias.
+- olmo2: q/k RMSNorm over the whole projection (qk_norm_full), norms only after each sub-layer.
+- Refused wherever set (outside the families above that implement them): final_logit_softcapping,
+  attn_logit_softcapping, partial_rotary_factor, attention_chunk_size, no_rope_layers, and the Granite-style
+  multipliers.
 """
 
 from __future__ import annotations
@@ -44,11 +52,12 @@ from headcount.models.rotary import check_rope
 
 MOE_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss")
 SUPPORTED = ("bert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gemma3", *MOE_FAMILIES, "phi3",
-             "smollm3", "granite")
+             "smollm3", "granite", "gemma2", "gpt_neox", "olmo2")
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "granite")
 # _REFUSED fields a family reads (so they are not refused for it)
 _READS = {"phi3": {"partial_rotary_factor"}, "smollm3": {"no_rope_layers"},
-          "granite": {"logits_scaling", "embedding_multiplier", "residual_multiplier", "attention_multiplier"}}
+          "granite": {"logits_scaling", "embedding_multiplier", "residual_multiplier", "attention_multiplier"},
+          "gemma2": {"final_logit_softcapping", "attn_logit_softcapping"}, "gpt_neox": {"partial_rotary_factor"}}
 
 # transformers' Gemma3TextConfig defaults: config.json files written by older versions (and the
 # text_config of a gemma3 multimodal config) leave out whatever equals them.
@@ -379,6 +388,101 @@ def _gemma3(cfg: dict, source: str) -> DecoderConfig:
         embed_scale=cfg["hidden_size"] ** 0.5, post_norms=True, causal=causal, family="gemma3")
 
 
+# transformers' Gemma2Config defaults (what older config.json files leave out)
+GEMMA2_DEFAULTS = {
+    "vocab_size": 256_000, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 2,
+    "tie_word_embeddings": True, "attention_bias": False, "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0,
+}
+
+
+def _positive_or_none(cfg: dict, key: str, source: str) -> float | None:
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise CheckpointError(f"{source}: {key}={value!r}, expected a positive number or null")
+    return float(value)
+
+
+def _gemma2(cfg: dict, source: str) -> DecoderConfig:
+    cfg = {**GEMMA2_DEFAULTS, **cfg}
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_new"):
+        raise CheckpointError(f"{source}: hidden_activation {act!r} is not supported for gemma2 (only gelu_pytorch_tanh)")
+    if cfg.get("use_bidirectional_attention"):
+        raise CheckpointError(f"{source}: use_bidirectional_attention is not supported for gemma2")
+    fields = _common(cfg, source, tie_default=True)
+    n_layers = fields["n_layers"]
+    types = cfg.get("layer_types")
+    if types is None:  # Gemma2Config: sliding on layers 0, 2, 4, ..., full on 1, 3, 5, ...
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
+    types = _layer_types(types, n_layers, source)
+    window = cfg.get("sliding_window")
+    if "sliding_attention" in types:
+        if window is None:
+            raise CheckpointError(f"{source}: layer_types has sliding_attention layers but sliding_window is null")
+        window = int(window)
+    else:
+        window, types = None, None
+    theta, factor = _rope(cfg, source)
+    bias = bool(cfg.get("attention_bias", False))
+    return DecoderConfig(
+        **fields, norm="rms_float", mlp="gated_gelu_tanh", rope_theta=theta, rope_scaling=factor, qkv_bias=bias,
+        o_bias=bias, softmax_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5, sliding_window=window,
+        layer_types=types, embed_scale=cfg["hidden_size"] ** 0.5, post_norms=True,
+        attn_softcap=_positive_or_none(cfg, "attn_logit_softcapping", source),
+        final_softcap=_positive_or_none(cfg, "final_logit_softcapping", source), family="gemma2")
+
+
+def _gpt_neox(cfg: dict, source: str) -> DecoderConfig:
+    d_model, n_heads = _get(cfg, "hidden_size", source), _get(cfg, "num_attention_heads", source)
+    if d_model % n_heads:
+        raise CheckpointError(f"{source}: hidden_size={d_model} is not a multiple of num_attention_heads={n_heads} "
+                              "(GPT-NeoX's head size is their quotient)")
+    head_dim = d_model // n_heads
+    # rope_parameters (transformers 5) or rope_scaling, then the older rotary_pct / rotary_emb_base
+    params = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
+    pct = params.pop("partial_rotary_factor", cfg.get("rotary_pct", 0.25))
+    params.setdefault("rope_theta", cfg.get("rotary_emb_base", cfg.get("rope_theta", 10000.0)))
+    theta, factor = _rope_block(params, 10000.0, source, "rope_parameters")
+    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 0 < pct <= 1:
+        raise CheckpointError(f"{source}: rotary_pct / partial_rotary_factor={pct!r}, expected a fraction in (0, 1]")
+    rotary_dim = int(head_dim * pct)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise CheckpointError(f"{source}: rotary_pct={pct} of head_dim={head_dim} gives {rotary_dim} rotary dims; "
+                              "headcount needs an even number >= 2")
+    act = cfg.get("hidden_act", "gelu")
+    mlp = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}.get(act)
+    if mlp is None:
+        raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for gpt_neox (gelu, gelu_new)")
+    bias = bool(cfg.get("attention_bias", True))
+    return DecoderConfig(
+        vocab_size=_get(cfg, "vocab_size", source), d_model=d_model, n_layers=_get(cfg, "num_hidden_layers", source),
+        n_heads=n_heads, head_dim=head_dim, d_ff=_get(cfg, "intermediate_size", source),
+        max_position=cfg.get("max_position_embeddings", 2048), norm="layer",
+        norm_eps=float(cfg.get("layer_norm_eps", 1e-5)), mlp=mlp, position="rotary", rope_theta=theta,
+        rope_scaling=factor, rotary_dim=rotary_dim if rotary_dim != head_dim else None, qkv_bias=bias, o_bias=bias,
+        mlp_bias=True, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        parallel_residual=bool(cfg.get("use_parallel_residual", True)), bos_token_id=cfg.get("bos_token_id"),
+        eos_token_id=_first(cfg.get("eos_token_id")), pad_token_id=cfg.get("pad_token_id"), family="gpt_neox")
+
+
+def _olmo2(cfg: dict, source: str) -> DecoderConfig:
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for olmo2 (only 'silu')")
+    fields = _common(cfg, source, tie_default=False)
+    fields["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-5))
+    theta, factor = _rope(cfg, source)
+    bias = bool(cfg.get("attention_bias", False))
+    return DecoderConfig(
+        **fields, norm="rms_float", mlp="gated_silu", rope_theta=theta, rope_scaling=factor, qkv_bias=bias,
+        o_bias=bias, qk_norm=True, qk_norm_full=True, pre_norms=False, post_norms=True, family="olmo2")
+
+
 def text_config(cfg: dict, source: str) -> dict:
     """The language model's config: a gemma3 multimodal config's text_config (with its token ids and
     tie_word_embeddings from the outer config where the text part has none), else cfg itself."""
@@ -400,7 +504,8 @@ def text_config(cfg: dict, source: str) -> dict:
 
 
 def decoder_config(cfg: dict, source: str = "config") -> DecoderConfig:
-    """A transformers config dict (llama / mistral / qwen2 / qwen3 / gemma3_text / gemma3 / gpt2) -> DecoderConfig.
+    """A transformers config dict (llama / mistral / qwen2 / qwen3 / gemma3_text / gemma3 / gpt2 / gemma2 /
+    gpt_neox / olmo2) -> DecoderConfig.
     For gemma3 (multimodal) the text_config is read; bidirectional gemma3 gives causal=False."""
     cfg = text_config(cfg, source)
     kind = cfg.get("model_type")
@@ -411,6 +516,12 @@ def decoder_config(cfg: dict, source: str = "config") -> DecoderConfig:
         return _gemma3(cfg, source)
     if kind in MOE_FAMILIES:
         return _moe(cfg, kind, source)
+    if kind == "gemma2":
+        return _gemma2(cfg, source)
+    if kind == "gpt_neox":
+        return _gpt_neox(cfg, source)
+    if kind == "olmo2":
+        return _olmo2(cfg, source)
     if kind == "gpt2":
         if cfg.get("scale_attn_by_inverse_layer_idx"):
             raise CheckpointError(f"{source}: scale_attn_by_inverse_layer_idx is not supported")
