@@ -637,7 +637,8 @@ def _gpt_neox_state_dict(model: Decoder) -> tuple[dict, dict[str, Tensor]]:
         sd["embed_out.weight"] = model.lm_head.weight.detach()  # Pythia's name (transformers 5 renames it)
     rd = cfg.rotary_dim or hd
     pct = rd / hd if int(hd * (rd / hd)) == rd else (rd + 0.5) / hd  # transformers takes int(head_dim * pct)
-    rope = {"rope_type": "default", "rope_theta": cfg.rope_theta, "partial_rotary_factor": pct}
+    rope = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta, **(cfg.rope_parameters or {}),
+            "partial_rotary_factor": pct}
     if cfg.rope_scaling != 1.0:
         rope.update(rope_type="linear", factor=cfg.rope_scaling)
     hf = {

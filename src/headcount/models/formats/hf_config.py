@@ -116,7 +116,7 @@ def _rope_fields(cfg: dict, kind: str, head_dim: int, source: str) -> dict:
     theta = float(block.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     partial = block.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     partial = 1.0 if partial is None else partial
-    if partial != 1.0 and kind != "phi3":
+    if partial != 1.0 and kind not in ("phi3", "gpt_neox"):
         raise CheckpointError(f"{source}: {where}.partial_rotary_factor={partial!r} is not supported for {kind} "
                               "(transformers rotates the whole head there)")
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
@@ -427,10 +427,10 @@ def _gemma2(cfg: dict, source: str) -> DecoderConfig:
         window = int(window)
     else:
         window, types = None, None
-    theta, factor = _rope(cfg, source)
+    rope = _rope_fields(cfg, "gemma2", fields["head_dim"], source)
     bias = bool(cfg.get("attention_bias", False))
     return DecoderConfig(
-        **fields, norm="rms_float", mlp="gated_gelu_tanh", rope_theta=theta, rope_scaling=factor, qkv_bias=bias,
+        **fields, **rope, norm="rms_float", mlp="gated_gelu_tanh", qkv_bias=bias,
         o_bias=bias, softmax_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5, sliding_window=window,
         layer_types=types, embed_scale=cfg["hidden_size"] ** 0.5, post_norms=True,
         attn_softcap=_positive_or_none(cfg, "attn_logit_softcapping", source),
@@ -443,13 +443,18 @@ def _gpt_neox(cfg: dict, source: str) -> DecoderConfig:
         raise CheckpointError(f"{source}: hidden_size={d_model} is not a multiple of num_attention_heads={n_heads} "
                               "(GPT-NeoX's head size is their quotient)")
     head_dim = d_model // n_heads
-    # rope_parameters (transformers 5) or rope_scaling, then the older rotary_pct / rotary_emb_base
-    params = dict(cfg.get("rope_scaling") or cfg.get("rope_parameters") or {})
-    pct = params.pop("partial_rotary_factor", cfg.get("rotary_pct", 0.25))
-    params.setdefault("rope_theta", cfg.get("rotary_emb_base", cfg.get("rope_theta", 10000.0)))
-    theta, factor = _rope_block(params, 10000.0, source, "rope_parameters")
+    # rope_parameters (transformers 5) or rope_scaling, the older rotary_pct / rotary_emb_base filling what they
+    # leave out (GPTNeoXConfig.convert_rope_params_to_dict)
+    block = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(block, dict):
+        raise CheckpointError(f"{source}: rope_parameters is {block!r}, expected a dict")
+    block = dict(block)
+    pct = block.setdefault("partial_rotary_factor", cfg.get("rotary_pct", 0.25))
+    block.setdefault("rope_theta", cfg.get("rotary_emb_base", cfg.get("rope_theta", 10000.0)))
     if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 0 < pct <= 1:
         raise CheckpointError(f"{source}: rotary_pct / partial_rotary_factor={pct!r}, expected a fraction in (0, 1]")
+    rope = _rope_fields({"rope_parameters": block, "max_position_embeddings": cfg.get("max_position_embeddings", 2048)},
+                        "gpt_neox", head_dim, source)
     rotary_dim = int(head_dim * pct)
     if rotary_dim < 2 or rotary_dim % 2:
         raise CheckpointError(f"{source}: rotary_pct={pct} of head_dim={head_dim} gives {rotary_dim} rotary dims; "
@@ -463,8 +468,7 @@ def _gpt_neox(cfg: dict, source: str) -> DecoderConfig:
         vocab_size=_get(cfg, "vocab_size", source), d_model=d_model, n_layers=_get(cfg, "num_hidden_layers", source),
         n_heads=n_heads, head_dim=head_dim, d_ff=_get(cfg, "intermediate_size", source),
         max_position=cfg.get("max_position_embeddings", 2048), norm="layer",
-        norm_eps=float(cfg.get("layer_norm_eps", 1e-5)), mlp=mlp, position="rotary", rope_theta=theta,
-        rope_scaling=factor, rotary_dim=rotary_dim if rotary_dim != head_dim else None, qkv_bias=bias, o_bias=bias,
+        norm_eps=float(cfg.get("layer_norm_eps", 1e-5)), mlp=mlp, position="rotary", **rope, qkv_bias=bias, o_bias=bias,
         mlp_bias=True, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         parallel_residual=bool(cfg.get("use_parallel_residual", True)), bos_token_id=cfg.get("bos_token_id"),
         eos_token_id=_first(cfg.get("eos_token_id")), pad_token_id=cfg.get("pad_token_id"), family="gpt_neox")
@@ -476,10 +480,10 @@ def _olmo2(cfg: dict, source: str) -> DecoderConfig:
         raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for olmo2 (only 'silu')")
     fields = _common(cfg, source, tie_default=False)
     fields["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-5))
-    theta, factor = _rope(cfg, source)
+    rope = _rope_fields(cfg, "olmo2", fields["head_dim"], source)
     bias = bool(cfg.get("attention_bias", False))
     return DecoderConfig(
-        **fields, norm="rms_float", mlp="gated_silu", rope_theta=theta, rope_scaling=factor, qkv_bias=bias,
+        **fields, **rope, norm="rms_float", mlp="gated_silu", qkv_bias=bias,
         o_bias=bias, qk_norm=True, qk_norm_full=True, pre_norms=False, post_norms=True, family="olmo2")
 
 
