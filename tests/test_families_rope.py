@@ -14,8 +14,8 @@ import torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
 
-from headcount.models import CheckpointError, ModelNotFoundError, from_transformers, generate, load  # noqa: E402
-from headcount.models.exactness import ROPE_FAMILIES, random_transformers_model  # noqa: E402
+from headcount.models import CheckpointError, ModelNotFoundError, from_transformers, load  # noqa: E402
+from headcount.models.exactness import ROPE_FAMILIES, _greedy, random_transformers_model  # noqa: E402
 from headcount.models.formats.hf import export_transformers, from_state_dict, load_checkpoint  # noqa: E402
 from headcount.models.formats.native import save  # noqa: E402
 
@@ -61,10 +61,8 @@ def test_logits_greedy_and_cache_match_transformers(pairs, family):
     assert (out - ref)[mask.bool()].abs().max().item() <= 1e-4
     # 32 greedy tokens after 24 (a LongRoPE model crosses its 32-token boundary while decoding: both sides
     # run the whole sequence again there)
-    prompt = ids[:1, :24]
-    want = hf.generate(prompt, max_new_tokens=32, do_sample=False)[0, 24:].tolist()
-    got = generate(ours, prompt[0], 32).new_ids
-    assert got == want and len(set(want)) > 3
+    greedy = _greedy(ours, hf, ids[0, :24].tolist(), 32)  # neither side stops at eos
+    assert greedy["greedy_equal"] and greedy["greedy_tokens"] == 32 and greedy["distinct_tokens"] > 3
     # cached decoding (prefill 40, then one token at a time) = one full forward over the same 48 tokens, in
     # float64 so that "equal" is not blurred by float32 rounding of differently shaped matmuls
     seq, wide = ids[:1], copy.deepcopy(ours).double()
@@ -212,3 +210,19 @@ def test_cli_bad_rope_and_absent_hub_id_one_line_exit_2(tmp_path, monkeypatch):
         assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in result.output, result.output
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
     assert not (tmp_path / "hfhome").exists()
+
+
+def test_bench_exactness_families_flag(monkeypatch):
+    """`headcount bench exactness --families` runs the random-family rows only (these families among them)."""
+    from typer.testing import CliRunner
+
+    from headcount.cli import app
+    from headcount.models import exactness
+
+    assert set(ROPE_FAMILIES) <= set(exactness.RANDOM_FAMILIES)
+    monkeypatch.setattr(exactness, "random_families", lambda: [{"family": "stub"}])
+    result = CliRunner().invoke(app, ["bench", "exactness", "--families", "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output[result.output.index("{"):]) == {"families": [{"family": "stub"}]}
+    result = CliRunner().invoke(app, ["bench", "exactness", "--families", "--models", "minilm"])
+    assert result.exit_code == 2 and "--families" in result.output

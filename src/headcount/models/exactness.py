@@ -129,8 +129,16 @@ def _greedy(ours, hf, prompt: list[int], new_tokens: int) -> dict:
                   pad_token_id=hf.config.pad_token_id if hf.config.pad_token_id is not None else 0,
                   temperature=None, top_p=None, top_k=None)
     x = torch.tensor([prompt])
-    with torch.inference_mode():
-        want = hf.generate(x, attention_mask=torch.ones_like(x), generation_config=config)[0, len(prompt):].tolist()
+    # transformers 5 fills a passed config's unset (None) fields from the model's own generation_config,
+    # eos_token_id included: clear it there too for the call
+    saved = hf.generation_config.eos_token_id
+    hf.generation_config.eos_token_id = None
+    try:
+        with torch.inference_mode():
+            want = hf.generate(x, attention_mask=torch.ones_like(x),
+                               generation_config=config)[0, len(prompt):].tolist()
+    finally:
+        hf.generation_config.eos_token_id = saved
     from headcount.models import generate
 
     got = generate(ours, prompt, new_tokens, stop_at_eos=False).new_ids
@@ -350,11 +358,8 @@ def random_family_vs_transformers(family: str, *, prompt_tokens: int = 24, new_t
     row["max_abs_diff"] = (out - ref)[mask.bool()].abs().max().item()
     row["scale"] = ref[mask.bool()].abs().max().item()
     if hasattr(ours, "lm_head"):
-        prompt = ids[:1, :prompt_tokens]
-        want = hf.generate(prompt, max_new_tokens=new_tokens, do_sample=False)[0, prompt_tokens:].tolist()
-        got = generate(ours, prompt[0], new_tokens).new_ids  # both stop at eos
-        row.update(prompt_tokens=prompt_tokens, greedy_tokens=len(want), greedy_equal=got == want,
-                   distinct_tokens=len(set(want)))
+        # neither side stops at eos, so every row compares new_tokens tokens (a random model may emit eos early)
+        row.update(_greedy(ours, hf, ids[0, :prompt_tokens].tolist(), new_tokens))
     return row
 
 
