@@ -92,6 +92,15 @@ def test_save_reload_and_export(pairs, family, tmp_path):
     with torch.no_grad():
         assert (reread(ids).logits - ref).abs().max().item() <= 1e-4
         assert (load_checkpoint(tmp_path / "hf")(ids).logits - ref).abs().max().item() <= 1e-4
+    # `headcount cost PATH` on the exported config.json: its parameter count is the model's numel
+    from typer.testing import CliRunner
+
+    from headcount.cli import app
+
+    result = CliRunner().invoke(app, ["cost", str(tmp_path / "hf" / "config.json"), "--json"])
+    assert result.exit_code == 0, result.output
+    cost = json.loads(result.output[result.output.index("{"):])
+    assert cost["params"]["total"] == sum(p.numel() for p in ours.parameters())
 
 
 def test_what_each_family_switches_on(pairs):

@@ -337,7 +337,9 @@ _FAMILIES: dict[str, dict] = {
                    defaults={"sliding_window": 4096}),
     "gemma3_text": dict(_DECODER_GATED, tied=True, qk_norm=True, post_norms=True, window="every", every=6,
                         defaults=GEMMA3_TEXT_DEFAULTS),
-    "phi3": _DECODER_GATED,
+    "phi3": dict(_DECODER_GATED, window="all"),  # sliding_window set: every layer local (null by default)
+    "smollm3": dict(_DECODER_GATED, tied=True, window="qwen_all"),  # windows where layer_types marks them
+    "granite": _DECODER_GATED,  # its multipliers change no count
     "olmo": dict(_DECODER_GATED, norm="layernorm"),
     "gpt2": dict(arch="decoder", mlp="gelu", norm="layernorm", position="learned", final_norm=True,
                  attn_bias=True, mlp_bias=True, tied=True),
