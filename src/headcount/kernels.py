@@ -175,7 +175,7 @@ def _fused_windowed(q, k, v, mask, causal, dropout_p, scale, kv_index, window, c
 
 
 # Scores per _logsumexp chunk (per batch row and head): queries per chunk = this // S, at least 1.
-LSE_ELEMENTS = 1 << 16
+LSE_ELEMENTS = 1 << 18
 
 
 def _float_mask(mask: Tensor | None, dtype) -> Tensor | None:
@@ -186,25 +186,33 @@ def _float_mask(mask: Tensor | None, dtype) -> Tensor | None:
 
 def _logsumexp(q, k, mask, is_causal, scale, kv_index) -> Tensor:
     """L [B, nh, T] (float32): logsumexp over keys of each row's scaled, masked scores, the queries taken
-    LSE_ELEMENTS // S at a time (at most [chunk, S] scores per head at once). -inf for a row with no key."""
+    LSE_ELEMENTS // S at a time (at most [chunk, S] scores per head at once; causal: only the keys up to the
+    chunk's last query). -inf for a row with no key (with a mask), its gradient kept finite."""
     batch, n_heads, tgt_len, _ = q.shape
     src_len = k.shape[2]
     if kv_index is not None:
         k = k.index_select(1, kv_index)
     n_kv = k.shape[1]
     group = n_heads // n_kv
-    kt = k.unsqueeze(2).transpose(-1, -2).float()  # (B, nkv, 1, dh, S)
-    if is_causal:  # only ever with T == S here (attend() builds the mask otherwise)
-        mask = combine(mask, causal_mask(tgt_len, src_len, q.device), dtype=q.dtype)
+    kt = k.float().transpose(-1, -2).unsqueeze(2)  # (B, nkv, 1, dh, S)
+    qs = (q.float() * scale).unflatten(1, (n_kv, group))  # (B, nkv, g, T, dh)
+    offset = src_len - tgt_len  # query t sits at position offset + t (bottom-right, as is_causal)
     chunk = max(1, LSE_ELEMENTS // max(1, src_len))
     parts = []
     for a in range(0, tgt_len, chunk):
         b = min(a + chunk, tgt_len)
-        qg = q[:, :, a:b].float().unflatten(1, (n_kv, group))
-        scores = torch.matmul(qg, kt).flatten(1, 2) * scale  # (B, nh, b - a, S)
-        if mask is not None:
-            part = mask[..., a:b, :] if mask.shape[-2] != 1 else mask
-            scores = scores.masked_fill(~part, float("-inf")) if part.dtype == torch.bool else scores + part.float()
+        hi = offset + b if is_causal else src_len  # keys past the chunk's last query: never seen
+        scores = torch.matmul(qs[..., a:b, :], kt[..., :hi]).flatten(1, 2)  # (B, nh, b - a, hi)
+        if is_causal:  # only the last (b - a) keys can lie past a query of the chunk: mask that block in place
+            c = min(b - a, hi)
+            future = torch.ones(b - a, c, dtype=torch.bool, device=q.device).triu_(c - (b - a) + 1)
+            scores[..., hi - c:].masked_fill_(future, float("-inf"))
+        if mask is None:
+            top = scores.amax(dim=-1, keepdim=True).detach()  # L = m + log sum exp(s - m), for any m
+            parts.append((scores - top).exp_().sum(dim=-1).log_() + top.squeeze(-1))
+            continue
+        part = mask[..., a:b, :hi] if mask.shape[-2] != 1 else mask[..., :hi]
+        scores = scores.masked_fill(~part, float("-inf")) if part.dtype == torch.bool else scores + part.float()
         dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
         lse = torch.logsumexp(scores.masked_fill(dead, 0.0), dim=-1)  # finite rows only: a NaN-free backward
         parts.append(lse.masked_fill(dead.squeeze(-1), float("-inf")))
