@@ -295,7 +295,7 @@ def test_roles_show_the_declared_sinks_beside_the_measured_sink_role():
         ours = model(ids, need_weights=True).weights
     for t, o in zip(theirs, ours):
         assert (t - o).abs().max() < 1e-5
-        assert (1 - t.sum(-1)).min() > 0  # every row gives the sink something
+        assert (1 - t.sum(-1)).min() >= -1e-6 and (1 - t.sum(-1)).mean() > 0.01  # the sinks take a share
 
 
 def test_importance_and_retraining_free_prune_run_on_a_moe_model():

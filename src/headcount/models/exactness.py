@@ -277,7 +277,10 @@ RANDOM_FAMILIES = {
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
                 {"num_key_value_heads": 2, "head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
                  "intermediate_size": 64, "sliding_window": 16, "swiglu_limit": 3.0,
-                 "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+                 # GPT-OSS's own yarn (factor 32 from 4,096 positions, beta 32 / 1, truncate false)
+                 "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+                                     "beta_slow": 1.0, "truncate": False,
+                                     "original_max_position_embeddings": 4096}}),
     **ROPE_FAMILIES,
     # issue 27: families that change the decoder's structure
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
