@@ -235,3 +235,23 @@ def test_bench_exactness_families_flag(monkeypatch):
     assert json.loads(result.output[result.output.index("{"):]) == {"families": [{"family": "stub"}]}
     result = CliRunner().invoke(app, ["bench", "exactness", "--families", "--models", "minilm"])
     assert result.exit_code == 2 and "--families" in result.output
+
+
+def test_pruned_export(pairs, tmp_path):
+    """A pruned model (2 of 4 query heads, one GQA group, per layer) exports: a rope-type Llama loads back in
+    transformers equal to headcount's; a LongRoPE Phi-3 is refused with the reason (Phi3Config sizes the
+    factor lists by hidden_size // num_attention_heads)."""
+    for family in ("llama rope llama3", "phi3"):
+        model = copy.deepcopy(_pair(pairs, family)[1])
+        for layer in model.layers:
+            layer.attn.prune_heads([0, 1])
+        if family == "phi3":
+            with pytest.raises(ValueError, match="Phi3Config checks LongRoPE"):
+                export_transformers(model, tmp_path / family)
+            assert not (tmp_path / family).exists()
+            continue
+        export_transformers(model, tmp_path / family)
+        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / family).eval()
+        ids = _ids(1, 40, 4)
+        with torch.no_grad():
+            assert (back(ids).logits - model(ids).logits).abs().max().item() <= 1e-4

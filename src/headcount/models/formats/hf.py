@@ -728,6 +728,13 @@ def decoder_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
     if cfg.d_model % nh:
         raise ValueError(f"model: {nh} query heads per layer; transformers' LlamaConfig requires hidden_size "
                          f"({cfg.d_model}) to be a multiple of num_attention_heads")
+    if cfg.family == "phi3" and cfg.rope_type == "longrope" and cfg.d_model // nh != cfg.head_dim:
+        # Phi3Config.validate_rope sizes short_factor / long_factor by hidden_size // num_attention_heads,
+        # not by head_dim: with fewer query heads it refuses the file, whatever the factors
+        raise ValueError(f"model: {nh} query heads per layer; transformers' Phi3Config checks LongRoPE's "
+                         f"short_factor / long_factor against hidden_size // num_attention_heads = {cfg.d_model // nh}"
+                         f" dims, not head_dim = {cfg.head_dim}, and refuses the file. Prune K/V only (merge-kv) "
+                         "or keep it in headcount's format (save)")
     hf, sd = to_transformers_state_dict(model)
     hf["dtype"] = "float32"
     return hf, sd
