@@ -92,7 +92,7 @@ def test_save_reload_bit_identical_and_export_loads_in_transformers(pair, tmp_pa
         assert (load_checkpoint(tmp_path / "hf")(ids).logits - want).abs().max().item() <= 1e-4
 
 
-def test_prune_a_fraction_and_importance_run(pair):
+def test_prune_a_fraction_and_importance_run(pair, tmp_path):
     from headcount.analysis import importance
     from headcount.surgery import prune_to
 
@@ -104,7 +104,31 @@ def test_prune_a_fraction_and_importance_run(pair):
     result = prune_to(model, 0.25, order="gradient", calibration=cal, progress=False)
     assert result.heads_after == 18 == sum(layer.attn.n_heads for layer in model.layers)
     with torch.no_grad():
-        assert torch.isfinite(model(cal).logits).all()
+        logits = model(cal).logits
+    assert torch.isfinite(logits).all()
+    if family == "gpt_neox":  # removed heads written back as zero heads: transformers gives the pruned logits
+        export_transformers(model, tmp_path / "pruned")
+        back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").eval()
+        with torch.no_grad():
+            assert (back(cal).logits - logits).abs().max().item() <= 1e-4
+
+
+def test_olmo2_merge_kv_pools_the_full_width_k_norm_exactly_for_equal_heads(pair):
+    family, hf, _ = pair
+    if family != "olmo2":
+        pytest.skip("olmo2 only")
+    model = from_transformers(hf)
+    attn, hd = model.layers[2].attn, model.layers[2].attn.head_dim  # 4 query heads, 2 KV heads
+    with torch.no_grad():  # make KV head 1 equal KV head 0: K rows, V rows and k_norm weights
+        w, nh = attn.qkv_proj.weight, attn.n_heads
+        for part in (nh, nh + 2):  # K block, V block
+            w[(part + 1) * hd:(part + 2) * hd] = w[part * hd:(part + 1) * hd]
+        attn.k_norm.weight[hd:] = attn.k_norm.weight[:hd]
+        ids = _ids(1, 20, seed=8)
+        want = model(ids).logits
+        attn.merge_kv_heads(1)
+        assert attn.k_norm.weight.shape == (hd,) and attn.n_kv_heads == 1
+        assert (model(ids).logits - want).abs().max().item() <= 1e-5
 
 
 def test_gemma2_soft_capping_runs_in_query_chunks_and_reaches_the_loss(pair, monkeypatch):
