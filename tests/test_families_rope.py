@@ -255,3 +255,16 @@ def test_pruned_export(pairs, tmp_path):
         ids = _ids(1, 40, 4)
         with torch.no_grad():
             assert (back(ids).logits - model(ids).logits).abs().max().item() <= 1e-4
+
+
+def test_merge_kv_on_partial_rotary(pairs):
+    """merge-kv's aware fit pairs dims over the whole head; on Phi-3's partial rotary it is refused by name,
+    and the mean merge (which commutes with any rotary) runs."""
+    from headcount.surgery import merge_kv
+
+    model = copy.deepcopy(_pair(pairs, "phi3")[1])
+    with pytest.raises(ValueError, match="method: 'aware' assumes rotary over the whole head"):
+        merge_kv(model, 1, calibration=_ids(2, 64, 5), progress=False)
+    assert all(layer.attn.n_kv_heads == 2 for layer in model.layers)
+    merge_kv(model, 1, method="mean", progress=False)
+    assert all(layer.attn.n_kv_heads == 1 for layer in model.layers)

@@ -236,6 +236,13 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
         raise ValueError(f"batch_size: expected a positive number of windows per batch, got {batch_size!r}")
     if isinstance(grouping, (list, tuple)) and len(wanted) > 1:
         raise ValueError("grouping: an explicit list of groups applies to one layer at a time")
+    rotary = getattr(model, "rotary", None)
+    if method == "aware" and wanted and rotary is not None and rotary.rotary_dim != rotary.head_dim:
+        # the aware fit pairs dims (f, f + head_dim/2) as rotary's complex frequencies; partial rotary turns
+        # (f, f + rotary_dim/2) and leaves the rest: the fitted key maps would not commute with the rotation
+        raise ValueError(f"method: 'aware' assumes rotary over the whole head; this model turns only the first "
+                         f"rotary_dim={rotary.rotary_dim} of head_dim={rotary.head_dim} dims (partial rotary: Phi-4-mini, "
+                         "GPT-NeoX): use method='mean' (averaging K/V heads commutes with any rotary)")
     start = time.perf_counter()
     before_heads = [layer.attn.n_kv_heads for layer in model.layers]
     bytes_before = kv_bytes_per_token(model)
