@@ -85,6 +85,18 @@ def test_residual_outliers_find_the_layer_a_massive_activation_forms_in():
         residual_outliers(model, ids, threshold=1)
 
 
+def test_prune_to_protects_the_layers_up_to_the_massive_activation_by_default():
+    """A massive activation built into layer 1: layers 0 and 1 keep every head, the 3 heads asked come from
+    layer 2 (all it can give); protect=() turns it off."""
+    model = tiny("qwen2", 300)
+    with torch.no_grad():
+        model.layers[1].mlp.down_proj.weight[5].mul_(2e4)
+    result = prune_to(model, 0.25, order="random", seed=1, compensate="mean", calibration=calib(300, n=2, t=16))
+    assert result.protected == [0, 1] and set(result.removed) == {2} and result.heads_removed == 3
+    assert prune_to(tiny("qwen2", 300), 0.25, order="random", compensate="mean", protect=(),
+                    calibration=calib(300, n=2, t=16)).protected == []
+
+
 # ------------------------------------------------------------------------------------------- no-bias refit
 def test_fixed_bias_solve_is_numpy_least_squares():
     g = torch.Generator().manual_seed(0)

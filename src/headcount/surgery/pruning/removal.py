@@ -31,7 +31,7 @@ from headcount.surgery.pruning.compensate import COMPENSATIONS, DEFAULT_RIDGE, D
 Tensor = torch.Tensor
 
 DEFAULT_MAX_SHARE = None  # prune_to's per-layer cap (docs/pruning.md, "Holding on GQA models")
-DEFAULT_PROTECT = ()  # prune_to's protected layers: "auto" = where the massive activations form
+DEFAULT_PROTECT = "auto"  # prune_to's protected layers: where the massive activations form (docs/pruning.md)
 CALIBRATION_WINDOWS = 8  # the curve in docs/pruning.md was measured with 8; 16 doubles the cost (issue 15)
 WINDOW = 512
 CALIBRATION_SENTENCES = 256
@@ -243,8 +243,8 @@ def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "que
     order: a HeadScores (headcount.analysis.importance), a method name computed here on the
     calibration text, or "random" (seeded by `seed`). uniform=True: the same number from every
     layer, and in query mode the same number from every GQA group. Other keywords go to prune().
-    protect: layers that lose no head. "auto" (decoders): the layers up to the one where the residual
-        stream's massive activations form (headcount.analysis.outliers, on the first calibration batch);
+    protect: layers that lose no head. "auto" (decoders, when something calibrates): the layers up to the one
+        where the residual stream's massive activations form (headcount.analysis.outliers, first batch);
         an order measures each layer's error alone, and an error there is not small downstream (issue 26:
         qwen2.5-coder-0.5b lost 79% at 10% removed, 8 of layer 0's 14 heads among them). () = none.
     max_share: at most floor(max_share x a layer's heads) from one layer (None: no cap). Both limits are
@@ -270,8 +270,10 @@ def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "que
     scores, name, scoring = _scores_and_cost(model, order, calibration=calibration, seed=seed,
                                              calibration_windows=calibration_windows, window=window,
                                              group=kwargs.get("group"))
-    if isinstance(protect, str):  # "auto": where the massive activations form (decoders; encoders: none)
-        protect = [] if uniform or not hasattr(model, "lm_head") else _protected_layers(model, calibration)
+    if isinstance(protect, str):  # "auto": where the massive activations form (decoders; encoders: none), read on
+        # the calibration batches; with order "random" and compensate "none" nothing calibrates: none protected
+        protect = [] if uniform or not needs or not hasattr(model, "lm_head") else \
+            _protected_layers(model, calibration)
     ordering_seconds = time.perf_counter() - start
     chosen = _plan.plan_fraction(model, fraction, scores, mode=mode, uniform=bool(uniform), protect=protect,
                                  max_share=max_share)
