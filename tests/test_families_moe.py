@@ -23,6 +23,7 @@ WINDOW = 8
 FAMILIES = {
     "mixtral": {"sliding_window": WINDOW, "intermediate_size": 48},
     "qwen3_moe": {"sliding_window": WINDOW, "head_dim": 24, "mlp_only_layers": [1], "intermediate_size": 80},
+    "olmoe": {"intermediate_size": 48},  # no window in OLMoE: the cache check runs past none
     "gpt_oss": {"sliding_window": WINDOW, "head_dim": 16, "intermediate_size": 48},
 }
 PROMPT, NEW = 12, 32  # the prompt is past every window; 32 greedy tokens
@@ -337,3 +338,16 @@ def test_generate_tp_over_3_ranks_equals_one_process():
             assert (torch.tensor(r[family]["logits"]) - logits).abs().max() < 1e-5, (rank, family)
             assert r[family]["tokens"] == tokens
         assert r["gpt_oss"]["sinks"] == [[2, 1, 1][rank]] * 2
+
+
+def test_merge_kv_keeps_every_query_heads_sink():
+    """K/V merging changes KV heads only: each query head keeps its sink; the merged model runs."""
+    from headcount.surgery import merge_kv
+
+    _, model = _with_tokenizer()
+    sinks = [layer.attn.sinks.detach().clone() for layer in model.layers]
+    merge_kv(model, 1, calibration=TEXT, n_windows=1, window=32, progress=False)
+    assert [layer.attn.n_kv_heads for layer in model.layers] == [1, 1]
+    assert all(torch.equal(layer.attn.sinks.detach(), s) for layer, s in zip(model.layers, sinks))
+    with torch.no_grad():
+        assert torch.isfinite(model(torch.tensor([model.tokenizer.encode(TEXT)[:32]])).logits).all()

@@ -274,6 +274,8 @@ RANDOM_FAMILIES = {
                   {"num_key_value_heads": 2, "head_dim": 48, "num_experts": 8, "num_experts_per_tok": 2,
                    "moe_intermediate_size": 64, "norm_topk_prob": True, "mlp_only_layers": [2],
                    "use_sliding_window": True, "sliding_window": 16}),
+    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM", {"num_key_value_heads": 2, "num_experts": 8, "num_experts_per_tok": 2,
+                                                  "intermediate_size": 64}),
     "gpt_oss": ("GptOssConfig", "GptOssForCausalLM",
                 {"num_key_value_heads": 2, "head_dim": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
                  "intermediate_size": 64, "sliding_window": 16, "swiglu_limit": 3.0,

@@ -331,8 +331,9 @@ def _moe(cfg: dict, kind: str, source: str) -> DecoderConfig:
 
 
 def _full_width_qk_norm(source: str) -> dict:
-    """OLMoE's q/k RMSNorm runs over the whole projection (all heads at once), not per head."""
-    raise CheckpointError(f"{source}: olmoe's q/k norms over the whole q/k projection are not implemented yet")
+    """OLMoE's q/k RMSNorm runs over the whole projection (all heads at once), not per head: OLMo 2's
+    norms.FullRMSNorm (qk_norm_full), Llama's rounding order (the weight after the cast)."""
+    return {"qk_norm": True, "qk_norm_full": True}
 
 
 def gemma3_text_config(cfg: dict) -> dict:
