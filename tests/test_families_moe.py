@@ -195,6 +195,14 @@ def test_expert_count_the_tensors_lack_is_one_line_naming_the_field(tmp_path):
         load(tmp_path / "m")
     msg = str(err.value)
     assert "\n" not in msg and "num_local_experts=6" in msg and "expected [6, 64]" in msg
+    from typer.testing import CliRunner
+
+    from headcount.cli import app
+
+    result = CliRunner().invoke(app, ["perplexity", "--model", str(tmp_path / "m")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    lines = [line for line in (result.stderr if hasattr(result, "stderr") else result.output).splitlines() if line]
+    assert len(lines) == 1 and "num_local_experts=6" in lines[0]
     # the hub's per-expert layout: one expert short
     sd = {k: v for k, v in hf.state_dict().items()}
     legacy = {}
