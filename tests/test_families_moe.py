@@ -248,6 +248,18 @@ def test_cost_counts_total_and_active_parameters(family, tmp_path):
     assert counts["active_per_token"] == total - len(layers) * (e - k) * per_expert
 
 
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_report_accounts_count_the_loaded_model(family):
+    """The report's accounts (shape_of a loaded model): total = the model's own parameters."""
+    from headcount.cost.accounts import param_counts
+    from headcount.report.accounts import shape_of
+
+    _, ours = _built(family)
+    counts = param_counts(shape_of(ours))
+    assert counts["total"] == sum(p.numel() for p in ours.parameters())
+    assert counts["active_per_token"] < counts["total"]
+
+
 def test_cost_of_mixtral_8x7b_is_the_published_46_7b_total_12_9b_active(tmp_path):
     import json
 

@@ -20,6 +20,11 @@ def _decoder_stack_shape(cfg, name: str, *, causal: bool):
     from headcount.cost import ModelShape
 
     window, types = _windows(cfg)
+    moe = getattr(cfg, "moe", None)
+    extra = {} if moe is None else {  # a mixture of experts: total and active parameters (cost/accounts.py)
+        "n_experts": moe.n_experts, "experts_per_token": moe.top_k, "d_expert": moe.d_expert,
+        "expert_bias": moe.expert_bias, "router_bias": moe.router_bias,
+        "moe_layers": cfg.n_layers - len(moe.dense_layers)}
     return ModelShape(
         d_model=cfg.d_model, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads, head_dim=cfg.head_dim,
         n_layers=cfg.n_layers, d_ff=cfg.d_ff, mlp="gated" if str(cfg.mlp).startswith("gated") else "gelu",
@@ -29,7 +34,8 @@ def _decoder_stack_shape(cfg, name: str, *, causal: bool):
         norm="rmsnorm" if str(cfg.norm).startswith("rms") else "layernorm", final_norm=True,
         qk_norm=bool(getattr(cfg, "qk_norm", False)), post_norms=bool(getattr(cfg, "post_norms", False)),
         sliding_window=window if causal else None, layer_types=types if causal else None,
-        arch="decoder" if causal else "encoder", name=name)
+        arch="decoder" if causal else "encoder", name=name, attn_sinks=bool(getattr(cfg, "attn_sinks", False)),
+        qk_norm_full=bool(getattr(cfg, "qk_norm_full", False)), **extra)
 
 
 def _windows(cfg) -> tuple[int | None, tuple[str, ...] | None]:
