@@ -153,6 +153,8 @@ def test_gemma2_soft_capping_runs_in_query_chunks_and_reaches_the_loss(pair, mon
         assert (out.logits - ref).abs().max().item() <= 1e-4
         weighted = ours(ids, need_weights=True).logits  # the eager path with weights, one chunk
         assert (weighted - ref).abs().max().item() <= 1e-4
+        monkeypatch.setattr(kernels, "_MIN_CHUNK", 16)  # windowed layers: 16-query chunks over their band only
+        assert (ours(ids).logits - ref).abs().max().item() <= 1e-4
         nll = ours.token_nll(out.hidden_states[:, :-1], ids[:, 1:])  # chunked_nll: the final soft-cap too
         want = torch.nn.functional.cross_entropy(ref[0, :-1], ids[0, 1:], reduction="none")
         assert (nll[0] - want).abs().max().item() <= 1e-4
@@ -182,3 +184,14 @@ def test_contradictory_config_is_one_line_naming_the_field(family, field, value,
     with pytest.raises(CheckpointError, match=fragment) as err:
         from_state_dict(cfg, hf.state_dict())
     assert "\n" not in str(err.value)
+
+
+def test_tensor_parallel_refuses_full_width_norms(pair, monkeypatch):
+    from headcount.parallel import shard as shard_module
+
+    family, _, ours = pair
+    if family != "olmo2":
+        pytest.skip("olmo2 only")
+    monkeypatch.setattr(shard_module.runtime, "resolve", lambda group: (None, 0, 2))  # as if on 2 ranks
+    with pytest.raises(ValueError, match="whole projection"):
+        shard_module.shard_heads(ours.layers[0].attn)

@@ -133,6 +133,10 @@ def shard_heads(attn: MultiHeadAttention, group=None) -> MultiHeadAttention:
     if getattr(attn, "shard_plan", None) is not None:
         raise ValueError("attn: this module is already a shard (shard_plan is set); shard the unsharded module")
     group, rank, world = runtime.resolve(group)
+    if world > 1 and getattr(attn.q_norm, "keep", None) is not None:  # norms.FullRMSNorm (OLMo 2)
+        raise ValueError("attn: its q/k norms run over the whole projection (every head's values in one "
+                         "statistic, OLMo 2), so a rank holding some heads cannot normalise them alone; tensor "
+                         "parallelism over heads is not implemented for full-width q/k norms (run with one rank)")
     plan = plan_for(attn, world)[rank]
     shard = copy.deepcopy(attn)
     if world > 1:
