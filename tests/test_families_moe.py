@@ -371,3 +371,17 @@ def test_merge_kv_keeps_every_query_heads_sink():
     assert all(torch.equal(layer.attn.sinks.detach(), s) for layer, s in zip(model.layers, sinks))
     with torch.no_grad():
         assert torch.isfinite(model(torch.tensor([model.tokenizer.encode(TEXT)[:32]])).logits).all()
+
+
+def test_faithfulness_and_rank_run_past_the_sliding_window():
+    """faithfulness's adversarial search on a prompt longer than GPT-OSS's window (8 < 16): the batch's cache
+    is filled by a forward (a sliding cache holds only its window, so copying it would lose positions)."""
+    from headcount.analysis import faithfulness, rank
+
+    _, model = _with_tokenizer()
+    text = "".join(chr(c) for c in range(33, 127)) * 3  # 94 distinct byte tokens
+    result = faithfulness(model, text, layers=[0], n_examples=1, length=16, steps=2, progress=False)
+    heads = result.to_json()["heads"]
+    assert len(heads) == 4 and all(isinstance(v, float) and v == v for h in heads for v in h.values()
+                                   if isinstance(v, float))  # no NaN
+    assert rank(model, text, max_windows=1, progress=False) is not None

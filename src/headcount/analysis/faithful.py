@@ -158,6 +158,7 @@ def adversarial_search(model, ids: Tensor, layers: list[int], *, epsilon: float,
     with torch.no_grad():
         ref = model.new_cache(1, n)
         model(ids[None, :-1], cache=ref, compute_logits=False)
+    windowed = any(m.sliding_window is not None and m.sliding_window < n for m in mods)
     row_layer = torch.tensor([l for l, _ in rows], device=dev)
     row_head = torch.tensor([h for _, h in rows], device=dev)
     gen = torch.Generator().manual_seed(seed)
@@ -168,6 +169,8 @@ def adversarial_search(model, ids: Tensor, layers: list[int], *, epsilon: float,
         sel = (row_layer == layer).nonzero().flatten()
 
         def pre(module, args, kwargs):
+            if state.get("prefill"):  # the windowed models' prefix pass (run): no mask, no weights
+                return args, kwargs
             # the free vector stays float32 (what Adam steps); the mask is in the model's dtype (a bf16 model's
             # attention takes a bf16 additive mask), the cast differentiable
             dtype = args[0].dtype if args and torch.is_floating_point(args[0]) else state["delta"].dtype
@@ -179,6 +182,8 @@ def adversarial_search(model, ids: Tensor, layers: list[int], *, epsilon: float,
             return args, kwargs
 
         def post(module, args, kwargs, output):
+            if state.get("prefill"):
+                return output
             w = output.weights  # [b, nh, 1, n]
             state.setdefault("att", {})[layer] = w[sel, row_head[sel], 0]
             return output._replace(weights=None)
@@ -190,8 +195,16 @@ def adversarial_search(model, ids: Tensor, layers: list[int], *, epsilon: float,
         state["delta"] = d
         state["att"] = {}
         cache = model.new_cache(b, n)
-        for c, r in zip(cache, ref):
-            c.append(r.k[:, :, : n - 1].expand(b, -1, -1, -1), r.v[:, :, : n - 1].expand(b, -1, -1, -1))
+        if windowed:  # a sliding-window cache holds only its window: fill the batch's cache by a forward instead
+            state["prefill"] = True
+            try:
+                with torch.no_grad():
+                    model(ids[None, :-1].expand(b, -1), cache=cache, compute_logits=False)
+            finally:
+                state["prefill"] = False
+        else:
+            for c, r in zip(cache, ref):
+                c.append(r.k[:, :, : n - 1].expand(b, -1, -1, -1), r.v[:, :, : n - 1].expand(b, -1, -1, -1))
         logits = model(ids[None, -1:].expand(b, 1), cache=cache).logits[:, -1].float()
         att = torch.empty(b, n, dtype=logits.dtype, device=dev)
         for layer in layers:
