@@ -195,3 +195,43 @@ def test_tensor_parallel_refuses_full_width_norms(pair, monkeypatch):
     monkeypatch.setattr(shard_module.runtime, "resolve", lambda group: (None, 0, 2))  # as if on 2 ranks
     with pytest.raises(ValueError, match="whole projection"):
         shard_module.shard_heads(ours.layers[0].attn)
+
+
+def _tp_worker(payloads: dict) -> dict:
+    from headcount.models import generate
+    from headcount.parallel import tensor_parallel
+    from headcount.parallel.transfer import rebuild
+
+    torch.set_num_threads(1)
+    ids = _ids(1, 40, seed=9)
+    out = {}
+    for family, payload in payloads.items():
+        model = tensor_parallel(rebuild(payload))
+        with torch.no_grad():
+            logits = model(ids).logits
+        out[family] = {"logits": logits.flatten().tolist(),  # plain lists: shared memory goes with the rank
+                       "tokens": generate(model, ids[0, :24].tolist(), 8, stop_at_eos=False).new_ids}
+    return out
+
+
+def test_generate_tensor_parallel_equals_one_process():
+    """gemma2 (soft-capping on each rank's heads, the final cap on the replicated lm_head) and gpt_neox
+    (parallel residual, partial rotary) on 3 gloo ranks (4 heads = 2 + 1 + 1, the uneven split; 2 ranks is
+    the even case test_parallel_families covers for the other families): logits and 8 greedy tokens."""
+    world = 3
+    from headcount import distributed as runtime
+    from headcount.parallel.transfer import share
+
+    ids = _ids(1, 40, seed=9)
+    payloads, want = {}, {}
+    for family in ("gemma2", "gpt_neox"):
+        model = from_transformers(exactness.random_transformers_model(family))
+        with torch.no_grad():
+            want[family] = (model(ids).logits.flatten(), generate(model, ids[0, :24].tolist(), 8,
+                                                                  stop_at_eos=False).new_ids)
+        payloads[family] = share(model)
+    results = runtime.spawn(_tp_worker, world, payloads, timeout_s=120)
+    for family, (logits, tokens) in want.items():
+        for r in results:
+            assert (torch.tensor(r[family]["logits"]) - logits).abs().max().item() <= 1e-4
+            assert r[family]["tokens"] == tokens
