@@ -100,6 +100,8 @@ def test_save_reload_bit_identical_and_export_loads_in_transformers(pair, tmp_pa
         assert type(back).__name__ == type(hf).__name__
         assert (back(ids).logits - hf(ids).logits).abs().max().item() <= 1e-4
         assert (load_checkpoint(tmp_path / "hf")(ids).logits - want).abs().max().item() <= 1e-4
+        hf.save_pretrained(tmp_path / "theirs")  # a checkpoint transformers itself wrote
+        assert (load_checkpoint(tmp_path / "theirs")(ids).logits - want).abs().max().item() <= 1e-4
 
 
 def test_prune_a_fraction_and_importance_run(pair, tmp_path):
