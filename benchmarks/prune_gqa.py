@@ -9,6 +9,7 @@ fits on (prose and code-like, past the first 16 windows of each), and REPORTED o
 
     python benchmarks/prune_gqa.py --model qwen2.5-coder-0.5b --fractions 0.1,0.2,0.3 \
         --candidates none,protect,cap50,protect+cap50
+    (a candidate's parts: none, protect, capNN = max_share NN%, bias / nobias = the refit's o_proj bias)
 """
 
 from __future__ import annotations
@@ -36,16 +37,18 @@ def ppl(model, windows) -> float:
     return evaluate_perplexity(model, windows.reshape(-1).tolist(), windows.shape[1], batch_size=4).perplexity
 
 
-def candidate(name: str, protected: list[int]) -> tuple[list[int], float | None]:
-    protect, share = [], None
+def candidate(name: str, protected: list[int]) -> tuple[list[int], float | None, bool | None]:
+    protect, share, bias = [], None, None
     for part in name.split("+"):
         if part == "protect":
             protect = protected
+        elif part in ("bias", "nobias"):
+            bias = part == "bias"
         elif part.startswith("cap"):
             share = int(part[3:]) / 100
         elif part != "none":
-            raise SystemExit(f"--candidates: unknown part {part!r} (none, protect, capNN)")
-    return protect, share
+            raise SystemExit(f"--candidates: unknown part {part!r} (none, protect, capNN, bias, nobias)")
+    return protect, share, bias
 
 
 def main() -> None:
@@ -76,16 +79,17 @@ def main() -> None:
     done: dict = {}
     for frac in [float(f) for f in args.fractions.split(",")]:
         for name in args.candidates.split(","):
-            protect, share = candidate(name, profile.protected)
+            protect, share, bias_here = candidate(name, profile.protected)
+            bias_here = bias if bias_here is None else bias_here
             plan = _plan.plan_fraction(base, frac, scores, protect=protect, max_share=share)
-            key = json.dumps(plan, sort_keys=True)
+            key = json.dumps([plan, bias_here], sort_keys=True)
             if key in done:
                 row = dict(done[key], candidate=name, same_plan_as=done[key]["candidate"])
                 print(json.dumps(row), flush=True)
                 continue
             t = time.perf_counter()
             model = attention_copy(base)
-            prune(model, plan, calibration=cal, progress=False, bias=bias)
+            prune(model, plan, calibration=cal, progress=False, bias=bias_here)
             v = {k: ppl(model, x) for k, x in valid.items()}
             h = {k: ppl(model, x) for k, x in held.items()}
             row = {"fraction": frac, "candidate": name, "protect": protect, "max_share": share,
