@@ -385,3 +385,22 @@ def test_faithfulness_and_rank_run_past_the_sliding_window():
     assert len(heads) == 4 and all(isinstance(v, float) and v == v for h in heads for v in h.values()
                                    if isinstance(v, float))  # no NaN
     assert rank(model, text, max_windows=1, progress=False) is not None
+
+
+def test_pruned_gpt_oss_exports_with_its_sinks_and_pruned_olmoe_is_refused(tmp_path):
+    from headcount.surgery import prune
+
+    _, model = _pair("gpt_oss")
+    prune(model, {0: [1, 3], 1: [0, 2]}, compensate="none", progress=False)  # one head per KV group left
+    export_transformers(model, tmp_path / "g")
+    again = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "g"), dtype=torch.float32,
+                                                              attn_implementation="eager").eval()
+    assert again.model.layers[0].self_attn.sinks.shape == (2,)
+    ids, _ = _ids()
+    with torch.no_grad():
+        assert (again(input_ids=ids).logits - model(ids).logits).abs().max() <= 1e-4
+    _, olmoe = _pair("olmoe")
+    prune(olmoe, {0: [0, 1], 1: [2, 3]}, mode="group", compensate="none", progress=False)
+    with pytest.raises(ValueError, match="OlmoeForCausalLM sizes its q/k norms by hidden_size"):
+        export_transformers(olmoe, tmp_path / "o")
+    assert not (tmp_path / "o").exists()

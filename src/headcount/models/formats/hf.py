@@ -550,6 +550,10 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[d
     hf["hidden_act"] = "silu"
     if cfg.moe is not None:
         hf.update(hf_moe.config_fields(cfg))
+    if family == "olmoe" and nh * hd != cfg.d_model:  # OlmoeAttention sizes q_norm by hidden_size
+        raise ValueError(f"model: {nh} query heads x head_dim {hd} != hidden_size {cfg.d_model}; transformers' "
+                         "OlmoeForCausalLM sizes its q/k norms by hidden_size, so a pruned OLMoE cannot be written "
+                         "as one: keep it in headcount's format (save)")
     if family == "mixtral":
         hf["sliding_window"] = cfg.sliding_window
     elif family == "qwen3_moe":
