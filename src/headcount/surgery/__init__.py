@@ -8,6 +8,7 @@
     merge_kv(model, n_kv_heads, *, layers, method)          merging/kv_merge.py (fit.py, refine.py, stream.py)
     merge_plan(model, budget)                               merging/planner.py
     uptrain(model, steps, *, lr, trainable)                 merging/uptraining.py
+    heal(model, teacher, *, steps, tokens, params, lr)      healing/loop.py (distillation after any edit)
     save(model, dir) / export_transformers(model, dir)      models/formats/ (native.py, hf.py), re-exported
     export_gguf(model, path, *, dtype)                      models/formats/gguf_deci.py (llama.cpp `deci`)
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from headcount import lazy
 
-_P, _M = "headcount.surgery.pruning.", "headcount.surgery.merging."
+_P, _M, _H = "headcount.surgery.pruning.", "headcount.surgery.merging.", "headcount.surgery.healing."
 _EXPORTS = {
     # module names differ from the function names: an imported submodule `prune` would shadow prune()
     "prune": _P + "removal", "prune_to": _P + "removal", "PruneResult": _P + "removal",
@@ -28,6 +29,7 @@ _EXPORTS = {
     "merge_kv": _M + "kv_merge", "MergeResult": _M + "kv_merge",
     "merge_plan": _M + "planner", "MergePlan": _M + "planner",
     "uptrain": _M + "uptraining", "UptrainResult": _M + "uptraining",
+    "heal": _H + "loop", "HealResult": _H + "result",
     # writing a model is not surgery: these live with their formats (models/formats/), re-exported here
     "save": "headcount.models.formats.native", "export_transformers": "headcount.models.formats.hf",
     "export_gguf": "headcount.models.formats.gguf_deci",

@@ -1,7 +1,7 @@
 """`headcount bench surgery`: every measured number of the surgery issues, each part measured by the bench
-that sits beside its code (pruning/bench.py, pruning/gates_bench.py, merging/bench.py).
+that sits beside its code (pruning/bench.py, pruning/gates_bench.py, merging/bench.py, healing/bench.py).
 
-    run(part="all" | "prune" | "merge" | "gates", quick=False) -> dict (JSON-ready)
+    run(part="all" | "prune" | "merge" | "gates" | "heal", quick=False) -> dict (JSON-ready)
     render(result)                                     rich tables on stdout
 """
 
@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import sys
 
+from headcount.surgery.healing import bench as heal_bench
 from headcount.surgery.merging import bench as merge_bench
 from headcount.surgery.pruning import bench as prune_bench
 from headcount.surgery.pruning import gates_bench
 
-PARTS = ("prune", "merge", "gates", "all")
+PARTS = ("prune", "merge", "gates", "heal", "all")
 
 
 def _log(msg: str) -> None:
@@ -33,6 +34,9 @@ def run(part: str = "all", quick: bool = False, log=_log, checkpoint=None, order
         out["merge"] = merge_bench.run(quick=quick)
     if part in ("gates", "all"):
         out["gates"] = gates_bench.run_gates(quick, log, checkpoint, png=png, overrides=gates)
+    if part in ("heal", "all"):
+        heal_png = png if png is None or part == "heal" else png.with_name(f"{png.stem}_heal{png.suffix}")
+        out["heal"] = heal_bench.run_heal(quick, log, png=heal_png)
     return out
 
 
@@ -43,3 +47,5 @@ def render(result: dict, console=None) -> None:
         merge_bench.render(result["merge"], console)
     if result.get("gates"):
         gates_bench.render(result["gates"], console)
+    if result.get("heal"):
+        heal_bench.render(result["heal"], console)

@@ -1,5 +1,5 @@
 """The commands of headcount.surgery, registered by the switchboard (headcount.cli): `prune` (pruning/cli.py),
-`merge-kv` (merging/cli.py) and `bench surgery` (here: it runs both rooms' benches). Shared helpers live in
+`merge-kv` (merging/cli.py), `heal` (healing/cli.py) and `bench surgery` (here: it runs both rooms' benches). Shared helpers live in
 cli_common.py, which both command families import. No torch import at module level."""
 
 from __future__ import annotations
@@ -14,15 +14,17 @@ import typer
 def register(app, bench_app) -> None:
     """Add this room's commands to the `headcount` app and its `bench` sub-app."""
     from headcount.cli_errors import one_line_errors as _one_line_errors
+    from headcount.surgery.healing import cli as healing_cli
     from headcount.surgery.merging import cli as merging_cli
     from headcount.surgery.pruning import cli as pruning_cli
 
     pruning_cli.register(app, bench_app)
     merging_cli.register(app, bench_app)
+    healing_cli.register(app, bench_app)
 
     @bench_app.command("surgery")
     def bench_surgery(
-        part: str = typer.Option("all", "--part", help="prune, merge, gates (L0 gates vs retraining-free) or all"),
+        part: str = typer.Option("all", "--part", help="prune, merge, gates (L0 gates vs retraining-free), heal (step speed, quality vs healing tokens) or all"),
         quick: bool = typer.Option(False, "--quick", help="fewer points (minutes, not an hour)"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
         save_json: Optional[Path] = typer.Option(None, "--save", help="also write the JSON here (rewritten after "
@@ -43,11 +45,12 @@ def register(app, bench_app) -> None:
         """Every measured number of issues 7 and 16: pruning curves (smollm2 prose and code, minilm), costs, merging,
         trained L0 gates vs retraining-free (--part gates, --png)."""
         with _one_line_errors("bench surgery"):
-            if part not in ("prune", "merge", "gates", "all"):
-                raise ValueError(f"--part: expected prune, merge, gates or all, got {part!r}")
+            if part not in ("prune", "merge", "gates", "heal", "all"):
+                raise ValueError(f"--part: expected prune, merge, gates, heal or all, got {part!r}")
             if png is not None:
-                if part not in ("gates", "all"):
-                    raise ValueError(f"--png: the plot is the gates part's; use --part gates (or all), not {part!r}")
+                if part not in ("gates", "heal", "all"):
+                    raise ValueError(f"--png: the plot is the gates or heal part's; use --part gates, heal (or all), "
+                                     f"not {part!r}")
                 from headcount.paths import check_png
                 check_png(png)
             from headcount.surgery import bench
@@ -57,13 +60,16 @@ def register(app, bench_app) -> None:
                     result = json.loads(from_json.read_text(encoding="utf-8"))
                 except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
                     raise ValueError(f"--from: expected a JSON file written by --save, got {from_json} ({e})") from None
-                if not isinstance(result, dict) or not ({"prune", "merge", "gates"} & set(result)):
-                    raise ValueError(f"--from: expected a JSON with 'prune', 'merge' and/or 'gates' sections, got "
-                                     f"{from_json}")
+                if not isinstance(result, dict) or not ({"prune", "merge", "gates", "heal"} & set(result)):
+                    raise ValueError(f"--from: expected a JSON with 'prune', 'merge', 'gates' and/or 'heal' sections, "
+                                     f"got {from_json}")
                 save_json = None
                 if png is not None and result.get("gates"):
                     from headcount.surgery.pruning.gates_bench import plot
                     plot(result["gates"], png)
+                if png is not None and result.get("heal"):
+                    from headcount.surgery.healing.bench import plot
+                    plot(result["heal"], png)
             else:
                 order_list = [o.strip() for o in orders.split(",") if o.strip()] if orders else None
                 if order_list is not None and not order_list:

@@ -8,7 +8,8 @@ keep 7 heads here and 5 there, in uneven GQA groups. This format records each la
                              "layers": [{"n_heads", "n_kv_heads", "kv_head_of", "kept_heads",
                                          "qkv_bias", "o_bias"}, ...],
                              "tokenizer": {"bos_token_id", "eos_token_id", "pad_token_id",
-                                           "add_special_tokens"} | null, "name", "tensors": count}
+                                           "add_special_tokens"} | null, "name", "tensors": count,
+                             "healing": {"teacher", "steps", "tokens", "moved", ...} (a healed model only)}
     DIR/model.safetensors   the model's state_dict (a tied lm_head is stored once, as embed.weight)
     DIR/tokenizer.json      the tokenizer (written from the live one, so GGUF-born tokenizers travel)
 
@@ -140,6 +141,8 @@ def write(model, directory: str | Path, *, force: bool = False) -> Path:
         # the GGUF file the model came from (export_gguf copies its tokenizer fields), when there is one
         "source_gguf": str(getattr(model, "source_gguf", None) or "") or None,
         "layers": [layer_layout(layer.attn) for layer in model.layers],
+        # a healed model's record (surgery.healing): teacher, steps, tokens, what moved; kept through re-saves
+        **({"healing": model.healing} if getattr(model, "healing", None) else {}),
         "tokenizer": None if tok is None else {
             "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
             "pad_token_id": tok.pad_token_id, "add_special_tokens": tok.add_special_tokens},
@@ -246,6 +249,8 @@ def read(directory: str | Path, *, dtype: torch.dtype = torch.float32):
     model.name = str(directory)
     if meta.get("source_gguf"):
         model.source_gguf = Path(meta["source_gguf"])
+    if meta.get("healing"):
+        model.healing = meta["healing"]
     return model.eval()
 
 

@@ -83,7 +83,7 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
               force: bool = False, text: Optional[Path] = None,
               calibration_windows: int = CALIBRATION_WINDOWS, eval_windows: int = EVAL_WINDOWS,
               local_steps: int = LOCAL_STEPS, local_tokens: Optional[int] = LOCAL_TOKENS, dtype: str = "fp32",
-              device: str = "cpu", group=None, main: bool = True) -> dict | None:
+              device: str = "cpu", group=None, main: bool = True, heal_steps: int = 0) -> dict | None:
     """Load, validate, measure, merge, (uptrain), measure, save: the command's work, as data.
 
     uptrain_steps: None = UPTRAIN_STEPS for an aware merge of a decoder, 0 otherwise. The uptrain distils from
@@ -108,6 +108,9 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     if uptrain_steps:  # uptrain trains attention only: the teacher shares every other tensor
         from headcount.models.copying import attention_copy
         teacher = attention_copy(model)
+    if heal_steps:
+        from headcount.surgery.healing.cli import teacher_for
+        teacher = teacher or teacher_for(model, heal_steps, dtype)
     quality_before, reference, by_domain_before = held_out_report(model, held_out, eval_windows, 512)
     if calibration is None and is_decoder:
         calibration = "mixed"  # the default corpus's prose and code-like text: edits that hold on both (issue 16)
@@ -133,6 +136,11 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     quality_after, _, by_domain_after = held_out_report(model, held_out, eval_windows, 512, reference)
     for value in ([quality_after] if isinstance(quality_after, float) else list(quality_after)):
         check_finite(value, "the merged model's held-out quality", model.embed.weight.dtype)
+    healed = None
+    if heal_steps:  # every rank heals the same way (one process's steps), as the uptrain
+        from headcount.surgery.healing.cli import heal_after_edit
+        healed = heal_after_edit(model, teacher, heal_steps, by_domain_before, by_domain_after, progress=main,
+                                 eval_windows=eval_windows)
     if not main:  # another rank under torchrun: rank 0 writes and prints
         return None
     if out is not None:
@@ -151,6 +159,8 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
         "ppl_by_domain_before": by_domain_before, "ppl_by_domain_after": by_domain_after,
         "forward_equivalents": round(forward_equivalents, 2), "seconds": round(seconds, 1),
     }
+    if healed is not None:  # after healing: the held-out domains, and the heal's own cost
+        data["ppl_by_domain_healed"], data["heal"] = healed["held_out"]["after_heal"], healed
     extra = {"query_heads": q_heads, "source": source, "merge": result.to_json(),
              "uptrain": trained.to_json() if trained is not None else None, "out": str(out) if out else None}
     if not decoder:
@@ -192,6 +202,8 @@ def register(app, bench_app) -> None:
         eval_windows: int = typer.Option(EVAL_WINDOWS, "--eval-windows", help="held-out windows of 512 tokens "
                                          "measured per domain"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        heal_steps: int = typer.Option(0, "--heal-steps", help="heal the merged model: distillation steps from the "
+                                       "unmerged one (headcount heal; 0 = none)"),
         timeout: float = typer.Option(120.0, "--timeout", help="under torchrun: seconds a collective waits for "
                                       "the other ranks before this rank gives up"),
     ) -> None:
@@ -208,6 +220,8 @@ def register(app, bench_app) -> None:
             if local_tokens < 0:
                 raise ValueError(f"--local-tokens: expected a number of tokens >= 0 (0 = the whole window), "
                                  f"got {local_tokens}")
+            from headcount.surgery.healing.cli import check_heal_steps
+            check_heal_steps(heal_steps)
             if uptrain_steps is not None and uptrain_steps < 0:
                 raise ValueError(f"--uptrain-steps: expected a number >= 0, got {uptrain_steps}")
             if not uptrain_lr > 0:
@@ -235,7 +249,7 @@ def register(app, bench_app) -> None:
                                uptrain_lr=uptrain_lr, out=out, force=force, text=text,
                                calibration_windows=calibration_windows, eval_windows=eval_windows,
                                local_steps=local_steps, local_tokens=local_tokens, dtype=dtype, device=device,
-                               group=group, main=main)
+                               group=group, main=main, heal_steps=heal_steps)
         if result is None:  # a rank other than 0
             return
         data, extra = result["json"], result["extra"]
@@ -261,5 +275,8 @@ def register(app, bench_app) -> None:
         if extra["uptrain"] is not None:
             u = extra["uptrain"]
             typer.echo(f"uptrain: {u['steps']} steps, {u['objective']} {u['loss_first']:.4f} -> {u['loss_last']:.4f}")
+        if data.get("heal"):
+            from headcount.surgery.healing.cli import print_heal_table
+            print_heal_table(data["heal"], f"{model}: healed after merging")
         if out is not None:
             typer.echo(f"saved to {out} (headcount.models.load / --model {out})")

@@ -67,6 +67,8 @@ def register(app, bench_app) -> None:
                                    "(distillation from the unedited model), then remove the closed heads"),
         joint_params: Optional[str] = typer.Option(None, "--joint-params", help="with --joint: the weights that train "
                                                    "(attention: q/k/v/o and their norms, the default; or all)"),
+        heal_steps: int = typer.Option(0, "--heal-steps", help="heal the pruned model: distillation steps from the "
+                                       "unpruned one (headcount heal; 0 = none)"),
     ) -> None:
         """Remove attention heads (retraining-free order, or trained L0 gates; with compensation); print
         before/after and save. --force also prunes when the L0 gates missed their target."""
@@ -79,6 +81,8 @@ def register(app, bench_app) -> None:
                     raise ValueError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
             if calibration_windows < 1 or eval_windows < 1:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
+            from headcount.surgery.healing.cli import check_heal_steps
+            check_heal_steps(heal_steps)
             if method == "l0":
                 steps = L0_STEPS if steps is None else steps
                 if steps < 1:
@@ -105,7 +109,7 @@ def register(app, bench_app) -> None:
             cal, held, source = calibration_and_held_out(text)
             result = _prune_one(model, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
                                 calibration_windows, eval_windows, method, steps, lr, dtype, device,
-                                (joint_params or "attention") if joint else None)
+                                (joint_params or "attention") if joint else None, heal_steps)
         if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
             return
         if json_out:
@@ -131,6 +135,9 @@ def register(app, bench_app) -> None:
             typer.echo(f"gates: expected L0 {g['final_expected_l0']:.1f} (target {g['heads_to_keep']}); removed "
                        f"{g['n_removed_closed']} closed + {g['n_removed_ranked']} by rank; "
                        f"{g['forward_equivalents']:.0f} forward-pass equivalents, {g['seconds']:.0f} s")
+        if result.get("heal"):
+            from headcount.surgery.healing.cli import print_heal_table
+            print_heal_table(result["heal"], f"{model}: healed after pruning")
         typer.echo(f"saved to {out} (headcount.models.load / --model {out})")
         if mode == "query" and not uniform and result["kv_heads_before"] < result["heads_before"]:
             typer.echo("note: query mode leaves uneven GQA groups, which a GGUF export writes with copied KV heads "
@@ -138,7 +145,7 @@ def register(app, bench_app) -> None:
 
     def _prune_one(model_name, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
                    calibration_windows, eval_windows, method="retraining-free", steps=None, lr=None, dtype="fp32",
-                   device="cpu", joint_params=None) -> dict | None:
+                   device="cpu", joint_params=None, heal_steps=0) -> dict | None:
         import os
         import time
 
@@ -154,6 +161,11 @@ def register(app, bench_app) -> None:
             main = distributed.is_main(group)
         start = time.perf_counter()
         model = load_model(model_name, dtype, device)
+        if heal_steps and group is not None:
+            raise ValueError("--heal-steps: healing runs in one process; run it without torchrun")
+        from headcount.surgery.healing.cli import heal_after_edit, teacher_for
+        # the unpruned model, before any change (--joint trains norms too, in place: it needs a full copy)
+        teacher = teacher_for(model, heal_steps, dtype, deep=bool(joint_params))
         before = None
         if joint_params:  # joint training changes the model: measure the unedited one first
             _l0_target(model, fraction, mode)
@@ -172,6 +184,8 @@ def register(app, bench_app) -> None:
         ppl_after, _, by_domain_after = held_out_report(model, held, eval_windows, 512, reference)
         for value in ([ppl_after] if isinstance(ppl_after, float) else list(ppl_after)):
             check_finite(value, "the pruned model's held-out quality", model.embed.weight.dtype)
+        healed = (heal_after_edit(model, teacher, heal_steps, by_domain_before, by_domain_after,
+                                   eval_windows=eval_windows) if teacher else None)
         if not main:
             return None
         save(model, out, force=force)
@@ -189,6 +203,9 @@ def register(app, bench_app) -> None:
         data["out"] = str(out)
         data["method"] = result.method or method
         data["prune"] = result.to_json()
+        if healed is not None:  # after healing: the held-out domains, and the heal's own cost
+            data["ppl_by_domain_healed"] = healed["held_out"]["after_heal"]
+            data["heal"] = healed
         return data
 
     def _say_plan(model, fraction, mode, uniform, main) -> None:

@@ -1,0 +1,160 @@
+"""`headcount heal` and the --heal-steps wiring the edit commands share (prune, prune --method l0, merge-kv).
+Registered through headcount.surgery.cli; no torch import at module level.
+
+    check_heal_steps(n)                     the flag's check, before anything is loaded
+    teacher_for(model, n)                   the unedited copy to distil from (None when n == 0), taken BEFORE the edit
+    heal_after_edit(model, teacher, n, before, after)   heal, record the metadata; the JSON block
+    print_heal_table(block)                 before the edit / after the edit / after healing, every domain
+
+Bad input: one line on stderr naming the flag, exit 2, nothing written (every check before --out is touched;
+the model is saved atomically, so an interrupted heal leaves no --out).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from headcount.models.options import DEVICE_HELP, DTYPE_HELP
+
+
+def check_heal_steps(heal_steps: int) -> None:
+    if heal_steps is None or heal_steps < 0:
+        raise ValueError(f"--heal-steps: expected a number of steps >= 0 (0 = no healing), got {heal_steps}")
+
+
+def teacher_for(model, heal_steps: int, dtype: str = "fp32", deep: bool = False):
+    """The unedited model to heal from: a copy of its attention (every other tensor shared; healing's "attention"
+    default moves only attention and norms, and gives the student its own copy of anything else it moves).
+    deep: a full copy, when the edit itself trains tensors outside attention in place (prune --joint: its norms)."""
+    if not heal_steps:
+        return None
+    from headcount.models.copying import attention_copy
+    from headcount.surgery.healing.weights import check_trainable_dtype
+
+    if not hasattr(model, "lm_head"):
+        raise ValueError(f"--heal-steps: healing distils next-token distributions; {model.name or 'this model'} is an "
+                         "encoder (use 0)")
+    try:
+        check_trainable_dtype(model, "--dtype")
+    except ValueError as e:
+        raise ValueError(f"{e} (--heal-steps trains the edited model)") from None
+    if deep:
+        import copy
+        return copy.deepcopy(model)
+    return attention_copy(model)
+
+
+def heal_after_edit(model, teacher, heal_steps: int, before: dict | None, after: dict | None,
+                    progress: bool = True, eval_windows: int = 4) -> dict:
+    """Heal the edited `model` from `teacher` for `heal_steps` steps; `before` / `after`: the edit command's
+    held-out perplexities per domain (None: measured here). Returns HealResult.to_json()."""
+    from headcount.surgery.healing.loop import heal
+
+    known = {"before_edit": before, "after_edit": after} if before and after else None
+    result = heal(model, teacher, steps=heal_steps, known=known, progress=progress, eval_windows=eval_windows)
+    model.healing = result.metadata()
+    return result.to_json()
+
+
+def print_heal_table(block: dict, title: str = "healing") -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    figures = block.get("held_out") or {}
+    before, edit, healed = (figures.get(k) or {} for k in ("before_edit", "after_edit", "after_heal"))
+    table = Table(title=f"{title}: {block['steps']} steps ({block['params']}), {block['tokens']:,} calibration tokens, "
+                        f"{block['seconds']:.0f} s")
+    for col in ("held-out perplexity", "before edit", "after edit", "after heal", "edit", "healed"):
+        table.add_column(col, justify="left" if col.startswith("held") else "right")
+    for name in before:
+        b, e, h = before[name], edit.get(name), healed.get(name)
+        table.add_row(name, f"{b:.3f}", f"{e:.3f}", f"{h:.3f}", f"{(e / b - 1) * 100:+.1f}%", f"{(h / b - 1) * 100:+.1f}%")
+    Console().print(table)
+
+
+def _load_pair(model_name: str, teacher_name: str, dtype: str, device: str):
+    from headcount.models.options import load_model
+    from headcount.surgery.healing.weights import check_teacher, check_trainable_dtype
+
+    model = load_model(model_name, dtype, device)
+    try:
+        check_trainable_dtype(model, "--dtype")
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    teacher = load_model(teacher_name, dtype, device)
+    try:
+        check_teacher(model, teacher)
+    except ValueError as e:
+        message = str(e)
+        flag = "--model" if message.startswith("model:") else "--teacher"
+        raise ValueError(f"{flag}{message[message.index(':'):]}") from None
+    return model, teacher
+
+
+def register(app, bench_app) -> None:
+    """Add `headcount heal`."""
+    from headcount.cli_errors import one_line_errors as _one_line_errors
+    from headcount.surgery.healing.loop import DEFAULT_LR, DEFAULT_PARAMS, DEFAULT_STEPS, DEFAULT_TOKENS
+
+    @app.command("heal")
+    def heal_cmd(
+        model: str = typer.Option(..., "--model", "-m", help="the edited model (a directory `headcount prune` / "
+                                  "`merge-kv` saved, or any model)"),
+        teacher: str = typer.Option(..., "--teacher", help="the unedited model it came from (zoo name or path)"),
+        out: Optional[Path] = typer.Option(None, "--out", help="directory to save the healed model to"),
+        steps: int = typer.Option(DEFAULT_STEPS, "--steps", help="optimizer steps (2 windows of 256 tokens each)"),
+        tokens: int = typer.Option(DEFAULT_TOKENS, "--tokens", help="distinct calibration tokens drawn (training + "
+                                   "validation)"),
+        params: str = typer.Option(DEFAULT_PARAMS, "--params", help="which weights move: attention (the edited "
+                                   "layers' q/k/v/o and norms), all, or lora (merged back at the end)"),
+        lr: Optional[float] = typer.Option(None, "--lr", help="peak learning rate (default: "
+                                           + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()) + ")"),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
+        eval_windows: int = typer.Option(4, "--eval-windows", help="held-out windows of 512 tokens measured per "
+                                         "domain"),
+        force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Heal an edited model by distillation from the unedited one (KL of next-token distributions on
+        calibration text, a validation split for early stopping); print the held-out domains before the edit,
+        after it and after healing; save."""
+        with _one_line_errors("heal"):
+            if steps < 1:
+                raise ValueError(f"--steps: expected a positive number of steps, got {steps}")
+            if tokens < 1:
+                raise ValueError(f"--tokens: expected a positive number of tokens, got {tokens}")
+            if params not in DEFAULT_LR:
+                raise ValueError(f"--params: expected one of {', '.join(DEFAULT_LR)}, got {params!r}")
+            if eval_windows < 1:
+                raise ValueError(f"--eval-windows: expected a positive number, got {eval_windows}")
+            if lr is not None and not lr > 0:
+                raise ValueError(f"--lr: expected a positive learning rate, got {lr}")
+            from headcount.models.options import parse_device, parse_dtype
+            from headcount.surgery.cli_common import check_out_dir
+
+            parse_dtype(dtype), parse_device(device)
+            out = check_out_dir(out, force)
+            student, original = _load_pair(model, teacher, dtype, device)
+            from headcount.surgery.healing.loop import heal
+            from headcount.surgery import save
+
+            try:
+                result = heal(student, original, steps=steps, tokens=tokens, params=params, lr=lr,
+                              eval_windows=eval_windows)
+            except ValueError as e:
+                if str(e).startswith("tokens:"):
+                    raise ValueError(f"--{e}") from None
+                raise
+            student.healing = {**result.metadata(), "teacher": teacher}
+            save(student, out, force=force)
+        data = {**result.to_json(), "teacher": teacher, "out": str(out)}
+        if json_out:
+            typer.echo(json.dumps(data, indent=2))
+            return
+        print_heal_table(data, f"{model} healed from {teacher}")
+        typer.echo(f"saved to {out} (headcount.models.load / --model {out})")

@@ -1,0 +1,276 @@
+"""heal(): win back what an edit (pruning, K/V merging, L0 gates) cost, by distillation from the unedited model.
+
+    heal(model, teacher, *, steps=None, tokens=None, calibration="mixed", params="attention", lr=None,
+         progress=True, ...) -> HealResult
+
+The loss is KL(teacher || student) of the next-token distributions (loss.distill_kl, chunked over positions)
+on calibration windows only: `tokens` distinct calibration tokens are drawn through the one calibration path
+(analysis.batches.calibration_batches); the last `validation_windows` windows are held aside as a validation
+split, measured every `eval_every` steps: the weights with the lowest validation KL are the ones kept, and
+the run stops early after `patience` measurements without a new best. The held-out domains
+(headcount.data.held_out_domains) are only measured, never chosen on.
+
+The optimizer is uptraining's: AdamW, a linear warm-up then cosine decay to 0 (schedule()), gradients
+clipped at norm 1. The teacher's final hidden states are computed once per window and cached (exact: the
+teacher never changes), so a step costs the student's forward and backward plus the teacher's lm_head on
+its rows; a run whose cache would pass CACHE_BYTES recomputes the teacher's forward instead.
+
+The defaults (DEFAULT_*) are the budget issue 26's targets are measured at: chosen on the validation split of
+smollm2's edits (docs/healing.md has the table and the commands).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+import time
+
+import torch
+
+from headcount.surgery.healing.loss import distill_kl
+from headcount.surgery.healing.result import HealResult
+from headcount.surgery.healing.weights import Mover, check_teacher, check_trainable_dtype, edited_layers
+
+DEFAULT_PARAMS = "attention"
+DEFAULT_STEPS = 200
+DEFAULT_TOKENS = 98_304  # 384 windows of 256 tokens: the issue's budget is 100k calibration tokens
+# attention: merge-kv's uptrain rate, chosen on validation windows for the same job (benchmarks/merge_defaults.py)
+DEFAULT_LR = {"attention": 3e-4, "all": 1e-4, "lora": 1e-3}
+WINDOW = 256
+BATCH_SIZE = 2  # windows per step
+VALIDATION_WINDOWS = 8
+EVALUATIONS = 8  # validation measurements over a run (eval_every = steps // EVALUATIONS)
+PATIENCE = 3
+WARMUP = 0.05
+CACHE_BYTES = 1 << 30
+EVAL_WINDOWS = 4  # held-out windows of 512 tokens per domain, as `headcount prune` measures
+
+
+def schedule(step: int, warm: int, total: int) -> float:
+    """The learning-rate factor at `step`: linear warm-up over `warm` steps, then cosine from 1 to 0 at `total`."""
+    if step < warm:
+        return (step + 1) / (warm + 1)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+
+@functools.lru_cache(maxsize=1)
+def _domains() -> tuple:
+    from headcount.data import held_out_domains
+    return tuple(held_out_domains().items())  # built once per process: a heal measures three times
+
+
+def held_out_figures(model, eval_windows: int = EVAL_WINDOWS, window: int = 512) -> dict:
+    """{domain: perplexity} on the three held-out domains (prose: the default corpus's held-out part, as
+    `headcount prune` measures it; code; standard-library source)."""
+    from headcount.surgery.held_out import evaluate, held_out_sets
+
+    texts = dict(_domains())
+    texts["prose"] = None
+    return evaluate(model, held_out_sets(model, texts, eval_windows, window))
+
+
+def _check_int(name: str, value, minimum: int):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    return value
+
+
+def _windows(model, calibration, n_windows: int, window: int) -> torch.Tensor:
+    from headcount.analysis.batches import calibration_batches
+
+    batches = calibration_batches(model, calibration, n_windows=n_windows, window=window, batch_size=n_windows)
+    return torch.cat([b.ids for b in batches])[:n_windows]
+
+
+class _Teacher:
+    """The teacher's final hidden states per window [T - 1, d] (all but the last position), cached when they fit
+    (budget 0: never cached, a forward every time)."""
+
+    def __init__(self, teacher, windows: torch.Tensor, budget: int = CACHE_BYTES):
+        self.teacher, self.windows = teacher, windows
+        n, t = windows.shape
+        per = (t - 1) * teacher.config.d_model * teacher.embed.weight.element_size()
+        self.cache = {} if 0 < budget and n * per <= budget else None
+        self.forwards = 0  # teacher tokens run
+
+    @torch.no_grad()
+    def hidden(self, rows: list[int]) -> torch.Tensor:
+        if self.cache is not None and all(r in self.cache for r in rows):
+            return torch.stack([self.cache[r] for r in rows])
+        ids = self.windows[rows]
+        h = self.teacher(ids, compute_logits=False).hidden_states[:, :-1]
+        self.forwards += ids.numel()
+        if self.cache is not None:
+            for r, row in zip(rows, h):
+                self.cache[r] = row
+        return h
+
+
+def _kl(model, teacher: _Teacher, rows: list[int], head_t) -> tuple[torch.Tensor, int]:
+    """(KL summed over the rows' positions, positions)."""
+    h_t = teacher.hidden(rows)
+    h_s = model(teacher.windows[rows], compute_logits=False).hidden_states[:, :-1]
+    return distill_kl(h_s, h_t, model.lm_head, head_t), h_t.shape[0] * h_t.shape[1]
+
+
+def train_step(model, source: "_Teacher", rows: list[int], head_t, optimizer, trainable) -> float:
+    """One optimizer step on the windows `rows`: the mean KL per position, backward, clip at 1, AdamW."""
+    kl, n = _kl(model, source, rows, head_t)
+    loss = kl / n
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+    optimizer.step()
+    return float(loss.detach())
+
+
+def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None, calibration="mixed",
+         params: str = DEFAULT_PARAMS, lr: float | None = None, progress: bool = True, window: int = WINDOW,
+         batch_size: int = BATCH_SIZE, validation_windows: int = VALIDATION_WINDOWS, eval_every: int | None = None,
+         patience: int = PATIENCE, held_out: bool = True, eval_windows: int = EVAL_WINDOWS,
+         known: dict | None = None, max_seconds: float | None = None, seed: int = 0, log=None) -> HealResult:
+    """Heal `model` (edited) in place by distillation from `teacher` (its unedited ancestor); see the module doc.
+
+    steps: optimizer steps of `batch_size` windows (None = DEFAULT_STEPS); tokens: distinct calibration tokens
+    drawn, training and validation windows together (None = DEFAULT_TOKENS; fewer are drawn when the steps
+    need fewer). params: "attention" (the edited layers' q/k/v/o and norms), "all", or "lora". lr: the peak
+    learning rate (None = DEFAULT_LR[params]). held_out: measure the three held-out domains before the edit
+    (the teacher), after it and after healing (`known` may hand in {"before_edit": ..., "after_edit": ...}
+    already measured). max_seconds: after three timed steps the run is shortened to fit (schedule re-sized).
+    """
+    from tqdm.auto import tqdm
+
+    check_teacher(model, teacher)
+    check_trainable_dtype(model)
+    steps = DEFAULT_STEPS if steps is None else _check_int("steps", steps, 1)
+    tokens = DEFAULT_TOKENS if tokens is None else _check_int("tokens", tokens, 1)
+    _check_int("batch_size", batch_size, 1), _check_int("validation_windows", validation_windows, 1)
+    _check_int("patience", patience, 1), _check_int("window", window, 2)
+    if params not in DEFAULT_LR:
+        raise ValueError(f"params: expected one of {', '.join(DEFAULT_LR)}, got {params!r}")
+    lr = DEFAULT_LR[params] if lr is None else lr
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
+        raise ValueError(f"lr: expected a positive learning rate, got {lr!r}")
+    if max_seconds is not None and not max_seconds > 0:
+        raise ValueError(f"max_seconds: expected a positive number of seconds or None, got {max_seconds!r}")
+    window = min(window, model.config.max_position)
+    n_budget = tokens // window
+    if n_budget < validation_windows + 1:
+        raise ValueError(f"tokens: {tokens} tokens is {n_budget} windows of {window}; expected at least "
+                         f"{validation_windows + 1} (validation_windows + one to train on)")
+    n_train = min(n_budget - validation_windows, steps * batch_size)
+    windows = _windows(model, calibration, n_train + validation_windows, window)
+    if windows.shape[0] < 2:
+        raise ValueError(f"calibration: {windows.shape[0]} window(s) of {window} tokens; expected at least 2")
+    n_val = min(validation_windows, windows.shape[0] // 2)  # a short calibration text keeps half to train on
+    n_train = windows.shape[0] - n_val
+    say = log or ((lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None))
+
+    known = dict(known or {})
+    figures = {}
+    if held_out:
+        figures["before_edit"] = known.get("before_edit") or held_out_figures(teacher, eval_windows)
+        figures["after_edit"] = known.get("after_edit") or held_out_figures(model, eval_windows)
+
+    start = time.perf_counter()
+    layers = edited_layers(model, teacher)
+    if not layers:
+        layers = list(range(len(model.layers)))  # nothing differs: heal every layer's attention
+    if params == "all":
+        layers = list(range(len(model.layers)))
+    head_t = teacher.lm_head
+    mover = Mover(model, teacher, params, layers)
+    trainable = mover.trainable()
+    result = HealResult(0, steps, int(windows.numel()), 0, n_val * windows.shape[1], float(lr), params, layers,
+                        mover.n_trainable(), teacher=getattr(teacher, "name", None),
+                        lora_rank=mover.rank if params == "lora" else None)
+    source = _Teacher(teacher, windows)
+    val_rows = list(range(n_train, n_train + n_val))
+    train_rows = list(range(n_train))
+    eval_every = max(1, steps // EVALUATIONS) if eval_every is None else _check_int("eval_every", eval_every, 1)
+    plan = {"steps": steps, "warm": int(WARMUP * steps)}
+    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule(s, plan["warm"], plan["steps"]))
+    generator = torch.Generator().manual_seed(seed)
+    validation_forwards = 0  # student tokens run to measure the validation KL
+
+    def validate() -> float:
+        nonlocal validation_forwards
+        was = model.training
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for i in range(0, n_val, batch_size):
+                kl, n = _kl(model, source, val_rows[i:i + batch_size], head_t)
+                total, count = total + float(kl), count + n
+                validation_forwards += len(val_rows[i:i + batch_size]) * windows.shape[1]
+        model.train(was)
+        return total / count
+
+    best = {"value": math.inf, "state": None, "step": 0}
+
+    def remember(step: int, value: float) -> bool:
+        result.val_losses.append((step, value))
+        if value < best["value"]:
+            best.update(value=value, step=step, state=[p.detach().clone() for p in trainable])
+            return True
+        return False
+
+    model.train()
+    order: list[int] = []
+    since_best = 0
+    bar = None
+    try:
+        remember(0, validate())
+        bar = tqdm(total=steps, desc="heal", disable=None if progress else True, leave=False, file=sys.stderr)
+        bar.set_postfix(val=f"{best['value']:.4f}")
+        step = 0
+        while step < plan["steps"]:
+            if max_seconds is not None and step == 3:
+                per_step = (time.perf_counter() - start) / 3
+                fit = max(4, int(max_seconds / per_step))
+                if fit < plan["steps"]:
+                    plan["steps"], plan["warm"] = fit, min(plan["warm"], int(WARMUP * fit))
+                    bar.total = fit
+            if len(order) < batch_size:
+                order = torch.randperm(n_train, generator=generator).tolist() + order
+            rows = [train_rows[order.pop()] for _ in range(min(batch_size, n_train))]
+            value = train_step(model, source, rows, head_t, optimizer, trainable)
+            scheduler.step()
+            step += 1
+            if not math.isfinite(value):
+                raise ValueError(f"lr: the distillation loss became {value} at step {step} (lr {lr}); try a smaller "
+                                 "learning rate")
+            result.train_losses.append(value)
+            result.tokens_seen += len(rows) * windows.shape[1]
+            bar.update(1)
+            if step % eval_every == 0 or step == plan["steps"]:
+                since_best = 0 if remember(step, validate()) else since_best + 1
+                bar.set_postfix(val=f"{result.val_losses[-1][1]:.4f}", best=f"{best['value']:.4f}")
+                if since_best >= patience:
+                    result.stopped_early = True
+                    break
+        with torch.no_grad():  # keep the weights of the best validation step
+            for p, saved in zip(trainable, best["state"]):
+                p.copy_(saved)
+    finally:
+        if bar is not None:
+            bar.close()
+        model.eval()
+        mover.finish()
+    result.steps = len(result.train_losses)
+    result.planned_steps = plan["steps"]
+    result.best_step = best["step"]
+    result.seconds = time.perf_counter() - start
+    # student: forward + backward (2 forwards) on each training token, a forward on validation tokens; teacher:
+    # one forward per distinct token it ran (cached afterwards)
+    result.forward_equivalents = (3.0 * result.tokens_seen + validation_forwards + source.forwards) / result.tokens
+    if held_out:
+        figures["after_heal"] = held_out_figures(model, eval_windows)
+        result.held_out = figures
+    say(f"heal: {result.steps} steps ({params}, lr {lr:g}), {result.tokens:,} calibration tokens, validation KL "
+        f"{result.val_first:.4f} -> {best['value']:.4f} (step {best['step']}) in {result.seconds:.0f} s")
+    return result

@@ -1,0 +1,226 @@
+"""Healing (issue 26): the chunked distillation loss against full-logit KL, healing lowers the KL to the
+teacher on held-aside windows, LoRA merged back = the unmerged peft model, the teacher never moves, and the
+CLI's bad inputs (one line, exit 2, nothing written) and interrupted heal (no --out)."""
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from typer.testing import CliRunner
+
+from headcount.cli import app
+from headcount.models.copying import attention_copy
+from headcount.models.decoder import Decoder, DecoderConfig
+from headcount.surgery import heal, prune, save
+from headcount.surgery.healing.loss import distill_kl
+from headcount.surgery.healing.weights import Mover, check_teacher, check_trainable_dtype
+
+runner = CliRunner()
+
+
+def tiny(seed=0, vocab=64, d_model=32, n_layers=2, max_position=64, tokenizer=None):
+    torch.manual_seed(seed)
+    cfg = DecoderConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2, head_dim=8,
+                        d_ff=48, max_position=max_position, rope_theta=10000.0, norm_eps=1e-5)
+    model = Decoder(cfg).eval()
+    with torch.no_grad():  # default init gives near-uniform next-token distributions: sharpen them
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(2)
+    model.tokenizer = tokenizer
+    return model
+
+
+def windows(n, t=32, seed=1, vocab=64):
+    return torch.randint(0, vocab, (n, t), generator=torch.Generator().manual_seed(seed))
+
+
+def full_kl(student, teacher, ids) -> float:
+    """The independent truth: full [B, T, vocab] logits, F.kl_div, mean over positions."""
+    with torch.no_grad():
+        s = F.log_softmax(student(ids).logits.double(), -1).reshape(-1, student.config.vocab_size)
+        t = F.log_softmax(teacher(ids).logits.double(), -1).reshape(-1, student.config.vocab_size)
+        return float(F.kl_div(s, t, log_target=True, reduction="batchmean"))
+
+
+def test_chunked_kl_equals_full_logits_kl_and_its_gradient():
+    torch.manual_seed(0)
+    head_s, head_t = torch.nn.Linear(16, 50, bias=False).double(), torch.nn.Linear(16, 50, bias=False).double()
+    h_s, h_t = torch.randn(2, 7, 16, dtype=torch.float64, requires_grad=True), torch.randn(2, 7, 16, dtype=torch.float64)
+    chunked = distill_kl(h_s, h_t, head_s, head_t, chunk=3)
+    full = F.kl_div(F.log_softmax(head_s(h_s), -1).reshape(-1, 50), F.log_softmax(head_t(h_t), -1).reshape(-1, 50),
+                    log_target=True, reduction="sum")
+    g_chunked = torch.autograd.grad(chunked, [h_s, head_s.weight])
+    g_full = torch.autograd.grad(full, [h_s, head_s.weight])
+    assert torch.allclose(chunked.double(), full, rtol=1e-5)
+    for a, b in zip(g_chunked, g_full):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_healing_a_pruned_model_lowers_its_kl_on_held_aside_windows(params="attention"):
+    teacher = tiny()
+    model = attention_copy(teacher)
+    prune(model, {0: [1, 2], 1: [0]}, compensate="none")
+    aside = windows(6, seed=99)  # never seen by the heal (its calibration and validation windows are seed 1)
+    before = full_kl(model, teacher, aside)
+    frozen = {k: v.clone() for k, v in teacher.state_dict().items()}
+    r = heal(model, teacher, steps=40, tokens=24 * 32, calibration=windows(24), window=32, batch_size=4,
+             validation_windows=4, params=params, lr=3e-3, patience=10,
+             held_out=False, progress=False)
+    after = full_kl(model, teacher, aside)
+    assert after < 0.92 * before, (before, after)
+    assert r.steps >= 1 and r.tokens == 24 * 32 and r.val_best <= r.val_first
+    assert all(torch.equal(v, teacher.state_dict()[k]) for k, v in frozen.items())  # the teacher never moved
+    assert all(p.requires_grad for p in model.parameters())  # every flag restored
+
+
+def test_a_lora_heal_folds_its_adapters_back():
+    teacher = tiny()
+    model = attention_copy(teacher)
+    prune(model, {0: [1, 2], 1: [0]}, compensate="none")
+    r = heal(model, teacher, steps=8, tokens=12 * 32, calibration=windows(12), window=32, validation_windows=4,
+             params="lora", lr=1e-3, held_out=False, progress=False)
+    assert r.val_best <= r.val_first and r.lora_rank and r.trainable_params > 0
+    assert type(model.layers[0].attn.qkv_proj) is torch.nn.Linear
+    assert not any("lora" in n for n, _ in model.named_parameters())
+
+
+def test_all_params_unties_the_shared_tensors_and_keeps_the_students_own_ties():
+    teacher = tiny()
+    teacher.lm_head.weight = teacher.embed.weight  # tied, as smollm2
+    model = attention_copy(teacher)
+    prune(model, {0: [3]}, compensate="none")
+    frozen = teacher.embed.weight.detach().clone()
+    heal(model, teacher, steps=3, tokens=12 * 32, calibration=windows(12), window=32, validation_windows=4,
+         params="all", lr=1e-2, held_out=False, progress=False)
+    assert torch.equal(teacher.embed.weight, frozen)
+    assert model.embed.weight is not teacher.embed.weight  # the student's own copy ...
+    assert model.lm_head.weight is model.embed.weight  # ... still tied to its lm_head
+
+
+def test_lora_merged_back_gives_the_unmerged_peft_models_logits():
+    teacher = tiny()
+    model = attention_copy(teacher)
+    prune(model, {1: [2]}, compensate="none")
+    mover = Mover(model, teacher, "lora", [0, 1])
+    with torch.no_grad():
+        for p in mover.trainable():
+            p.normal_(0, 0.3)  # lora_B starts at zero: give the adapters something to merge
+    ids = windows(2)
+    with torch.no_grad():
+        unmerged = mover.lora(ids).logits
+        plain = mover.lora.model(ids).logits
+    merged_model = mover.finish()
+    with torch.no_grad():
+        merged = merged_model(ids).logits
+    assert not torch.allclose(unmerged, teacher(ids).logits.detach(), atol=1e-3)  # the adapters do act
+    assert torch.allclose(merged, unmerged, rtol=1e-4, atol=1e-4) and torch.equal(plain, unmerged)  # fp32 sums
+    assert not any("lora" in n for n, _ in merged_model.named_parameters())
+
+
+def test_check_teacher_names_what_differs():
+    model = tiny()
+    for other, match in ((tiny(vocab=65), "vocabulary"), (tiny(d_model=40), "d_model"), (tiny(n_layers=3), "n_layers")):
+        with pytest.raises(ValueError, match=f"teacher: .*{match}"):
+            check_teacher(model, other)
+
+    class Tok:
+        def __init__(self, shift):
+            self.shift = shift
+
+        def encode(self, text):
+            return [ord(c) + self.shift for c in text]
+
+    with pytest.raises(ValueError, match="teacher: its tokenizer"):
+        check_teacher(tiny(tokenizer=Tok(0)), tiny(tokenizer=Tok(1)))
+    with pytest.raises(ValueError, match="dtype: cannot train float16 weights on cpu"):
+        check_trainable_dtype(tiny().half())
+
+
+# -------------------------------------------------------------------------------------------- CLI
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny random decoder with SmolLM2's tokenizer (calibration and held-out text need one), its pruned
+    child, and teachers that cannot be its ancestor."""
+    from headcount.models import load
+
+    tok = load("smollm2").tokenizer
+    root = tmp_path_factory.mktemp("heal")
+    teacher = tiny(vocab=tok.vocab_size, max_position=512, tokenizer=tok)
+    save(teacher, root / "teacher")
+    child = copy.deepcopy(teacher)
+    prune(child, {0: [1], 1: [2]}, compensate="none")
+    save(child, root / "child")
+    save(tiny(vocab=tok.vocab_size, d_model=40, max_position=512, tokenizer=tok), root / "wide")
+    save(tiny(vocab=tok.vocab_size + 1, max_position=512, tokenizer=tok), root / "vocab")
+    return root
+
+
+def bad(args, match):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and match in lines[0], result.output
+
+
+@pytest.mark.parametrize("teacher,match", [("wide", "--teacher: d_model=40"), ("vocab", "--teacher: vocabulary")])
+def test_heal_refuses_a_teacher_that_is_not_the_ancestor(saved, teacher, match):
+    out = saved / f"out-{teacher}"
+    bad(["heal", "--model", str(saved / "child"), "--teacher", str(saved / teacher), "--out", str(out)], match)
+    assert not out.exists()
+
+
+def test_heal_refuses_a_dtype_the_device_cannot_train(saved):
+    out = saved / "out-fp16"
+    bad(["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"), "--dtype", "fp16",
+         "--out", str(out)], "--dtype: cannot train float16")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", [["prune", "--fraction", "0.3"], ["merge-kv", "--kv-heads", "1"]])
+def test_negative_heal_steps(saved, command):
+    out = saved / "out-neg"
+    bad([*command, "--model", str(saved / "teacher"), "--heal-steps", "-1", "--out", str(out)], "--heal-steps")
+    assert not out.exists()
+
+
+def test_heal_cli_saves_metadata_and_reports_every_domain(saved):
+    from headcount.models import load
+
+    out = saved / "healed"
+    result = runner.invoke(app, ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"),
+                                 "--steps", "2", "--tokens", "2560", "--eval-windows", "1", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{"):])
+    assert {"seconds", "forward_equivalents", "tokens", "steps"} <= set(data) and data["steps"] == 2
+    assert set(data["held_out"]) == {"before_edit", "after_edit", "after_heal"}
+    assert set(data["held_out"]["after_heal"]) == {"prose", "code", "source"}
+    healed = load(out)
+    assert healed.healing["teacher"] == str(saved / "teacher") and healed.healing["steps"] == 2
+    assert healed.healing["moved"]["params"] == "attention" and healed.healing["tokens"] == 2560
+
+
+def test_prune_with_heal_steps_reports_after_heal(saved):
+    out = saved / "pruned-healed"
+    result = runner.invoke(app, ["prune", "--model", str(saved / "teacher"), "--fraction", "0.25", "--heal-steps", "2",
+                                 "--calibration-windows", "2", "--eval-windows", "1", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{"):])
+    assert set(data["ppl_by_domain_healed"]) == set(data["ppl_by_domain_before"]) == {"prose", "code", "source"}
+    assert data["heal"]["steps"] == 2 and data["heal"]["held_out"]["after_edit"] == data["ppl_by_domain_after"]
+
+
+def test_an_interrupted_heal_leaves_no_out(saved, monkeypatch):
+    from headcount.surgery.healing import loop
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train_step", interrupted)
+    out = saved / "interrupted"
+    result = runner.invoke(app, ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"),
+                                 "--steps", "2", "--tokens", "2560", "--eval-windows", "1", "--out", str(out)])
+    assert result.exit_code != 0
+    assert not out.exists() and not list(saved.glob(".interrupted*"))
