@@ -20,6 +20,16 @@ from headcount.surgery.healing.weights import Mover, check_teacher, check_traina
 runner = CliRunner()
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a loaded 2-core machine two spinning threads
+    make them many times slower (tests/test_families_arch.py measured it): one thread, restored after."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def tiny(seed=0, vocab=64, d_model=32, n_layers=2, max_position=64, tokenizer=None):
     torch.manual_seed(seed)
     cfg = DecoderConfig(vocab_size=vocab, d_model=d_model, n_layers=n_layers, n_heads=4, n_kv_heads=2, head_dim=8,
