@@ -188,17 +188,6 @@ def test_contradictory_config_is_one_line_naming_the_field(family, field, value,
     assert "\n" not in str(err.value)
 
 
-def test_tensor_parallel_refuses_full_width_norms(pair, monkeypatch):
-    from headcount.parallel import shard as shard_module
-
-    family, _, ours = pair
-    if family != "olmo2":
-        pytest.skip("olmo2 only")
-    monkeypatch.setattr(shard_module.runtime, "resolve", lambda group: (None, 0, 2))  # as if on 2 ranks
-    with pytest.raises(ValueError, match="whole projection"):
-        shard_module.shard_heads(ours.layers[0].attn)
-
-
 def _tp_worker(payloads: dict) -> dict:
     from headcount.models import generate
     from headcount.parallel import tensor_parallel
@@ -217,16 +206,18 @@ def _tp_worker(payloads: dict) -> dict:
 
 
 def test_generate_tensor_parallel_equals_one_process():
-    """gemma2 (soft-capping on each rank's heads, the final cap on the replicated lm_head) and gpt_neox
-    (parallel residual, partial rotary) on 3 gloo ranks (4 heads = 2 + 1 + 1, the uneven split; 2 ranks is
-    the even case test_parallel_families covers for the other families): logits and 8 greedy tokens."""
+    """gemma2 (soft-capping on each rank's heads, the final cap on the replicated lm_head), gpt_neox
+    (parallel residual, partial rotary) and olmo2 (full-width q/k norms: each rank's sum of squares summed
+    over the ranks, KV head 1 held by ranks 1 and 2 counted once) on 3 gloo ranks (4 heads = 2 + 1 + 1, the
+    uneven split; 2 ranks is the even case test_parallel_families covers for other families): logits and 8
+    greedy tokens."""
     world = 3
     from headcount import distributed as runtime
     from headcount.parallel.transfer import share
 
     ids = _ids(1, 40, seed=9)
     payloads, want = {}, {}
-    for family in ("gemma2", "gpt_neox"):
+    for family in FAMILIES:
         model = from_transformers(exactness.random_transformers_model(family))
         with torch.no_grad():
             want[family] = (model(ids).logits.flatten(), generate(model, ids[0, :24].tolist(), 8,

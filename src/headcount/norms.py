@@ -58,6 +58,13 @@ class FullRMSNorm(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         self.cast_before_weight = bool(cast_before_weight)
+        # tensor parallelism (parallel/shard.py sets these on a shard): the per-token sum of squares of the
+        # heads this rank counts (`own`, [n] 0/1; a KV head held by two ranks counts on one) is summed over
+        # the ranks by `reduce` and divided by `total` (the unsharded width), so every rank's heads get the
+        # unsharded statistics exactly
+        self.reduce = None
+        self.own: Tensor | None = None
+        self.total: int | None = None
         self.weight = nn.Parameter(torch.ones(n * head_dim, device=device, dtype=dtype))
         self.eps = float(eps)
 
@@ -68,7 +75,14 @@ class FullRMSNorm(nn.Module):
     def forward(self, x: Tensor) -> Tensor:  # x [B, n, T, head_dim]
         compute = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
         x32 = x.to(compute)
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=(1, 3), keepdim=True) + self.eps)
+        if self.reduce is None:
+            mean_sq = x32.pow(2).mean(dim=(1, 3), keepdim=True)
+        else:
+            sq = x32.pow(2)
+            if self.own is not None:
+                sq = sq * self.own.to(sq).view(1, -1, 1, 1)
+            mean_sq = self.reduce(sq.sum(dim=(1, 3), keepdim=True)) / self.total
+        normed = x32 * torch.rsqrt(mean_sq + self.eps)
         weight = self.weight.view(self.n, 1, self.head_dim)
         if self.cast_before_weight:
             return weight * normed.to(x.dtype)

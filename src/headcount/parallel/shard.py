@@ -32,6 +32,7 @@ import torch
 import torch.distributed._functional_collectives as fc
 
 from headcount.attention import AttentionOutput, MultiHeadAttention
+from headcount.norms import FullRMSNorm
 from headcount import distributed as runtime
 from headcount.cost.head_split import RankHeads, head_plan
 
@@ -110,6 +111,37 @@ def install_collectives(module: torch.nn.Module, group) -> None:
     module.register_forward_hook(post_hook, with_kwargs=True)
 
 
+class _SumOverShards(torch.autograd.Function):
+    """All-reduce forward and backward: a statistic every rank reads (a full-width norm's sum of squares)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_reduce_sum(x, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return all_reduce_sum(grad, ctx.group), None
+
+
+def _share_statistics(shard: MultiHeadAttention, attn: MultiHeadAttention, plans: list[RankHeads], rank: int,
+                      group) -> None:
+    """Full-width q/k norms (OLMo 2): each rank's per-token sum of squares, summed over the ranks and divided
+    by the unsharded width, so the shard normalises its heads exactly as the unsharded module. Query heads are
+    disjoint over the ranks; a KV head held by several ranks is counted by the first of them only."""
+    def reduce(x: Tensor) -> Tensor:
+        return _SumOverShards.apply(x, group) if torch.is_grad_enabled() and x.requires_grad else \
+            all_reduce_sum(x, group)
+
+    first = {}
+    for r, p in enumerate(plans):
+        for kv in p.kv_heads:
+            first.setdefault(kv, r)
+    own = torch.tensor([float(first[kv] == rank) for kv in plans[rank].kv_heads])
+    for norm, full, mask in ((shard.q_norm, attn.q_norm, None), (shard.k_norm, attn.k_norm, own)):
+        norm.reduce, norm.total, norm.own = reduce, full.weight.numel(), mask
+
+
 def plan_for(attn: MultiHeadAttention, world_size: int) -> list[RankHeads]:
     """Every rank's heads for this module (raises ValueError when world_size > attn.n_heads)."""
     return head_plan(attn.n_heads, world_size, kv_head_of=attn.kv_head_of)
@@ -133,16 +165,15 @@ def shard_heads(attn: MultiHeadAttention, group=None) -> MultiHeadAttention:
     if getattr(attn, "shard_plan", None) is not None:
         raise ValueError("attn: this module is already a shard (shard_plan is set); shard the unsharded module")
     group, rank, world = runtime.resolve(group)
-    if world > 1 and getattr(attn.q_norm, "keep", None) is not None:  # norms.FullRMSNorm (OLMo 2)
-        raise ValueError("attn: its q/k norms run over the whole projection (every head's values in one "
-                         "statistic, OLMo 2), so a rank holding some heads cannot normalise them alone; tensor "
-                         "parallelism over heads is not implemented for full-width q/k norms (run with one rank)")
-    plan = plan_for(attn, world)[rank]
+    plans = plan_for(attn, world)
+    plan = plans[rank]
     shard = copy.deepcopy(attn)
     if world > 1:
         shard.prune_heads([h for h in range(attn.n_heads) if h not in set(plan.query_heads)])
         if rank != 0 and shard.o_proj.bias is not None:
             shard.o_proj.register_parameter("bias", None)  # added once, by rank 0
+        if isinstance(shard.q_norm, FullRMSNorm):
+            _share_statistics(shard, attn, plans, rank, group)
         install_collectives(shard, group)
     shard.shard_plan = plan
     return shard
