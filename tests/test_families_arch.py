@@ -118,7 +118,14 @@ def test_prune_a_fraction_and_importance_run(pair, tmp_path):
     with torch.no_grad():
         logits = model(cal).logits
     assert torch.isfinite(logits).all()
-    if family == "gpt_neox":  # removed heads written back as zero heads: transformers gives the pruned logits
+    if family == "olmo2":  # uniform, whole GQA groups too: the full-width norms renormalise over the heads kept,
+        model = from_transformers(hf)  # which is exactly an Olmo2ForCausalLM with that many heads
+        prune_to(model, 0.5, order="gradient", mode="group", uniform=True, compensate="none", calibration=cal,
+                 progress=False)
+        assert [(l.attn.n_heads, l.attn.n_kv_heads) for l in model.layers] == [(2, 1)] * 6
+        with torch.no_grad():
+            logits = model(cal).logits
+    if family in ("gpt_neox", "olmo2"):  # gpt_neox: removed heads written back as zero heads
         export_transformers(model, tmp_path / "pruned")
         back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "pruned").eval()
         with torch.no_grad():
