@@ -116,7 +116,7 @@ def test_gemma3_refit_adds_no_bias_and_beats_no_refit():
     model = tiny("gemma3", 300)
     heads = {1: [1], 3: [0, 2], 5: [3]}
     result = prune(model, heads, compensate="lstsq", calibration=calib(300), progress=False)
-    assert all(layer.attn.o_proj.bias is None for layer in model.layers)
+    assert all(layer.attn.o_proj.bias is None for layer in model.layers) and result.to_json()["refit_bias"] is False
     assert [f.layer for f in result.layer_fits] == [1, 3, 5]
     for fit in result.layer_fits:  # the relative squared error against the target, on the calibration tokens
         assert fit.error_after < fit.error_none

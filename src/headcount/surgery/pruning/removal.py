@@ -27,6 +27,7 @@ import torch
 
 from headcount.surgery.pruning import plan as _plan
 from headcount.surgery.pruning.compensate import COMPENSATIONS, DEFAULT_RIDGE, DEFAULT_TARGET, prune_sequential
+from headcount.surgery.pruning.compensate import refit_bias as _refit_bias
 
 Tensor = torch.Tensor
 
@@ -76,6 +77,7 @@ class PruneResult:
     method: str | None = None  # "retraining-free" (prune_to's order), "l0" (trained gates, gates.py), None: given heads
     protected: list | None = None  # prune_to: layers that lost no head (protect), None: not prune_to / uniform
     max_share: float | None = None  # prune_to: the per-layer cap used
+    refit_bias: bool | None = None  # lstsq: whether the refit fitted an o_proj bias (False on Gemma 3)
     gates: object | None = None  # the GateResult of method "l0"
 
     @property
@@ -96,7 +98,7 @@ class PruneResult:
             "forward_equivalents": round(self.forward_equivalents, 2),
             "ridge": self.ridge, "target": self.target,
             "layer_fits": [f.to_json() for f in self.layer_fits], "method": self.method,
-            "protected": self.protected, "max_share": self.max_share,
+            "protected": self.protected, "max_share": self.max_share, "refit_bias": self.refit_bias,
             **({"gates": self.gates.to_json()} if self.gates is not None else {}),
         }
 
@@ -184,7 +186,9 @@ def prune(model, heads, *, mode: str = "query", compensate: str = "lstsq", calib
     return PruneResult(mode, compensate, removed, heads_before, heads_after, kv_before, kv_after, params_before,
                        n_params(model), kv_bytes_before, kv_bytes_per_token(model), tokens,
                        time.perf_counter() - start, ridge if compensate == "lstsq" else None,
-                       target if compensate == "lstsq" else None, fits, forward_equivalents=refit)
+                       target if compensate == "lstsq" else None, fits, forward_equivalents=refit,
+                       refit_bias=(None if compensate != "lstsq" else
+                                   _refit_bias(model) if bias is None else bool(bias)))
 
 
 def _shard(model, batches, group):
