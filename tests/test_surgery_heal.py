@@ -234,3 +234,21 @@ def test_an_interrupted_heal_leaves_no_out(saved, monkeypatch):
                                  "--steps", "2", "--tokens", "2560", "--eval-windows", "1", "--out", str(out)])
     assert result.exit_code != 0
     assert not out.exists() and not list(saved.glob(".interrupted*"))
+
+
+def test_bench_parts_run_on_a_tiny_model(tmp_path):
+    from headcount.surgery.healing import bench
+
+    teacher = tiny()
+    model = attention_copy(teacher)
+    prune(model, {0: [1]}, compensate="none")
+    timing = bench.speed(model, teacher, repeats=1, windows=windows(2))
+    assert timing["heal_s"] > 0 and timing["plain_s"] > 0 and timing["ratio"] > 0
+    assert type(model.layers[0].attn.qkv_proj) is torch.nn.Linear and not model.training
+    before = {"prose": 10.0, "code": 20.0}
+    result = {"model": "tiny", "fraction": 0.3, "speed": timing, "before_edit": before,
+              "curve": [{"steps": s, "tokens_seen": 512 * s, "tokens": 4096, "seconds": 1.0,
+                         "held_out": {"prose": 12.0 - s / 10, "code": 25.0 - s / 10}} for s in (0, 10)]}
+    bench.render(result)
+    bench.plot(result, tmp_path / "heal.png")
+    assert (tmp_path / "heal.png").stat().st_size > 1000

@@ -27,8 +27,10 @@ def _log(msg: str) -> None:
     print(f"headcount bench surgery: {msg}", file=sys.stderr, flush=True)
 
 
-def speed(model, teacher, *, batch: int = SPEED_BATCH, repeats: int = 7, params: str = "attention") -> dict:
-    """Paired medians of a healing step and a plain PyTorch distillation step (see the module doc)."""
+def speed(model, teacher, *, batch: int = SPEED_BATCH, repeats: int = 7, params: str = "attention",
+          windows=None) -> dict:
+    """Paired medians of a healing step and a plain PyTorch distillation step (see the module doc).
+    windows: the batch, LongTensor [batch, T] (None: `batch` mixed calibration windows of loop.WINDOW)."""
     import torch
     import torch.nn.functional as F
 
@@ -36,7 +38,7 @@ def speed(model, teacher, *, batch: int = SPEED_BATCH, repeats: int = 7, params:
     from headcount.surgery.healing.loop import WINDOW, _Teacher, _windows, train_step
     from headcount.surgery.healing.weights import Mover, edited_layers
 
-    windows = _windows(model, "mixed", batch, WINDOW)
+    windows = _windows(model, "mixed", batch, WINDOW) if windows is None else windows
     layers = edited_layers(model, teacher) or list(range(len(model.layers)))
     mover = Mover(model, teacher, params, layers)
     trainable = mover.trainable()
@@ -68,7 +70,7 @@ def speed(model, teacher, *, batch: int = SPEED_BATCH, repeats: int = 7, params:
     finally:
         model.eval()
         mover.finish()
-    return {"batch_windows": batch, "window": WINDOW, "params": params, "repeats": repeats,
+    return {"batch_windows": windows.shape[0], "window": windows.shape[1], "params": params, "repeats": repeats,
             "heal_s": timed["heal"]["median_s"], "plain_s": timed["plain"]["median_s"],
             "ratio": timed["heal"]["ratio"], "target": 1.25}
 
