@@ -53,7 +53,7 @@ def test_joint_training_beats_frozen_gates_at_the_same_head_count():
     results = {}
     for joint in (False, True):
         model = copy.deepcopy(base)
-        kw = {"joint": True, "weight_lr": 1e-2} if joint else {}
+        kw = {"joint": True, "weight_lr": 1e-2, "params": "attention"} if joint else {}
         gates = train_gates(model, heads_to_keep=8, steps=80, lr=0.3, calibration=cal, progress=False, **kw)
         assert gates.joint is joint and gates.to_json()["joint"] is joint
         apply_gates(model, gates, compensate="none", force=True, progress=False)
@@ -67,7 +67,7 @@ def test_closed_heads_removed_structurally_equal_the_gated_trained_model():
     base, cal = sharp(), windows()
     model = copy.deepcopy(base)
     gates = train_gates(model, heads_to_keep=8, steps=40, lr=0.3, calibration=cal, progress=False, joint=True,
-                        weight_lr=1e-2)
+                        params="attention", weight_lr=1e-2)
     # the attention weights moved; everything outside attention and its norms is bit for bit the unedited model's
     moved = {id(p) for p in trained_parameters(model, "attention")}
     for (name, p), q in zip(model.named_parameters(), base.parameters()):
@@ -153,7 +153,7 @@ def test_prune_joint_json(tmp_path, minilm):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
     g = data["prune"]["gates"]
-    assert data["method"] == "l0" and g["joint"] is True and g["params"] == "attention" and g["trained_params"] > 0
+    assert data["method"] == "l0" and g["joint"] is True and g["params"] == "all" and g["trained_params"] > 0
     assert data["prune"]["compensate"] == "none" and data["heads_after"] == 4
     assert (tmp_path / "o" / "headcount.json").exists()
 

@@ -66,7 +66,7 @@ def register(app, bench_app) -> None:
         joint: bool = typer.Option(False, "--joint", help="--method l0: train the model's weights WITH the gates "
                                    "(distillation from the unedited model), then remove the closed heads"),
         joint_params: Optional[str] = typer.Option(None, "--joint-params", help="with --joint: the weights that train "
-                                                   "(attention: q/k/v/o and their norms, the default; or all)"),
+                                                   "(all, the default; or attention: q/k/v/o and their norms)"),
         heal_steps: int = typer.Option(0, "--heal-steps", help="heal the pruned model: distillation steps from the "
                                        "unpruned one (headcount heal; 0 = none)"),
     ) -> None:
@@ -109,7 +109,7 @@ def register(app, bench_app) -> None:
             cal, held, source = calibration_and_held_out(text)
             result = _prune_one(model, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
                                 calibration_windows, eval_windows, method, steps, lr, dtype, device,
-                                (joint_params or "attention") if joint else None, heal_steps)
+                                (joint_params or "all") if joint else None, heal_steps)
         if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
             return
         if json_out:

@@ -295,7 +295,7 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
                 history_every: int | None = None, seed: int = 0, joint: bool = False, params: str | None = None,
                 weight_lr: float | None = None) -> GateResult:
     """Train a hard-concrete gate per head (or per GQA group) of the frozen `model`; see the module doc.
-    joint=True (Voita's setup, gates_joint.py): `params` ("attention", the default, or "all") of `model` train
+    joint=True (Voita's setup, gates_joint.py): `params` ("all", the default, or "attention") of `model` train
     WITH the gates (AdamW, lr `weight_lr`), IN PLACE, against a frozen copy of the unedited model; remove the
     heads with apply_gates on that same trained model.
 

@@ -45,7 +45,9 @@ def _log(msg: str) -> None:
 def settings(quick: bool) -> dict:
     """quick: 2 fractions per model, few steps (a check that it runs, minutes); full: the curve (training
     <= ~15 minutes per point on 2 cores: 150 steps of 2 windows of 256 tokens for smollm2)."""
-    joint = {"methods": RUNS, "joint_params": "attention", "weight_lr": None}  # None: train_gates' default
+    # joint: gates and weights trained together; its own steps per model (None: the frozen gates' steps)
+    joint = {"methods": RUNS, "joint_params": "all", "weight_lr": None, "smollm2_joint_steps": None,
+             "minilm_joint_steps": 150 if not quick else None}
     if quick:
         return {"smollm2_fractions": (0.3, 0.5), "minilm_fractions": (0.5, 0.75), "smollm2_steps": 20,
                 "minilm_steps": 40, "lr": 0.5, "n_windows": 4, "window": 256, "eval_windows": 2,
@@ -111,7 +113,7 @@ def _model_section(name: str, fractions, steps: int, cfg: dict, log, save, kept:
     save()
     for fraction in fractions:
         if "l0 joint" in methods:
-            _joint_point(name, base, fraction, cfg.get("joint_steps") or steps, cfg, sets, refs, out, log)
+            _joint_point(name, base, fraction, cfg.get(f"{name}_joint_steps") or steps, cfg, sets, refs, out, log)
             save()
         if "retraining-free" not in methods and "l0" not in methods:
             continue
