@@ -247,8 +247,12 @@ class RotaryEmbedding(nn.Module):
         self._long = None  # longrope's (cos, sin_signed) for calls past switch_at, built on first use
 
     def _tables(self, inv_freq: Tensor, n_positions: int, device) -> tuple[Tensor, Tensor]:
-        return rotary_tables(self.rotary_dim, n_positions, device=device, inv_freq=inv_freq,
-                             attention_factor=self.attention_factor)
+        # tables built lazily (longrope's long factors, growth past the first 4096 positions) may first be asked
+        # for inside torch.inference_mode: built as inference tensors they would break every later call that
+        # trains or takes gradients (prune's importance), so they are always built as normal tensors
+        with torch.inference_mode(False):
+            return rotary_tables(self.rotary_dim, n_positions, device=device, inv_freq=inv_freq,
+                                 attention_factor=self.attention_factor)
 
     def _rebuild(self, n_positions: int) -> None:
         self.cos, self.sin_signed = self._tables(self._inv_freq, n_positions, self.cos.device)
