@@ -29,7 +29,7 @@ COMMANDS = {
     "prune": ["prune", "--fraction", "0.25", "--out", "{tmp}/pruned", "--force", "--calibration-windows", "2", "--eval-windows", "1", "--json"],
     "prune-l0": ["prune", "--method", "l0", "--out", "{tmp}/pruned-l0", "--fraction", "0.25", "--steps", "5", "--calibration-windows", "2",
                  "--eval-windows", "1", "--force", "--json"],
-    "merge-kv": ["merge-kv", "--kv-heads", "1", "--local-steps", "2", "--uptrain-steps", "0",
+    "merge-kv": ["merge-kv", "--method", "aware", "--kv-heads", "1", "--local-steps", "2", "--uptrain-steps", "0",
                  "--calibration-windows", "2", "--eval-windows", "1", "--json"],
     "cost": ["cost", "--config", "{dir}/config.json", "--seq", "4k", "--json"],
     "report": ["report", "--quick", "--no-cache", "--out", "{tmp}/report", "--force"],

@@ -15,7 +15,11 @@ E|q_{i,f}|^2 E|k_{g,f} - gamma_g z_f|^2 / 2 for independent queries and keys: th
 by the energy of the queries that read it, per frequency. Minimising the sum over heads and frequencies
 is, per frequency, the rank-1 reduction below with Sigma = E[k_S k_S^H] (complex |S| x |S|) and
 G = diag(sum of E|q_{i,f}|^2 over the query heads reading g). Without rotary the same holds with real
-head_dim-wide blocks: Sigma = E[k_S k_S^T], G_g = sum_i E[q_i q_i^T], and q'_i = P_g^T q_i.
+head_dim-wide blocks: Sigma = E[k_S k_S^T], G_g = sum_i E[q_i q_i^T], and q'_i = P_g^T q_i. Partial rotary
+(rotary_dim r < head_dim: Phi-4-mini, GPT-NeoX) splits the logit into the r turning dims, pairs (f, f + r/2),
+fitted per pair as above, plus the d - r dims that never turn, fitted as a layer without rotary (an
+unconstrained real map of width d - r); the two parts of the logit add, so the two fits are independent.
+A layer with no rotary hook (SmolLM3's NoPE layers) is fitted plainly over the whole head.
 
 Values: query head i's context is c_i = A_i v_g; the output is sum_i O_i c_i. With v_g ~ P_g z (z = B^T v_S)
 and the map P_g folded into o_proj (O_i P_g), the output error of head i is O_i A_i (v_g - P_g z): the same
@@ -102,6 +106,14 @@ def _v_sigma(stats: LayerStats, kv_head_of, group: list[int], d: int) -> Tensor:
     return stats.v_sigma[readers].sum(0)[idx][:, idx]
 
 
+def _k_pass_problem(stats: LayerStats, kv_head_of, group: list[int]):
+    """(sigma, G) of the plain key reduction of `group` over the dims partial rotary leaves unturned."""
+    w = stats.q_pass.shape[-1]
+    idx = torch.tensor([g * w + j for g in group for j in range(w)], dtype=torch.long)
+    g_metric = torch.block_diag(*[stats.q_pass[_readers(kv_head_of, g)].sum(0) for g in group])
+    return stats.k_pass[idx][:, idx], g_metric
+
+
 def _k_problem(stats: LayerStats, kv_head_of, group: list[int], d: int, f: int | None = None):
     """(sigma, G) of the key reduction of `group` (frequency pair f with rotary)."""
     if stats.rotary:
@@ -132,6 +144,12 @@ def group_cost(stats: LayerStats, o_weight: Tensor, kv_head_of, group: list[int]
         w = torch.linalg.eigvalsh((m + m.mH) / 2).clamp(min=0)
         r = 1 if stats.rotary else d
         k_lost += float(w[:-r].sum())
+        k_total += float(w.sum())
+    if stats.k_pass is not None:  # partial rotary: the unturned dims, kept at their width
+        sigma, g_metric = _k_pass_problem(stats, kv_head_of, group)
+        m = _sqrtm_psd(g_metric) @ sigma @ _sqrtm_psd(g_metric)
+        w = torch.linalg.eigvalsh((m + m.T) / 2).clamp(min=0)
+        k_lost += float(w[:-stats.q_pass.shape[-1]].sum())
         k_total += float(w.sum())
     sigma = _v_sigma(stats, kv_head_of, group, d)
     g_metric = _v_metric(o_weight, kv_head_of, group, d)
@@ -173,6 +191,16 @@ def pair_scale(rows: Tensor, c: Tensor) -> Tensor:
     return torch.cat([cr * re - ci * im, ci * re + cr * im])
 
 
+def _plain_keys(sigma: Tensor, g_metric: Tensor, width: int) -> tuple[Tensor, Tensor, float, float]:
+    """(B, P, kept, weight) of the unconstrained key reduction of one group to one head of `width` dims,
+    B's columns scaled so each merged key dim keeps the old heads' mean energy (P z unchanged)."""
+    b_mat, p_mat, kept = reduce(sigma, g_metric, width)  # [|S| width, width]
+    z_energy = (b_mat.T @ sigma @ b_mat).diagonal()
+    target = float(sigma.diagonal().mean())
+    s = (target / z_energy.clamp(min=1e-30)).sqrt()
+    return b_mat * s, p_mat / s, kept, float(g_metric.diagonal().sum())
+
+
 @dataclass
 class MergedWeights:
     q_w: Tensor
@@ -196,13 +224,13 @@ def merged_weights(attn, stats: LayerStats, groups: list[list[int]], *, captures
     dp: data parallelism (headcount.distributed.DataParallel); `stats` are already summed over the ranks,
     and refine_rotary_keys all-reduces its loss and gradients."""
     nh, nkv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
-    half = d // 2
     w = attn.qkv_proj.weight.detach().double()
     bias = attn.qkv_proj.bias
     bias = None if bias is None else bias.detach().double()
     q_w, k_w, v_w = w.split([nh * d, nkv * d, nkv * d])
     q_w = q_w.clone().view(nh, d, -1)
     k_w, v_w = k_w.view(nkv, d, -1), v_w.view(nkv, d, -1)
+    q_b = k_b = v_b = None
     if bias is not None:
         q_b, k_b, v_b = bias.split([nh * d, nkv * d, nkv * d])
         q_b, k_b, v_b = q_b.clone().view(nh, d), k_b.view(nkv, d), v_b.view(nkv, d)
@@ -217,9 +245,11 @@ def merged_weights(attn, stats: LayerStats, groups: list[list[int]], *, captures
             new_of[i] = m
         # ---- keys
         if stats.rotary:
-            cs = torch.zeros(half, len(group), dtype=torch.complex128)  # z_f = sum_g cs[f, g] k_{g,f}
-            gammas = torch.zeros(half, len(group), dtype=torch.complex128)  # k_{g,f} ~ gammas[f, g] z_f
-            for f in range(half):
+            r = stats.rotary_dim
+            rot = slice(0, r)  # the turning dims, pairs (f, f + r/2)
+            cs = torch.zeros(r // 2, len(group), dtype=torch.complex128)  # z_f = sum_g cs[f, g] k_{g,f}
+            gammas = torch.zeros(r // 2, len(group), dtype=torch.complex128)  # k_{g,f} ~ gammas[f, g] z_f
+            for f in range(r // 2):
                 sigma, g_metric = _k_problem(stats, kv_of, group, d, f)
                 b_vec, p_vec, kept = reduce(sigma, g_metric, 1)  # [|S|, 1] complex
                 c, gamma = b_vec[:, 0].conj(), p_vec[:, 0]
@@ -235,32 +265,32 @@ def merged_weights(attn, stats: LayerStats, groups: list[list[int]], *, captures
             if refine_steps and len(group) > 1 and captures:
                 cs, head_gamma = refine_rotary_keys(attn, captures, group, cs, head_gamma, steps=refine_steps,
                                                     dp=dp)
-            new_k.append(sum(pair_scale(k_w[g], cs[:, j]) for j, g in enumerate(group)))
-            new_kb.append(sum(pair_scale(k_b[g], cs[:, j]) for j, g in enumerate(group))
-                          if bias is not None else None)
+            rows = sum(pair_scale(k_w[g, rot], cs[:, j]) for j, g in enumerate(group))
+            rows_b = sum(pair_scale(k_b[g, rot], cs[:, j]) for j, g in enumerate(group)) if bias is not None else None
             for i, gamma in head_gamma.items():  # q' = conj(gamma) q keeps q' conj(z) = q conj(gamma z)
-                q_w[i] = pair_scale(q_w[i], gamma.conj())
+                q_w[i, rot] = pair_scale(q_w[i, rot], gamma.conj())
                 if bias is not None:
-                    q_b[i] = pair_scale(q_b[i], gamma.conj())
+                    q_b[i, rot] = pair_scale(q_b[i, rot], gamma.conj())
+            if stats.k_pass is not None:  # partial rotary: dims r..d never turn, fitted without constraint
+                rest = slice(r, d)
+                sigma, g_metric = _k_pass_problem(stats, kv_of, group)
+                b_mat, p_mat, kept, weight = _plain_keys(sigma, g_metric, d - r)
+                k_kept += kept * weight
+                k_weight_total += weight
+                rows = torch.cat([rows, b_mat.T @ k_w[group][:, rest].reshape(len(group) * (d - r), -1)])
+                if bias is not None:
+                    rows_b = torch.cat([rows_b, b_mat.T @ k_b[group][:, rest].reshape(-1)])
+                _fold_plain_queries(q_w, q_b, p_mat, kv_of, group, rest)
+            new_k.append(rows)
+            new_kb.append(rows_b)
         else:
             sigma, g_metric = _k_problem(stats, kv_of, group, d)
-            b_mat, p_mat, kept = reduce(sigma, g_metric, d)  # [|S| d, d]
-            weight = float(g_metric.diagonal().sum())
+            b_mat, p_mat, kept, weight = _plain_keys(sigma, g_metric, d)
             k_kept += kept * weight
             k_weight_total += weight
-            z_energy = (b_mat.T @ sigma @ b_mat).diagonal()
-            target = float(sigma.diagonal().mean())
-            s = (target / z_energy.clamp(min=1e-30)).sqrt()
-            b_mat, p_mat = b_mat * s, p_mat / s
-            stacked = k_w[group].reshape(len(group) * d, -1)
-            new_k.append(b_mat.T @ stacked)
+            new_k.append(b_mat.T @ k_w[group].reshape(len(group) * d, -1))
             new_kb.append(b_mat.T @ k_b[group].reshape(-1) if bias is not None else None)
-            for j, g in enumerate(group):
-                p_g = p_mat[j * d:(j + 1) * d]  # k_g ~ P_g z
-                for i in _readers(kv_of, g):
-                    q_w[i] = p_g.T @ q_w[i]
-                    if bias is not None:
-                        q_b[i] = p_g.T @ q_b[i]
+            _fold_plain_queries(q_w, q_b, p_mat, kv_of, group, slice(0, d))
         # ---- values
         sigma = _v_sigma(stats, kv_of, group, d)
         g_metric = _v_metric(o_w, kv_of, group, d)
@@ -280,6 +310,17 @@ def merged_weights(attn, stats: LayerStats, groups: list[list[int]], *, captures
     return MergedWeights(q_w.reshape(nh * d, -1), cat_b([q_b.reshape(-1)]) if bias is not None else None,
                          torch.cat(new_k), cat_b(new_kb), torch.cat(new_v), cat_b(new_vb), o_w,
                          tuple(new_of), k_kept / max(k_weight_total, 1e-30), v_kept)
+
+
+def _fold_plain_queries(q_w: Tensor, q_b: Tensor | None, p_mat: Tensor, kv_of, group: list[int], dims: slice) -> None:
+    """q'_i = P_g^T q_i on `dims` of every query head reading old KV head g (k_g ~ P_g z there), in place."""
+    width = dims.stop - dims.start
+    for j, g in enumerate(group):
+        p_g = p_mat[j * width:(j + 1) * width]
+        for i in _readers(kv_of, g):
+            q_w[i, dims] = p_g.T @ q_w[i, dims]
+            if q_b is not None:
+                q_b[i, dims] = p_g.T @ q_b[i, dims]
 
 
 def install(attn, mw: MergedWeights) -> None:

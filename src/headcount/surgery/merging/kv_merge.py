@@ -21,6 +21,10 @@ method="aware": activation-aware and rotary-respecting, computed from calibratio
     explicit query -> KV head map (grouping="auto" picks which old heads share a new one from
     calibration; "contiguous" keeps runs of consecutive heads).
 
+Partial rotary (Phi-4-mini, GPT-NeoX / Pythia) and layers without rotary (SmolLM3's NoPE layers): the
+statistics read each layer's own rotary hook (stats.rotary_dim_of): the turning dims are fitted per frequency
+pair, the unturned ones and NoPE layers without constraint (merge_fit's module docstring).
+
 Key norms (Gemma 3, Qwen3: RMSNorm per head on K before rotary): the key statistics are taken on the
 projected keys before the norm, and the merged key head is a combination of the old heads' projection rows
 that the layer's k_norm then normalises again; exact when the merged heads' keys are equal, otherwise one
@@ -237,12 +241,12 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     if isinstance(grouping, (list, tuple)) and len(wanted) > 1:
         raise ValueError("grouping: an explicit list of groups applies to one layer at a time")
     rotary = getattr(model, "rotary", None)
-    if method == "aware" and wanted and rotary is not None and rotary.rotary_dim != rotary.head_dim:
-        # the aware fit pairs dims (f, f + head_dim/2) as rotary's complex frequencies; partial rotary turns
-        # (f, f + rotary_dim/2) and leaves the rest: the fitted key maps would not commute with the rotation
-        raise ValueError(f"method: 'aware' assumes rotary over the whole head; this model turns only the first "
-                         f"rotary_dim={rotary.rotary_dim} of head_dim={rotary.head_dim} dims (partial rotary: Phi-4-mini, "
-                         "GPT-NeoX): use method='mean' (averaging K/V heads commutes with any rotary)")
+    if method == "aware" and wanted and refine_steps and rotary is not None and rotary.rotary_dim != rotary.head_dim:
+        # the closed-form fit handles partial rotary (merge_fit: turning pairs + plain unturned dims);
+        # refine_rotary_keys' complex scales cover a whole rotary head only
+        raise ValueError(f"refine_steps: the rotary key refinement needs rotary over the whole head; this model "
+                         f"turns only the first rotary_dim={rotary.rotary_dim} of head_dim={rotary.head_dim} dims "
+                         f"(partial rotary: Phi-4-mini, GPT-NeoX): use refine_steps=0 (local_steps refines any layer)")
     start = time.perf_counter()
     before_heads = [layer.attn.n_kv_heads for layer in model.layers]
     bytes_before = kv_bytes_per_token(model)

@@ -1,5 +1,10 @@
 """Calibration statistics of ONE attention layer for the K/V merge (fit.py): second moments of its keys,
-queries and attention-averaged values, per frequency pair when the layer uses rotary."""
+queries and attention-averaged values, per frequency pair when the layer uses rotary.
+
+Partial rotary (Phi-4-mini, GPT-NeoX / Pythia: only the first rotary_dim dims of a head turn, as pairs
+(f, f + rotary_dim/2)): the turning dims get the per-pair statistics, the dims rotary_dim..head_dim the plain
+ones (k_pass / q_pass). A layer whose attention gets no qk_transform (learned positions, SmolLM3's NoPE layers)
+is a plain layer. rotary_dim is read off the layer's own hook (rotary_dim_of), not from a config."""
 
 from __future__ import annotations
 
@@ -16,12 +21,32 @@ class LayerStats:
 
     rotary: bool
     n_tokens: int
-    k_sigma: Tensor  # rotary: [d/2, n_kv, n_kv] complex; else [n_kv*d, n_kv*d]
-    q_weight: Tensor  # rotary: [n_heads, d/2] (sum |q_f|^2); else [n_heads, d, d] (sum q q^T)
+    k_sigma: Tensor  # rotary: [r/2, n_kv, n_kv] complex (r = rotary_dim); else [n_kv*d, n_kv*d]
+    q_weight: Tensor  # rotary: [n_heads, r/2] (sum |q_f|^2); else [n_heads, d, d] (sum q q^T)
     v_sigma: Tensor  # [n_heads, n_kv*d, n_kv*d]: per query head, sum of (A_i v_S)(A_i v_S)^T
     k_energy: Tensor  # [n_kv]: sum |k_g|^2 (to keep the merged keys' scale)
     k_sum: Tensor | None = None  # rotary: [d/2, n_kv] complex, sum of the (unrotated) keys
-    slow: Tensor | None = None  # rotary: [d/2] bool, pairs that turn less than 1 radian over the window
+    slow: Tensor | None = None  # rotary: [r/2] bool, pairs that turn less than 1 radian over the window
+    rotary_dim: int | None = None  # rotary: the dims that turn (head_dim unless partial); else None
+    k_pass: Tensor | None = None  # partial rotary: [n_kv*w, n_kv*w] keys' dims r..d (w = d - r), plain
+    q_pass: Tensor | None = None  # partial rotary: [n_heads, w, w] sum q q^T over dims r..d
+
+
+def rotary_dim_of(qk_transform, head_dim: int, t: int, dtype, device) -> int:
+    """How many leading dims of a head the hook turns: a unit key on dim 0 at positions 0..t-1 comes back
+    as cos on dim 0 and sin on dim rotary_dim/2 ("rotate half" over the first rotary_dim dims; the highest
+    frequency turns by about a radian per position). With nothing seen turning (one position): head_dim."""
+    probe = torch.zeros(1, 1, t, head_dim, dtype=dtype, device=device)
+    probe[..., 0] = 1.0
+    turned = qk_transform(probe, probe)[1].abs().reshape(-1, head_dim).amax(0)
+    turned[0] = 0.0
+    if float(turned.max()) == 0.0:
+        return head_dim
+    r = 2 * int(turned.argmax())
+    if not 0 < r <= head_dim:
+        raise ValueError(f"qk_transform: expected a rotate-half rotary over the first dims of the head, "
+                         f"found dim 0 paired with dim {r // 2} of head_dim={head_dim}")
+    return r
 
 
 def _causal_or_padding(kwargs: dict, t: int, s: int, device) -> Tensor | None:
@@ -62,8 +87,14 @@ def layer_stats(attn, captures: list[dict], *, attention_weight: float = 0.0, dp
     keys the heads actually read (the attention sink first) count more."""
     nh, nkv, d = attn.n_heads, attn.n_kv_heads, attn.head_dim
     kv_of = torch.tensor(attn.kv_head_of, dtype=torch.long)
-    rotary = captures[0]["kwargs"].get("qk_transform") is not None
-    half = d // 2
+    first = captures[0]
+    rotary = first["kwargs"].get("qk_transform") is not None
+    r = (rotary_dim_of(first["kwargs"]["qk_transform"], d, first["x"].shape[1], first["x"].dtype, first["x"].device)
+         if rotary else None)
+    half = r // 2 if rotary else d // 2
+    w = d - r if rotary else 0  # partial rotary: the dims that do not turn
+    k_pass = torch.zeros(nkv * w, nkv * w, dtype=torch.float64) if w else None
+    q_pass = torch.zeros(nh, w, w, dtype=torch.float64) if w else None
     if rotary:
         k_sigma = torch.zeros(half, nkv, nkv, dtype=torch.complex128)
         q_weight = torch.zeros(nh, half, dtype=torch.float64)
@@ -93,8 +124,8 @@ def layer_stats(attn, captures: list[dict], *, attention_weight: float = 0.0, dp
             if qt is not None and slow is None:  # how far each pair turns over the window: probe the hook
                 probe = torch.zeros(1, 1, t, d, dtype=q.dtype, device=q.device)
                 probe[..., :half] = 1.0
-                turned = qt(probe, probe)[1][0, 0]  # (T, d): (cos, sin) of each pair's angle per position
-                angle = torch.atan2(turned[:, half:], turned[:, :half]).abs().amax(0)
+                turned = qt(probe, probe)[1].reshape(-1, t, d)[0]  # (T, d): (cos, sin) of each pair's angle
+                angle = torch.atan2(turned[:, half:r], turned[:, :half]).abs().amax(0)
                 slow = (angle < 1.0).cpu()
             scores = torch.einsum("bhtd,bhsd->bhts", qr, kr.index_select(1, kv_of)) * attn.softmax_scale
             mask = _causal_or_padding(kw, t, kr.shape[2], x.device)
@@ -109,10 +140,15 @@ def layer_stats(attn, captures: list[dict], *, attention_weight: float = 0.0, dp
                 tw = tw[sel]
             tw = tw.double()[:, None, None]
             if rotary:
-                kc, qc = to_complex(kf), to_complex(qf)  # (N, nkv, d/2), (N, nh, d/2)
+                kc, qc = to_complex(kf[..., :r]), to_complex(qf[..., :r])  # (N, nkv, r/2), (N, nh, r/2)
                 k_sigma += torch.einsum("ngf,njf->fgj", kc * tw, kc.conj())
                 k_sum += (kc * tw).sum(0).T
                 q_weight += qc.abs().pow(2).sum(0)
+                if w:  # the dims that do not turn: plain second moments, as a layer without rotary
+                    kd = kf[..., r:].reshape(-1, nkv * w).double()
+                    k_pass += (kd * tw[:, :, 0]).T @ kd
+                    qd = qf[..., r:].double()
+                    q_pass += torch.einsum("nhd,nhe->hde", qd, qd)
             else:
                 kd = kf.reshape(-1, nkv * d).double()
                 k_sigma += (kd * tw[:, :, 0]).T @ kd
@@ -133,12 +169,16 @@ def layer_stats(attn, captures: list[dict], *, attention_weight: float = 0.0, dp
         if rotary:
             mine = slow.double() if (slow is not None and dp.rank == 0) else torch.zeros(half, dtype=torch.float64)
             parts += [k_sum, mine]
+        if w:
+            parts += [k_pass, q_pass]
         summed = dp.sum_many(parts)
         k_sigma, q_weight, v_sigma, k_energy = summed[:4]
         n_tokens = int(round(float(summed[4][0])))
         if rotary:
             k_sum, slow = summed[5], summed[6] > 0.5
-    return LayerStats(rotary, n_tokens, k_sigma, q_weight, v_sigma, k_energy, k_sum, slow)
+        if w:
+            k_pass, q_pass = summed[-2], summed[-1]
+    return LayerStats(rotary, n_tokens, k_sigma, q_weight, v_sigma, k_energy, k_sum, slow, r, k_pass, q_pass)
 
 
 # ------------------------------------------------------------------------------------------ grouping
