@@ -239,22 +239,25 @@ def test_bench_exactness_families_flag(monkeypatch):
 
 def test_pruned_export(pairs, tmp_path):
     """A pruned model (2 of 4 query heads, one GQA group, per layer) exports: a rope-type Llama loads back in
-    transformers equal to headcount's; a LongRoPE Phi-3 is refused with the reason (Phi3Config sizes the
-    factor lists by hidden_size // num_attention_heads)."""
-    for family in ("llama rope llama3", "phi3"):
-        model = copy.deepcopy(_pair(pairs, family)[1])
-        for layer in model.layers:
-            layer.attn.prune_heads([0, 1])
-        if family == "phi3":
-            with pytest.raises(ValueError, match="Phi3Config checks LongRoPE"):
-                export_transformers(model, tmp_path / family)
-            assert not (tmp_path / family).exists()
-            continue
+    transformers equal to headcount's. A LongRoPE Phi-3 (Phi3Config sizes the factor lists by
+    hidden_size // num_attention_heads) is written with its removed heads as zero heads: per-layer counts and
+    uneven groups included, transformers alone gives the pruned model's logits, short and long factors."""
+    for family in ("llama rope llama3", "phi3", "phi3 per layer"):
+        model = copy.deepcopy(_pair(pairs, family.split()[0] if family.startswith("phi3") else family)[1])
+        if family == "phi3 per layer":  # layer 0: a whole group (1 KV head left); 1: one head (uneven); 2: none
+            model.layers[0].attn.prune_heads([0, 1])
+            model.layers[1].attn.prune_heads([1])
+        else:
+            for layer in model.layers:
+                layer.attn.prune_heads([0, 1])
         export_transformers(model, tmp_path / family)
         back = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / family).eval()
-        ids = _ids(1, 40, 4)
-        with torch.no_grad():
-            assert (back(ids).logits - model(ids).logits).abs().max().item() <= 1e-4
+        for length in (24, 40):  # LongRoPE: short factors, then long ones past original_max (32)
+            ids = _ids(1, length, 4)
+            with torch.no_grad():
+                assert (back(ids).logits - model(ids).logits).abs().max().item() <= 1e-4, (family, length)
+        if family.startswith("phi3"):
+            assert back.config.num_attention_heads == 4
 
 
 def test_merge_kv_on_partial_rotary_and_nope_layers(pairs):

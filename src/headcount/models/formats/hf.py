@@ -715,6 +715,15 @@ def decoder_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
         hf, sd = to_transformers_state_dict(model)
         hf["dtype"] = "float32"
         return hf, sd
+    cfg = model.config
+    if cfg.family == "phi3" and cfg.rope_type == "longrope":
+        return _phi3_longrope_state_dict(model)
+    if cfg.family == "olmoe" and any(layer.attn.n_heads * cfg.head_dim != cfg.d_model for layer in model.layers):
+        raise ValueError("model: query heads removed from an OLMoE, which transformers' OlmoeAttention cannot hold: "
+                         "one num_attention_heads for every layer, and OlmoeForCausalLM sizes its q/k norms by hidden_size "
+                         "(k_norm by hidden_size // num_attention_heads x num_key_value_heads), not by the heads kept; "
+                         "zero heads would enter those full-width norms' statistics. Keep it in headcount's format "
+                         "(save), or reduce K/V heads only (merge-kv)")
     lay = _layouts(model)
     if len({(nh, nkv) for nh, nkv, _ in lay}) != 1:
         counts = ", ".join(f"{i}:{nh}/{nkv}" for i, (nh, nkv, _) in enumerate(lay))
@@ -727,20 +736,33 @@ def decoder_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
                          f"{model.layers[uneven[0]].attn.kv_head_of}); transformers' repeat_kv needs query head i to "
                          "read KV head i // (n_heads // n_kv_heads). Prune with uniform=True (same count per group) "
                          "or mode='group'")
-    cfg = model.config
     nh = lay[0][0]
     if cfg.d_model % nh:
         raise ValueError(f"model: {nh} query heads per layer; transformers' LlamaConfig requires hidden_size "
                          f"({cfg.d_model}) to be a multiple of num_attention_heads")
-    if cfg.family == "phi3" and cfg.rope_type == "longrope" and cfg.d_model // nh != cfg.head_dim:
-        # Phi3Config.validate_rope sizes short_factor / long_factor by hidden_size // num_attention_heads,
-        # not by head_dim: with fewer query heads it refuses the file, whatever the factors
-        raise ValueError(f"model: {nh} query heads per layer; transformers' Phi3Config checks LongRoPE's "
-                         f"short_factor / long_factor against hidden_size // num_attention_heads = {cfg.d_model // nh}"
-                         f" dims, not head_dim = {cfg.head_dim}, and refuses the file. Prune K/V only (merge-kv) "
-                         "or keep it in headcount's format (save)")
     hf, sd = to_transformers_state_dict(model)
     hf["dtype"] = "float32"
+    return hf, sd
+
+
+def _phi3_longrope_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
+    """Phi-3 with LongRoPE: Phi3Config.validate_rope sizes short_factor / long_factor by
+    hidden_size // num_attention_heads (not head_dim), so the file keeps num_attention_heads = hidden_size //
+    head_dim and the model's KV count, every removed head written as a zero head (hf_padding.py: exact)."""
+    from headcount.models.formats.hf_padding import write_padded
+
+    cfg = model.config
+    if cfg.d_model % cfg.head_dim:
+        raise ValueError(f"model: hidden_size {cfg.d_model} is not a multiple of head_dim {cfg.head_dim}; transformers' "
+                         "Phi3Config sizes LongRoPE's factor lists by hidden_size // num_attention_heads")
+    n_q, n_kv = cfg.d_model // cfg.head_dim, max(layer.attn.n_kv_heads for layer in model.layers)
+    if n_q % n_kv:
+        raise ValueError(f"model: {n_kv} KV heads do not divide the {n_q} query heads (hidden_size // head_dim) that "
+                         "transformers' Phi3Config needs with LongRoPE")
+    hf, sd = to_transformers_state_dict(model)
+    for i, layer in enumerate(model.layers):
+        write_padded(sd, f"model.layers.{i}.self_attn.", layer.attn, n_q, n_kv, fused=True, bias=False)
+    hf.update({"num_attention_heads": n_q, "num_key_value_heads": n_kv, "dtype": "float32"})
     return hf, sd
 
 
