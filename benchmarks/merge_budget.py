@@ -36,7 +36,7 @@ def main() -> None:
     print(json.dumps({"name": "base", "held_out": {k: ppl(base, w) for k, w in held.items()}}), flush=True)
     for steps in [int(s) for s in args.steps.split(",")]:
         model = copy.deepcopy(base)
-        res = merge_kv(model, 1, n_windows=args.windows, local_steps=steps, progress=False)
+        res = merge_kv(model, 1, uptrain_steps=0, n_windows=args.windows, local_steps=steps, progress=False)
         row = {"local_steps": steps, "seconds": round(res.seconds, 1),
                "forward_equivalents": getattr(res, "forward_equivalents", None),
                "held_out": {k: ppl(model, w) for k, w in held.items()}}

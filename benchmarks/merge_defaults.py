@@ -148,7 +148,7 @@ def main() -> None:
         if key not in cache:
             model = copy.deepcopy(base)
             t0 = time.perf_counter()
-            res = merge_kv(model, 1, calibration=cal, n_windows=cal.shape[0], local_steps=cfg["local_steps"],
+            res = merge_kv(model, 1, uptrain_steps=0, calibration=cal, n_windows=cal.shape[0], local_steps=cfg["local_steps"],
                            local_lr=cfg["local_lr"], local_tokens=cfg["local_tokens"], target=cfg["target"],
                            progress=False)
             cache = {key: (model, time.perf_counter() - t0, res.forward_equivalents)}  # keep one merge

@@ -91,6 +91,7 @@ def _merge(case: str, group=None, **override) -> dict:
     model = _model(which)
     kwargs = dict(kwargs, **override)
     n = kwargs.pop("n_kv_heads")
+    kwargs = {"local_steps": 0, "uptrain_steps": 0} | kwargs  # the closed form unless a case asks for steps
     result = merge_kv(model, n, calibration=_calibration(which), progress=False, group=group, **kwargs)
     # numpy, not tensors: a tensor sent back from a spawned rank lives in shared memory that dies with it
     return {"groups": [m.groups for m in result.layers], "kv_head_of": [m.kv_head_of for m in result.layers],
@@ -169,7 +170,8 @@ def test_merge_gradient_steps_over_two_ranks(case):
 
 def _merge_too_many(_):
     model = _decoder()
-    merge_kv(model, 1, calibration=_calibration("decoder")[:1], progress=False, group="auto")
+    merge_kv(model, 1, local_steps=0, uptrain_steps=0, calibration=_calibration("decoder")[:1], progress=False,
+             group="auto")
 
 
 def test_merge_more_ranks_than_windows_is_a_clear_error():

@@ -75,7 +75,8 @@ def test_identical_kv_heads_merge_exactly_with_partial_rotary():
             attn.qkv_proj.bias[_kv_rows(attn, which, 1)] = attn.qkv_proj.bias[_kv_rows(attn, which, 0)]
     ids = _ids()
     want = model(ids).logits
-    result = merge_kv(model, 2, calibration=ids, refit=False, progress=False)  # method "aware", the default
+    result = merge_kv(model, 2, calibration=ids, refit=False, local_steps=0, uptrain_steps=0,
+                      progress=False)  # method "aware", the default; the closed form
     assert result.method == "aware" and result.layers[0].groups == [[0, 1], [2]]
     assert result.layers[0].k_kept == pytest.approx(1.0)
     torch.testing.assert_close(model(ids).logits, want, rtol=1e-8, atol=1e-8)
@@ -89,7 +90,7 @@ def test_partial_rotary_aware_merge_beats_mean_pooling_on_held_out_tokens():
     calibration, held_out = _ids(8, 32), _ids(4, 32, seed=9)
     mean_model, aware_model = copy.deepcopy(model), copy.deepcopy(model)
     merge_kv(mean_model, 1, method="mean", progress=False)
-    merge_kv(aware_model, 1, calibration=calibration, progress=False)
+    merge_kv(aware_model, 1, calibration=calibration, local_steps=0, uptrain_steps=0, progress=False)  # closed form
     with torch.no_grad():
         for ids, factor in ((calibration, 0.5), (held_out, 0.7)):
             want = model(ids).logits
@@ -135,7 +136,8 @@ def test_a_nope_layer_is_fitted_without_the_rotary_constraint():
     assert err_plain <= err_rotary * (1 + 1e-9), (err_plain, err_rotary)
     # merge_kv itself takes the plain fit for that layer (and the rotary one for layer 1)
     merged = copy.deepcopy(model)
-    merge_kv(merged, 1, layers=[0], calibration=ids, refit=False, progress=False, grouping="contiguous")
+    merge_kv(merged, 1, layers=[0], calibration=ids, refit=False, local_steps=0, uptrain_steps=0, progress=False,
+             grouping="contiguous")
     got = merged.layers[0].attn.qkv_proj.weight.detach()
     torch.testing.assert_close(got, torch.cat([plain.q_w, plain.k_w, plain.v_w]), rtol=1e-10, atol=1e-10)
 

@@ -366,7 +366,7 @@ def test_merge_kv_keeps_every_query_heads_sink():
 
     _, model = _with_tokenizer()
     sinks = [layer.attn.sinks.detach().clone() for layer in model.layers]
-    merge_kv(model, 1, calibration=TEXT, n_windows=1, window=32, progress=False)
+    merge_kv(model, 1, local_steps=0, uptrain_steps=0, calibration=TEXT, n_windows=1, window=32, progress=False)
     assert [layer.attn.n_kv_heads for layer in model.layers] == [1, 1]
     assert all(torch.equal(layer.attn.sinks.detach(), s) for layer, s in zip(model.layers, sinks))
     with torch.no_grad():

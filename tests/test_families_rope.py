@@ -269,7 +269,7 @@ def test_merge_kv_on_partial_rotary_and_nope_layers(pairs):
     for family in ("phi3", "smollm3"):
         original = _pair(pairs, family)[1]
         aware, mean = copy.deepcopy(original), copy.deepcopy(original)
-        merge_kv(aware, 1, calibration=_ids(4, 64, 5), progress=False)
+        merge_kv(aware, 1, local_steps=0, uptrain_steps=0, calibration=_ids(4, 64, 5), progress=False)
         merge_kv(mean, 1, method="mean", progress=False)
         assert all(layer.attn.n_kv_heads == 1 for model in (aware, mean) for layer in model.layers)
         ids = _ids(2, 48, 6)

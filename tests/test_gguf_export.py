@@ -127,7 +127,8 @@ def test_round_trip_f32_equal_logits_and_metadata(tmp_path, vocab_gguf, case):
         prune(model, GROUP, mode="group", compensate="none", progress=False)
         assert [l.attn.n_heads for l in model.layers] == [6, 9]
     else:  # 3 -> 2 KV heads, the old heads 0 and 2 sharing one: uneven (6, 3) and non-contiguous
-        merge_kv(model, 2, layers=[0], grouping=[[0, 2], [1]], calibration=ids(4, 24, seed=1), progress=False)
+        merge_kv(model, 2, local_steps=0, uptrain_steps=0, layers=[0], grouping=[[0, 2], [1]],
+                 calibration=ids(4, 24, seed=1), progress=False)
         assert model.layers[0].attn.kv_head_of == (0, 0, 0, 1, 1, 1, 0, 0, 0)
     path = export_gguf(model, tmp_path / "m.gguf", tokenizer_from=vocab_gguf)
     back = load(path)

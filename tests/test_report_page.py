@@ -34,10 +34,36 @@ def test_page_is_self_contained_and_has_every_chart():
     assert 'class="na"' not in page
 
 
-def test_missing_sections_become_panels_with_their_reason():
-    r = example_report(missing=("roles", "importance", "pruning", "kv_merge", "faithfulness", "rank"))
+def test_the_commands_results_are_shown_with_their_source():
+    """C11, C15 and healing show what the commands give: the command line, the saved file, the three domains on the
+    commands' windows, and healing's before / after the edit / after healing with steps, tokens and seconds."""
+    r = example_report()
     page = render_html(r)
-    assert page.count('class="na"') == 6
+    assert 'id="healing"' in page and '<a href="#healing">Healing</a>' in page
+    table = re.search(r'<table class="data domains" id="healing-table">(.*?)</table>', page, re.S).group(1)
+    rows = re.findall(r"<tr><td>(\w+)</td><td>4 \u00d7 512</td><td>([\d.]+)</td><td>([\d.]+)</td><td>([\d.]+)</td>",
+                      table)
+    assert rows == [("prose", "16.50", "23.20", "19.30"), ("code", "24.40", "35.40", "28.20"),
+                    ("source", "9.10", "17.20", "13.50")]
+    assert "200 steps" in page and "95,744 calibration tokens" in page and "429 s of healing" in page
+    for cmd in ("headcount prune --model example --fraction 0.2 --out DIR --json",
+                "headcount merge-kv --model example --kv-heads 1 --json",
+                "headcount prune --model example --fraction 0.5 --heal-steps 200 --out DIR --json"):
+        assert f"<code>{cmd}</code>" in page
+    assert page.count("saved result of <code>") == 3 and "measured on these weights" in page
+    src = {c["id"]: c["source"] for c in r["claims"]}
+    assert src["C11"].startswith("saved result of `headcount prune --model example --fraction 0.2")
+    assert "saved result of `headcount merge-kv --model example --kv-heads 1 --json`" in src["C15"]
+    # without a saved healing result the section says how to get one
+    gone = render_html(example_report(missing=("healing",)))
+    assert "Healing: not available" in gone
+
+
+def test_missing_sections_become_panels_with_their_reason():
+    r = example_report(missing=("roles", "importance", "pruning", "prune_command", "kv_merge", "healing",
+                                "faithfulness", "rank"))
+    page = render_html(r)
+    assert page.count('class="na"') == 7
     assert "left out of this example" in page
     assert _figure_ids(page) == ["fig-accounts", "fig-attention"]
     statuses = {c["id"]: c["status"] for c in r["claims"]}
@@ -49,7 +75,7 @@ def test_missing_sections_become_panels_with_their_reason():
 
 
 def test_every_claim_card_shows_its_number_test_and_source():
-    r = example_report(overrides={"pruning": lambda p: dict(p, default=dict(p["default"], ppl=12.0))})
+    r = example_report(overrides={"prune_command": lambda p: dict(p, ppl_after=p["ppl_before"] * 1.2)})
     page = render_html(r)
     for i in range(1, 16):
         card = re.search(rf'<div class="claim (\w+)" id="claim-C{i}">(.*?)</div>', page, re.S)
@@ -88,7 +114,8 @@ def browser():
             b.close()
 
 
-@pytest.mark.parametrize("missing", [(), ("roles", "importance", "pruning", "kv_merge", "faithfulness", "rank")],
+@pytest.mark.parametrize("missing", [(), ("roles", "importance", "pruning", "prune_command", "kv_merge", "healing",
+                                          "faithfulness", "rank")],
                          ids=["full", "sections-missing"])
 def test_page_renders_offline_in_chromium(browser, tmp_path, missing):
     from PIL import Image, ImageStat

@@ -207,6 +207,12 @@ def test_heal_cli_saves_metadata_and_reports_every_domain(saved):
     assert {"seconds", "forward_equivalents", "tokens", "steps"} <= set(data) and data["steps"] == 2
     assert set(data["held_out"]) == {"before_edit", "after_edit", "after_heal"}
     assert set(data["held_out"]["after_heal"]) == {"prose", "code", "source"}
+    from headcount.models.fingerprint import weights_hash
+    # issue 26: the unedited model's weights (the teacher's: what a saved result is keyed by), the student's, and the
+    # command that produced the result
+    assert data["weights_sha256"] == weights_hash(load(saved / "teacher"))
+    assert data["edited_weights_sha256"] == weights_hash(load(saved / "child"))
+    assert data["command"].startswith(f"headcount heal --model {saved / 'child'} --teacher {saved / 'teacher'} ")
     healed = load(out)
     assert healed.healing["teacher"] == str(saved / "teacher") and healed.healing["steps"] == 2
     assert healed.healing["moved"]["params"] == "attention" and healed.healing["tokens"] == 2560

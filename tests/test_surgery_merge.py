@@ -97,7 +97,7 @@ def test_identical_kv_heads_merge_exactly_through_the_aware_path():
             attn.qkv_proj.weight[_kv_rows(attn, which, 1)] = attn.qkv_proj.weight[_kv_rows(attn, which, 0)]
     ids = _ids()
     want = model(ids).logits
-    result = merge_kv(model, 2, layers=[0], calibration=ids, refit=False, progress=False)
+    result = merge_kv(model, 2, local_steps=0, uptrain_steps=0, layers=[0], calibration=ids, refit=False, progress=False)
     info = result.layers[0]
     assert info.groups == [[0, 1], [2]]  # chosen from calibration: the identical pair
     assert attn.n_kv_heads == 2 and attn.kv_head_of == (0, 0, 0, 0, 1, 1)
@@ -120,7 +120,7 @@ def test_keys_differing_by_pair_scales_and_values_by_a_linear_map_merge_exactly(
         w[_kv_rows(attn, "v", 1)] = m @ w[_kv_rows(attn, "v", 0)]
     ids = _ids()
     want = model(ids).logits
-    merge_kv(model, 1, calibration=ids, refit=False, progress=False)
+    merge_kv(model, 1, local_steps=0, uptrain_steps=0, calibration=ids, refit=False, progress=False)
     assert attn.n_kv_heads == 1
     torch.testing.assert_close(model(ids).logits, want, rtol=1e-7, atol=1e-7)
 
@@ -141,7 +141,7 @@ def test_mean_method_equals_head_surgery():
 def test_uneven_three_to_two_decodes_like_prefill():
     model = _tiny()
     ids = _ids()
-    result = merge_kv(model, 2, calibration=ids, progress=False)
+    result = merge_kv(model, 2, local_steps=0, uptrain_steps=0, calibration=ids, progress=False)
     for layer, info in zip(model.layers, result.layers):
         attn = layer.attn
         assert attn.n_kv_heads == 2 and not attn.is_uniform
@@ -163,7 +163,8 @@ def test_aware_has_smaller_layer_error_than_mean_on_a_tiny_model():
     want = model(ids).logits
     err_mean = (mean_model(ids).logits - want).pow(2).mean()
     aware_model = copy.deepcopy(model)
-    result = merge_kv(aware_model, 1, calibration=ids, progress=False, ridge=1e-2)  # in-sample: a light ridge
+    result = merge_kv(aware_model, 1, local_steps=0, uptrain_steps=0, calibration=ids, progress=False,
+                      ridge=1e-2)  # in-sample: a light ridge
     for info in result.layers:
         assert info.error_after_refit <= info.error_before_refit + 1e-12  # the refit never makes it worse
     err_aware = (aware_model(ids).logits - want).pow(2).mean()
@@ -175,9 +176,9 @@ def test_local_refinement_lowers_the_error_on_windows_it_never_saw():
     fit, unseen = _ids(32, 64), _ids(8, 64, seed=7)  # enough tokens that the layer's weights generalise
     want = model(unseen).logits
     closed = copy.deepcopy(model)
-    merge_kv(closed, 1, calibration=fit, progress=False)
+    merge_kv(closed, 1, local_steps=0, uptrain_steps=0, calibration=fit, progress=False)
     refined = copy.deepcopy(model)
-    result = merge_kv(refined, 1, calibration=fit, local_steps=120, local_lr=5e-3, progress=False)
+    result = merge_kv(refined, 1, uptrain_steps=0, calibration=fit, local_steps=120, local_lr=5e-3, progress=False)
     assert all(info.error_after_local is not None for info in result.layers)
     err_closed = (closed(unseen).logits - want).pow(2).mean()
     err_refined = (refined(unseen).logits - want).pow(2).mean()
@@ -230,21 +231,21 @@ def test_local_steps_on_prefixes_lower_the_error_on_unseen_windows():
     fit, unseen = _ids(32, 64), _ids(8, 64, seed=7)
     want = model(unseen).logits
     closed = copy.deepcopy(model)
-    merge_kv(closed, 1, calibration=fit, progress=False)
+    merge_kv(closed, 1, local_steps=0, uptrain_steps=0, calibration=fit, progress=False)
     refined = copy.deepcopy(model)
-    result = merge_kv(refined, 1, calibration=fit, local_steps=120, local_lr=5e-3, local_tokens=32,
+    result = merge_kv(refined, 1, uptrain_steps=0, calibration=fit, local_steps=120, local_lr=5e-3, local_tokens=32,
                       progress=False)
     assert result.options["local_tokens"] == 32
     err_closed = (closed(unseen).logits - want).pow(2).mean()
     assert (refined(unseen).logits - want).pow(2).mean() < 0.97 * err_closed
     with pytest.raises(ValueError, match="local_tokens"):
-        merge_kv(copy.deepcopy(model), 1, calibration=fit, local_steps=2, local_tokens=0, progress=False)
+        merge_kv(copy.deepcopy(model), 1, uptrain_steps=0, calibration=fit, local_steps=2, local_tokens=0, progress=False)
 
 
 def test_local_refinement_touches_only_the_layers_it_merges():
     model = _tiny(n_layers=2, n_heads=6, n_kv=3)
     merged = copy.deepcopy(model)
-    merge_kv(merged, 1, layers=[0], calibration=_ids(8, 32), local_steps=20, progress=False)
+    merge_kv(merged, 1, uptrain_steps=0, layers=[0], calibration=_ids(8, 32), local_steps=20, progress=False)
     for (name, a), (_, b) in zip(merged.named_parameters(), model.named_parameters()):
         if not name.startswith("layers.0.attn."):
             assert torch.equal(a, b), name
@@ -261,7 +262,7 @@ def test_aware_beats_mean_on_smollm2_calibration_loss(smollm2):
     losses = {}
     for method in ("mean", "aware"):
         model = copy.deepcopy(smollm2)
-        merge_kv(model, 1, layers=[3, 4], method=method, calibration=fit, progress=False)
+        merge_kv(model, 1, local_steps=0, uptrain_steps=0, layers=[3, 4], method=method, calibration=fit, progress=False)
         losses[method] = calibration_loss(model, evaluate)
     assert losses["aware"] - base < 0.5 * (losses["mean"] - base)
 
@@ -290,7 +291,7 @@ def test_merge_plan_meets_the_budget_and_applies():
     assert plan.kv_bytes_per_token_after <= 0.67 * plan.kv_bytes_per_token_before
     assert set(plan.sensitivity) == {0, 1, 2} and all(set(v) == {1} for v in plan.sensitivity.values())
     assert MergePlan.from_json(plan.to_json()) == plan
-    result = merge_kv(model, plan, calibration=ids, progress=False)
+    result = merge_kv(model, plan, local_steps=0, uptrain_steps=0, calibration=ids, progress=False)
     assert result.kv_bytes_per_token_after == plan.kv_bytes_per_token_after
     again = merge_plan(_tiny(n_layers=3), 1.0, sensitivity_from=plan)
     assert again.kv_heads == {}
@@ -312,7 +313,7 @@ def test_bad_input_is_refused_before_any_weight_changes(kwargs, match):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     n = kwargs.pop("n_kv_heads")
     with pytest.raises(ValueError, match=match):
-        merge_kv(model, n, calibration=_ids(), progress=False, **kwargs)
+        merge_kv(model, n, local_steps=0, uptrain_steps=0, calibration=_ids(), progress=False, **kwargs)
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(layer.attn.n_kv_heads == 3 for layer in model.layers)
@@ -321,9 +322,9 @@ def test_bad_input_is_refused_before_any_weight_changes(kwargs, match):
 def test_bad_types_and_budgets():
     model = _tiny()
     with pytest.raises(TypeError, match="n_kv_heads"):
-        merge_kv(model, 1.5, progress=False)
+        merge_kv(model, 1.5, local_steps=0, uptrain_steps=0, progress=False)
     with pytest.raises(TypeError, match="n_kv_heads"):
-        merge_kv(model, True, progress=False)
+        merge_kv(model, True, local_steps=0, uptrain_steps=0, progress=False)
     with pytest.raises(ValueError, match="budget"):
         merge_plan(model, 0.2, calibration=_ids())  # below every-layer MQA (1/3)
     with pytest.raises(ValueError, match="budget"):

@@ -60,7 +60,11 @@ def test_merge_one_layer_json_save_and_reload(tmp_path):
     # the JSON object, then the uptrain's one-line summary (stderr, mixed into the runner's output)
     data = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])[0]
     # issue 7's keys, plus issue 15's cost (forward_equivalents, seconds) and issue 16's held-out domains
-    assert set(data) == KEYS | {"forward_equivalents", "seconds", "ppl_by_domain_before", "ppl_by_domain_after"}
+    assert set(data) == KEYS | {"forward_equivalents", "seconds", "ppl_by_domain_before", "ppl_by_domain_after",
+                                "weights_sha256", "command", "method", "merge_options", "uptrain"}
+    assert data["command"] == ("headcount merge-kv --kv-heads 2 --layers 1 --uptrain-steps 2 --out " + str(out)
+                               + " --local-steps 10 --calibration-windows 2 --eval-windows 1 --json")
+    assert len(data["weights_sha256"]) == 64
     assert set(data["ppl_by_domain_before"]) == {"prose", "code", "source"}
     assert data["ppl_by_domain_before"]["prose"] == data["ppl_before"]
     assert data["forward_equivalents"] > 0 and data["seconds"] > 0
@@ -91,21 +95,23 @@ def test_uptrain_windows_cuts_the_calibration_windows_in_order():
 
 
 def test_default_uptrain_runs_on_the_merge_windows_and_is_counted(monkeypatch):
-    from headcount.surgery.merging import cli
+    from headcount.surgery.merging import cli, defaults
 
-    monkeypatch.setattr(cli, "UPTRAIN_STEPS", 2)  # the default's path, with a test's step count
+    monkeypatch.setattr(defaults, "UPTRAIN_STEPS", 2)  # the default's path (merge_kv's), with a test's step count
     out = cli.run_merge("smollm2", 2, layers=[1], calibration_windows=2, local_steps=0, eval_windows=1)
     data, extra = out["json"], out["extra"]
     up = extra["uptrain"]
     assert up["steps"] == 2 and up["objective"] == "kl_to_teacher"
     assert up["tokens"] == 2 * cli.UPTRAIN_WINDOW  # one piece of a calibration window per step
+    assert extra["merge"]["uptrain"] == up  # merge_kv ran it (its defaults are the command's)
     # forward-equivalents over the merge's 2 x 512 calibration tokens: the student's forward and backward (3)
     # and the teacher's forward (1) on every uptrain token, added to the merge's own count
     merge = extra["merge"]
     assert merge["calibration_tokens"] == 2 * 512
-    expected = merge["forward_equivalents"] + 4 * 2 * cli.UPTRAIN_WINDOW / (2 * 512)
-    assert abs(data["forward_equivalents"] - expected) < 0.01
-    assert data["seconds"] >= round(merge["seconds"], 1)
+    assert up["token_forwards"] == 4 * 2 * cli.UPTRAIN_WINDOW
+    assert abs(data["forward_equivalents"] - merge["forward_equivalents"]) < 0.01
+    assert data["forward_equivalents"] > 4 * 2 * cli.UPTRAIN_WINDOW / (2 * 512)
+    assert data["seconds"] >= round(up["seconds"], 1)
     # the mean-pooling merge gets no uptrain unless asked for
     mean = cli.run_merge("smollm2", 1, method="mean", layers=[1], eval_windows=1)
     assert mean["extra"]["uptrain"] is None

@@ -89,6 +89,11 @@ def test_prune_minilm_json_contract_then_reload(tmp_path):
     assert data["kv_bytes_per_token_after"] == data["kv_bytes_per_token_before"] * 54 // 72
     assert data["ppl_before"] is None and 0.5 < data["fidelity_after"]["cosine"] <= 1.0
     from headcount.models import load
+    from headcount.models.fingerprint import weights_hash
+    # issue 26: what a saved result is keyed by (the weights before the edit) and the command that produced it
+    assert data["weights_sha256"] == weights_hash(load("minilm"))
+    assert data["command"] == (f"headcount prune --model minilm --fraction 0.25 --compensate none --order random "
+                               f"--out {out} --eval-windows 2 --json")
     back = load(out)
     assert sum(layer.attn.n_heads for layer in back.layers) == 54
     again = runner.invoke(app, ["prune", "--model", "minilm", "--fraction", "0.25", "--out", str(out)])

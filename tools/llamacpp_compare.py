@@ -33,7 +33,7 @@ Cases (`--cases`; the default is every case but the 1.5b model and the surgery o
   smollm2-export      the unmodified model exported by headcount (deci, f32): the same math on both sides
   smollm2-pruned20    prune_to(0.2, mode="query") with the defaults (reconstruction order, lstsq refit;
                       `headcount prune --fraction 0.2`), exported to GGUF (deci, f32)
-  smollm2-mqa         merge_kv(model, 1): every layer one K/V head (closed form), exported (deci, f32)
+  smollm2-mqa         merge_kv(model, 1, local_steps=0, uptrain_steps=0): every layer one K/V head (closed form), exported (deci, f32)
   gemma3-270m         the package's own Q4_K_M GGUF (gemma3), unmodified       } where the packages are
   gemma3-270m-f32     that GGUF with every tensor dequantised to F32 by this    } installed, else a
                       script (gguf's dequantize, metadata unchanged): the same   } one-line skip
@@ -243,7 +243,7 @@ def build_case(name: str, workdir: Path, rebuild: bool) -> Case:
         from headcount.surgery import merge_kv
 
         t = time.perf_counter()
-        merge_kv(model, 1, progress=False)
+        merge_kv(model, 1, local_steps=0, uptrain_steps=0, progress=False)  # the closed form
         notes.append(f"merge_kv 1: {time.perf_counter() - t:.0f} s")
     workdir.mkdir(parents=True, exist_ok=True)
     try:

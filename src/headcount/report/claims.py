@@ -196,10 +196,50 @@ def _limit(decoder: bool, max_rise: float) -> str:
             f"held-out sentence embeddings at mean cosine >= {PRUNE_COSINE} to the unmodified model's")
 
 
-def c11_pruning(pruning: dict | None) -> dict:
+def command_source(section: dict, model: str | None = None) -> str:
+    """Where a command section's numbers came from, in words: the command's saved result for these weights, or
+    its defaults run by this report (report/commands.py)."""
+    cmd = section.get("command")
+    if section.get("source") == "saved":
+        sha = str(section.get("weights_sha256") or "")
+        return (f"saved result of `{cmd}` ({section.get('path')}), measured on these weights (sha256 {sha[:12]}...); "
+                "`python benchmarks/command_results.py` regenerates it")
+    return (f"run by this report: `{cmd}`'s defaults (the functions the command calls, nothing overridden) on "
+            f"{model or 'the model'}, measured as the command measures it")
+
+
+def _sizes_words(section: dict) -> str:
+    sizes = section.get("domain_sizes") or {}
+    n, w = (sizes.get("prose") or [None, None])[:2]
+    return f" ({n} held-out windows of {w} tokens per domain, as the command measures)" if n else ""
+
+
+def _c11_command(title: str, claim: str, command: dict, model: str | None) -> dict | None:
+    """C11 from what `headcount prune --fraction 0.2` gives (saved or run with its defaults); None without a measure."""
+    decoder = command.get("ppl_before") is not None
+    q = quality(command.get("ppl_before"), command.get("ppl_after"), command.get("cosine"), PRUNE_PPL_RISE)
+    if q is None:
+        return None
+    fraction = command.get("fraction") or PRUNE_FRACTION
+    test = (f"{fraction:.0%} of the heads removed by `headcount prune --fraction {fraction:g}` with its defaults, "
+            f"{_limit(decoder, PRUNE_PPL_RISE)}" + (" on held-out prose; the other held-out domains are shown"
+                                                   if decoder else ""))
+    ok, words, number = q
+    status = HELD if ok else NOT_HELD
+    finding = (f"`{command.get('command')}`: {command.get('heads_removed')} of {command.get('heads_before', '?')} heads "
+               f"removed (order {command.get('order')}, {_comp(command)}); {words}{_sizes_words(command)}"
+               + domain_finding(command))
+    return _claim("C11", title, claim, test, status, finding, number, command_source(command, model))
+
+
+def c11_pruning(pruning: dict | None, command: dict | None = None, model: str | None = None) -> dict:
     title, claim = "Many heads can be removed", (
         "A large share of heads can be pruned at inference without a marked drop: 20% (translation) to 40% "
         "(BERT) in Michel et al. 2019; 38 of 48 encoder heads in Voita et al. 2019.")
+    if command:  # what the command gives (issue 26): it decides
+        found = _c11_command(title, claim, command, model)
+        if found is not None:
+            return found
     pruning = pruning or {}
     base, default = pruning.get("base_ppl"), pruning.get("default")
     if default:  # the project's defaults at exactly PRUNE_FRACTION: that point decides
@@ -272,7 +312,8 @@ def c13_faithfulness(faith: dict | None) -> dict:
     return _claim("C13", title, claim, test, status, finding, statistics.fmean(taus) if taus else None)
 
 
-def c15_gqa(accounts: dict | None, merge: dict | None, merge_missing: str | None = None) -> dict:
+def c15_gqa(accounts: dict | None, merge: dict | None, merge_missing: str | None = None,
+            model: str | None = None) -> dict:
     title, claim = "Fewer K/V heads, smaller KV cache", (
         "Query heads and K/V heads may differ (MHA, GQA, MQA): the KV cache per token is "
         "2 x n_kv_heads x head_dim x layers x bytes, so fewer K/V heads cut it proportionally, at some cost "
@@ -289,7 +330,13 @@ def c15_gqa(accounts: dict | None, merge: dict | None, merge_missing: str | None
     finding = "KV cache per token in " + accounts.get("dtype", "") + ": " + ", ".join(bits)
     number = None
     q = quality((merge or {}).get("ppl_before"), (merge or {}).get("ppl_after"))
-    if q is not None:
+    if q is not None and merge.get("command"):  # what `headcount merge-kv --kv-heads 1` gives (issue 26)
+        _, words, number = q
+        finding += (f". `{merge['command']}` ({merge_how(merge)}) takes the K/V heads from {merge.get('heads_before')} "
+                    f"to {merge.get('heads_after')} over all layers and gives {words}{_sizes_words(merge)}: the memory "
+                    "is saved at a cost in quality" + domain_finding(merge))
+        status = HELD if exact else NOT_HELD
+    elif q is not None:  # an older report.json: the library's merge at the report's sizes
         _, words, number = q
         how = f"method {merge['method']}, no training" if merge.get("method") else "no training"
         finding += (f". Merging this model's K/V heads {merge.get('heads_before')} -> {merge.get('heads_after')} "
@@ -299,7 +346,24 @@ def c15_gqa(accounts: dict | None, merge: dict | None, merge_missing: str | None
         finding += (f". The quality side (a K/V merge) is not measured ({merge_missing.rstrip('.')})"
                     if merge_missing else ". The quality side (a K/V merge) is not available in this report")
         status = PARTLY if exact else NOT_HELD
-    return _claim("C15", title, claim, test, status, finding, number)
+    source = (f"the accounts (headcount.cost); the merge: {command_source(merge, model)}" if q is not None
+              and merge.get("command") else None)
+    return _claim("C15", title, claim, test, status, finding, number, source)
+
+
+def merge_how(merge: dict) -> str:
+    """The merge's settings in words: 'method aware, 60 local steps per layer, a 20-step uptrain distilled from the
+    unmerged model'."""
+    opts = merge.get("options") or {}
+    up = merge.get("uptrain") or {}
+    bits = [f"method {merge.get('method') or 'aware'}"]
+    if opts.get("local_steps"):
+        bits.append(f"{opts['local_steps']} local reconstruction steps per layer")
+    if up.get("steps"):
+        bits.append(f"a {up['steps']}-step uptrain distilled from the unmerged model")
+    elif merge.get("method") == "mean" or opts:
+        bits.append("no training")
+    return ", ".join(bits)
 
 
 
@@ -605,12 +669,13 @@ def read_claims(report: dict) -> list[dict]:
     model = report.get("model")
     checks = report.get("checks") or {}
     exps = report.get("experiments") or {}
-    measured = {"C7": c7_roles(report.get("roles")), "C11": c11_pruning(report.get("pruning")),
+    measured = {"C7": c7_roles(report.get("roles")),
+                "C11": c11_pruning(report.get("pruning"), report.get("prune_command"), model),
                 "C13": c13_faithfulness(report.get("faithfulness")),
                 "C15": c15_gqa(report.get("accounts"), report.get("kv_merge"),
-                               (report.get("unavailable") or {}).get("kv_merge"))}
+                               (report.get("unavailable") or {}).get("kv_merge"), model)}
     for c in measured.values():
-        if c["status"] != NOT_MEASURED:
+        if c["status"] != NOT_MEASURED and c["source"] == _claim("", "", "", "", "", "")["source"]:
             c["source"] = run_source(model) + (" (with the project's default pruning order and compensation)"
                                                if c["id"] == "C11" else "")
     claims = [

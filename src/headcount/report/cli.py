@@ -57,10 +57,10 @@ def run_report(model: str, *, text: Optional[Path] = None, out: Optional[Path] =
     from headcount.report.collect import HeldOut
 
     timings = dict(report.timings)
-    domains = timings.pop(HeldOut.DOMAIN_TIMING, None)  # part of the pruning and kv_merge steps' seconds
+    domains = timings.pop(HeldOut.DOMAIN_TIMING, None)  # part of the pruning step's seconds
     steps = ", ".join(f"{k} {v:.0f} s" + (" (cached)" if k in report.cached else "") for k, v in timings.items())
     if domains is not None:
-        steps += f" (pruning and kv_merge include {domains:.1f} s for the held-out code and source domains)"
+        steps += f" (pruning includes {domains:.1f} s for the held-out code and source domains)"
     typer.echo(f"  took {time.perf_counter() - start:.0f} s with {threads} torch thread{'s' if threads > 1 else ''}: "
                f"{steps}", err=True)
 

@@ -37,7 +37,8 @@ class Sizes:
 
     Calibration is windows of `window` tokens of prune_to's default calibration text, batched once: the first
     importance_windows of them for the importance scores, the pruning order and its refit (one scoring pass
-    shared by the curve), merge_windows for the K/V merge, gate_windows for the gates.
+    shared by the curve), gate_windows for the gates. C11's prune, the K/V merge and healing are the commands' own
+    (report/commands.py: their saved results for these weights, or their defaults run here), not sized here.
     """
 
     roles_tokens: int = 768  # tokens of windows for previous/duplicate/positional/sink
@@ -48,7 +49,7 @@ class Sizes:
     importance_windows: int = 3  # calibration windows (see above): 768 tokens, as good as 1,024 for C11 (measured)
     pruning_fractions: tuple[float, ...] = (0.1, 0.2, 0.4)  # 0.2 is prune_to's (C11), the others the curve's
     eval_windows: int = 4  # held-out windows for every perplexity (pruning curve, K/V merge, gates)
-    merge_windows: int = 3  # calibration windows for the K/V merge
+    merge_windows: int = 3  # unused since issue 26: the K/V merge shown is the command's (report/commands.py)
     window: int = 256
     encoder_sentences: int = 64  # calibration / held-out sentences for an encoder's pruning and merge
     random_fractions: tuple[float, ...] = (0.2,)  # the random-order baseline (no refit)
@@ -234,32 +235,6 @@ class HeldOut:
             self._base = dict(curve["base_by_text"])
 
 
-def kv_merge_section(model, target: int, *, calibration, held: HeldOut, sizes: Sizes, progress: bool) -> dict:
-    """Merge a copy of `model`'s K/V heads down to `target` per layer with headcount.surgery.merge_kv's DEFAULT
-    method (decoders; an encoder, with no perplexity to show the cost, gets the quick mean-pooled merge) and
-    measure what it costs on held-out text: {heads_before, heads_after, params_before, params_after,
-    kv_bytes_per_token_before/after, ppl_before, ppl_after, method, merge, and HeldOut.domains' keys: the three
-    held-out domains before / after, or why not}."""
-    merge_kv = _fn("surgery", "merge_kv")
-    copy_ = attention_copy(model)  # the merge edits attention only: the rest is shared
-    decoder = hasattr(model, "lm_head")
-    before = {"heads_before": model.layers[0].attn.n_kv_heads, "params_before": _n_params(model),
-              "kv_bytes_per_token_before": sum(l.attn.new_cache(1, 1).nbytes for l in model.layers),
-              "ppl_before": held.first(held.base) if decoder else None}
-    kwargs = {} if decoder else {"method": "mean"}
-    w = min(sizes.window, model.config.max_position)
-    result = call_with(merge_kv, copy_, target, calibration=calibration, n_windows=sizes.merge_windows, window=w,
-                       progress=progress, **kwargs)
-    data = result.to_json() if hasattr(result, "to_json") else {}
-    after = {"heads_after": copy_.layers[0].attn.n_kv_heads, "params_after": _n_params(copy_),
-             "kv_bytes_per_token_after": sum(l.attn.new_cache(1, 1).nbytes for l in copy_.layers),
-             "ppl_after": held.first(held.evaluate(copy_)) if decoder else None}
-    out = {**before, **after, "method": data.get("method"), "eval_tokens": sizes.eval_windows * w,
-           "defaults": decoder, **held.domains(copy_, after["ppl_after"])}
-    out["merge"] = {k: v for k, v in data.items() if k not in ("layers",)}
-    return out
-
-
 def calibration_input(model, cal, sizes: Sizes, n_windows: int, window: int | None = None):
     """What every calibrating step gets as `calibration=`: for a decoder, `n_windows` token windows
     [N, window] of prune_to's DEFAULT calibration (or of the user's text), batched once through the one
@@ -346,7 +321,7 @@ def pruning_section(model, *, calibration, held: HeldOut, sizes: Sizes, seed: in
 def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progress: bool,
            done: dict, results_dir=None, timings: dict | None = None, weights: str | None = None) -> list[Step]:
     """The report's steps in order; `done` holds the results so far (pruning reuses importance)."""
-    from headcount.report.accounts import _variants, accounts, shape_json, shape_of, window_note
+    from headcount.report.accounts import accounts, shape_json, shape_of, window_note
     from headcount.report.checks import chapter_checks
     from headcount.report.sample import DEFAULT_SAMPLE, sample_attention
     from headcount.report.trained import EXPERIMENT_NAMES, experiment_section, experiment_source, gates_source
@@ -413,15 +388,23 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
         return pruning_section(model, calibration=calib(sizes.importance_windows), held=held_out, sizes=sizes,
                                seed=seed, scores=scores, progress=progress)
 
-    attn = model.layers[0].attn
-    targets = [kv for _, kv in _variants(attn.n_heads, attn.n_kv_heads) if kv < attn.n_kv_heads]
+    from headcount.report import commands
 
-    def merge_step():
-        if not targets:
-            raise NotApplicable(f"{getattr(model, 'name', None) or 'the model'} already has one KV head per layer "
-                                "(MQA): there are no K/V heads left to merge")
-        return kv_merge_section(model, targets[0], calibration=calib(sizes.merge_windows), held=held_out,
-                                sizes=sizes, progress=progress)
+    # the commands' own results (issue 26): saved for these weights, or their defaults run here (commands.py)
+    weights_of = (lambda: weights) if weights else (lambda: weights_hash(model))
+    name = getattr(model, "name", None)
+    user_text = texts is not None  # the commands measure the default corpus's domains: a user's text is not theirs
+
+    def command_step(section):
+        def run():
+            if user_text:
+                raise NotApplicable("the report's own text: the commands calibrate and measure on the default corpus "
+                                    "(run the command with --text FILE for this text)")
+            return section(model, results=results_dir, weights=weights_of, progress=progress)
+        return run
+
+    def source_of(kind):
+        return {"source": "text"} if user_text else commands.command_source(results_dir, name, kind, weights_of)
 
     try:
         _fn("surgery", "train_gates")
@@ -430,7 +413,6 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
         trainable = False
 
     # a saved gates result counts only for the weights it was measured on (its weights_sha256, when it has one)
-    weights_of = (lambda: weights) if weights else (lambda: weights_hash(model))
     gate_source = gates_source(results_dir, getattr(model, "name", None), weights_of)
 
     def gates_step():  # the gates bench's saved result for this model when there is one, else a short run here
@@ -462,9 +444,10 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
         Step("pruning", sized | cal_key | domain_key | {"fractions": list(sizes.pruning_fractions), "order": method,
                                                         "random": list(sizes.random_fractions), "defaults": 2},
              pruning_step, optional=True),
-        Step("kv_merge", sized | cal_key | domain_key | {"target": targets[:1], "windows": sizes.merge_windows,
-                                                         "method": 3},
-             merge_step, optional=True),
+        Step("prune_command", {"version": 1} | source_of("prune"), command_step(commands.prune_section),
+             optional=True),
+        Step("kv_merge", {"version": 4} | source_of("merge"), command_step(commands.merge_section), optional=True),
+        Step("healing", {"version": 1} | source_of("heal"), command_step(commands.healing_section), optional=True),
         Step("gates", sized | cal_key | gate_source | {"steps": sizes.gate_steps, "windows": sizes.gate_windows,
                                                        "version": 3, "gate_window": sizes.gate_window,
                                                        "lr": sizes.gate_lr, "trained": trainable},
@@ -566,7 +549,7 @@ def _untimed(value):
 
 
 def _reason(name: str, err: BaseException) -> str:
-    where = "headcount.surgery" if name in ("pruning", "kv_merge", "gates") else \
+    where = "headcount.surgery" if name in ("pruning", "prune_command", "kv_merge", "healing", "gates") else \
         "headcount.experiments" if name.startswith("experiment-") else "headcount.analysis"
     msg = " ".join(str(err).split())
     return f"{where} does not provide it here ({type(err).__name__}: {msg})" if msg else \
@@ -578,7 +561,8 @@ def assemble(*, model_name: str, kind: str, results: dict, unavailable: dict | N
     """report.json from the steps' JSON results (what the HTML builder reads; testable without a model).
 
     results: {"shape": {"shape", "accounts"}, "sample", "roles", "faithfulness", "rank", "checks",
-              and optionally "importance", "pruning", "kv_merge", "gates", "experiment-<name>" (one per
+              and optionally "importance", "pruning", "prune_command", "kv_merge", "healing", "gates",
+              "experiment-<name>" (one per
               trained-from-scratch experiment: gathered into report["experiments"][name])}.
     """
     from headcount.report.claims import read_claims
@@ -597,7 +581,7 @@ def assemble(*, model_name: str, kind: str, results: dict, unavailable: dict | N
         "rank": results.get("rank"),
         "params": dict(params or {}),
     }
-    for key in ("checks", "importance", "pruning", "kv_merge", "gates"):
+    for key in ("checks", "importance", "pruning", "prune_command", "kv_merge", "healing", "gates"):
         if results.get(key) is not None:
             report[key] = results[key]
     experiments = {k[len("experiment-"):]: v for k, v in sorted(results.items())

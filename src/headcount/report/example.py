@@ -96,15 +96,39 @@ def example_report(n_layers: int = 4, n_heads: int = 4, *, missing: tuple[str, .
     base = {"prose": 10.0, "code": 20.0, "source": 6.0}
     pruning |= {"ppl_by_domain_before": base, "ppl_by_domain_after": {"prose": 10.3, "code": 21.0, "source": 6.6},
                 "domain_sizes": sizes}
-    merge |= {"ppl_by_domain_before": base, "ppl_by_domain_after": {"prose": 11.5, "code": 23.0, "source": 6.9},
-              "domain_sizes": sizes}
+    command_sizes = {"prose": [4, 512], "code": [4, 512], "source": [4, 512]}  # the commands' held-out windows
+    command_base = {"prose": 16.5, "code": 24.4, "source": 9.1}
+    sha = "0" * 64
+    merge |= {"heads_before": n_layers * shape.n_kv_heads, "heads_after": n_layers, "ppl_before": 16.5,
+              "ppl_after": 26.6, "ppl_by_domain_before": command_base,
+              "ppl_by_domain_after": {"prose": 26.6, "code": 45.8, "source": 25.0}, "domain_sizes": command_sizes,
+              "source": "saved", "command": "headcount merge-kv --model example --kv-heads 1 --json",
+              "path": "benchmarks/results/commands/example-merge-kv-1.json", "weights_sha256": sha, "kv_heads": 1,
+              "options": {"local_steps": 60, "n_windows": 16}, "uptrain": {"steps": 20, "lr": 0.0003}}
+    prune_command = {"source": "saved", "command": "headcount prune --model example --fraction 0.2 --out DIR --json",
+                     "path": "benchmarks/results/commands/example-prune-0.2.json", "weights_sha256": sha,
+                     "fraction": 0.2, "order": "reconstruction", "compensate": "lstsq", "mode": "query",
+                     "heads_before": n_layers * n_heads, "heads_after": n_layers * n_heads - round(0.2 * n_layers * n_heads),
+                     "heads_removed": round(0.2 * n_layers * n_heads), "ppl_before": 16.5, "ppl_after": 17.4,
+                     "ppl_by_domain_before": command_base,
+                     "ppl_by_domain_after": {"prose": 17.4, "code": 26.8, "source": 10.5},
+                     "domain_sizes": command_sizes, "command_seconds": 120.0}
+    healing = {"source": "saved", "command": "headcount prune --model example --fraction 0.5 --heal-steps 200 --out DIR "
+               "--json", "path": "benchmarks/results/commands/example-prune-0.5-heal-200.json", "weights_sha256": sha,
+               "fraction": 0.5, "heads_before": n_layers * n_heads, "heads_after": n_layers * n_heads // 2,
+               "held_out": {"before_edit": command_base, "after_edit": {"prose": 23.2, "code": 35.4, "source": 17.2},
+                            "after_heal": {"prose": 19.3, "code": 28.2, "source": 13.5}},
+               "domain_sizes": command_sizes, "steps": 200, "planned_steps": 200, "tokens": 95744,
+               "tokens_seen": 102400, "params": "attention", "lr": 0.0003, "trainable_params": 13400000,
+               "heal_seconds": 429.0, "command_seconds": 490.0, "val_kl_first": 0.477, "val_kl_best": 0.282,
+               "best_step": 200, "stopped_early": False}
     gates = {"source": "run", "fraction": 0.5, "steps": 40, "heads_before": n_layers * n_heads,
              "heads_removed": n_layers * n_heads // 2, "reached": True, "n_closed": n_layers * n_heads // 2,
              "n_gates": n_layers * n_heads, "n_removed_ranked": 0, "compensate": "lstsq", "mode": "query",
              "objective": "KL of next-token distributions", "ppl_before": 10.0, "ppl_after": 11.2}
     results = {"shape": {"shape": shape_json(shape), "accounts": accounts(shape)}, "sample": sample, "roles": roles,
                "faithfulness": faith, "rank": rank, "importance": importance, "pruning": pruning, "kv_merge": merge,
-               "gates": gates, "checks": example_checks(shape), **example_experiments()}
+               "prune_command": prune_command, "healing": healing, "gates": gates, "checks": example_checks(shape), **example_experiments()}
     for key, change in (overrides or {}).items():
         results[key] = change(copy.deepcopy(results.get(key)))
     for key in missing:

@@ -12,7 +12,7 @@ import html
 import json
 
 from headcount.report import charts
-from headcount.report.claims import GATES_FILE, ROLE_NAMES, domain_table, head_name
+from headcount.report.claims import GATES_FILE, ROLE_NAMES, command_source, domain_table, head_name, merge_how
 from headcount.report.style import ATTENTION_JS, CSS
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True,
@@ -245,46 +245,135 @@ def _attention(r: dict) -> str:
             'the first token. Switch layers with the menu or the arrows.</p>' + body + "</section>")
 
 
+def _kpi(label, a, b, fmt=str) -> str:
+    change = ""
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a:
+        change = f"<small> ({b / a - 1:+.1%})</small>"
+    return f'<div class="kpi"><span>{e(label)}</span><b>{e(fmt(a))} \u2192 {e(fmt(b))}</b>{change}</div>'
+
+
+def _ppl(v) -> str:
+    return f"{v:.2f}" if isinstance(v, (int, float)) else "\u2013"
+
+
+def _source_line(section: dict, model) -> str:
+    return f'<p class="lede source" style="margin-top:4px">Source: {_code(command_source(section, model))}</p>'
+
+
+def _code(text: str) -> str:
+    """Escape text and show its `quoted` parts as code."""
+    parts = str(text).split("`")
+    return "".join(f"<code>{e(p)}</code>" if i % 2 else e(p) for i, p in enumerate(parts))
+
+
+def _prune_command(r: dict) -> str:
+    """C11: what `headcount prune --fraction 0.2` gives (its saved result for these weights, or its defaults run)."""
+    pc = r.get("prune_command")
+    if not pc:
+        return ""
+    kpis = (f'<div class="kpi"><span>heads removed</span><b>{pc.get("heads_removed")} of {pc.get("heads_before")}</b>'
+            f'<small> (order {e(str(pc.get("order")))}, compensation {e(str(pc.get("compensate")))})</small></div>')
+    if pc.get("ppl_before") is not None:
+        kpis += _kpi("held-out perplexity (prose)", pc.get("ppl_before"), pc.get("ppl_after"), _ppl)
+    elif pc.get("cosine") is not None:
+        kpis += f'<div class="kpi"><span>embedding cosine</span><b>{pc["cosine"]:.3f}</b></div>'
+    return (f'<h3 class="sub" id="prune-command">What <code>{e(str(pc.get("command")))}</code> gives (claim C11)</h3>'
+            f'<div class="kpis">{kpis}</div>' + _domains(pc, "after the prune") + _source_line(pc, r.get("model")))
+
+
+def _merge(r: dict) -> str:
+    m = r.get("kv_merge")
+    un = r.get("unavailable") or {}
+    if not m:
+        return _na("The K/V merge", un.get("kv_merge", "headcount.surgery.merge_kv was not run"))
+    per_layer = not m.get("command")  # an older report.json: KV heads of one layer
+    kpis = ('<div class="kpis">'
+            + _kpi("KV heads per layer" if per_layer else "KV heads (all layers)", m.get("heads_before"),
+                   m.get("heads_after"))
+            + _kpi("KV cache / token", m.get("kv_bytes_per_token_before"), m.get("kv_bytes_per_token_after"),
+                   lambda v: _fmt_bytes(v) if isinstance(v, (int, float)) else "\u2013")
+            + _kpi("parameters", m.get("params_before"), m.get("params_after"),
+                   lambda v: _fmt_num(v) if isinstance(v, (int, float)) else "\u2013")
+            + _kpi("held-out perplexity (prose)", m.get("ppl_before"), m.get("ppl_after"), _ppl)
+            + "</div>")
+    if per_layer:
+        how = f"method {m['method']}, no training" if m.get("method") else "no training"
+        return (f'<h3 class="sub" style="margin-top:0">Merging K/V heads ({e(how)})</h3>' + kpis
+                + _domains(m, f"{m.get('heads_before')} \u2192 {m.get('heads_after')} KV heads"))
+    return (f'<h3 class="sub" style="margin-top:0" id="merge-command">What <code>{e(str(m.get("command")))}</code> '
+            f'gives ({e(merge_how(m))}; claim C15)</h3>' + kpis + _domains(m, "after the merge")
+            + _source_line(m, r.get("model")))
+
+
 def _surgery(r: dict) -> str:
     un = r.get("unavailable") or {}
     pr = r.get("pruning")
+    pc = r.get("prune_command")
     left = (_fig(charts.pruning_chart(pr), "fig-pruning") if pr and pr.get("points")
             else _na("The pruning curve", un.get("pruning", "headcount.surgery.pruning_curve was not run")))
     m = r.get("kv_merge")
-    if m:
-        def kpi(label, a, b, fmt=str):
-            change = ""
-            if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a:
-                change = f"<small> ({b / a - 1:+.1%})</small>"
-            return f'<div class="kpi"><span>{e(label)}</span><b>{e(fmt(a))} \u2192 {e(fmt(b))}</b>{change}</div>'
-        how = f"method {m['method']}, no training" if m.get("method") else "no training"
-        right = (f'<h3 class="sub" style="margin-top:0">Merging K/V heads ({e(how)})</h3>'
-                 '<div class="kpis">'
-                 + kpi("KV heads per layer", m.get("heads_before"), m.get("heads_after"))
-                 + kpi("KV cache / token", m.get("kv_bytes_per_token_before"), m.get("kv_bytes_per_token_after"),
-                       lambda v: _fmt_bytes(v) if isinstance(v, (int, float)) else "–")
-                 + kpi("parameters", m.get("params_before"), m.get("params_after"),
-                       lambda v: _fmt_num(v) if isinstance(v, (int, float)) else "–")
-                 + kpi("held-out perplexity", m.get("ppl_before"), m.get("ppl_after"),
-                       lambda v: f"{v:.2f}" if isinstance(v, (int, float)) else "–")
-                 + "</div>")
-    else:
-        right = _na("The K/V merge", un.get("kv_merge", "headcount.surgery.merge_kv was not run"))
-    if pr:
+    right = _merge(r)
+    if pc:
+        left += _prune_command(r)
+    elif pr:
         left += _domains(pr, f"prune_to({((pr.get('default') or {}).get('fraction') or 0.2):g}), the starred point")
-    if m:
-        right += _domains(m, f"{m.get('heads_before')} \u2192 {m.get('heads_after')} KV heads")
     right += _gates(r)
     default = (pr or {}).get("default") or {}
     how = (f" The starred point is <code>prune_to(model, {default.get('fraction', 0.2):g})</code> with the project's "
-           f"defaults (order {e(str(default.get('order')))}, compensation {e(str(default.get('compensate')))}): "
-           "claim C11." if default else "")
+           f"defaults (order {e(str(default.get('order')))}, compensation {e(str(default.get('compensate')))}) at the "
+           "curve's sizes." if default else "")
+    if pc:
+        how += (" The curve is measured at the report's small sizes (its shape is the point); under it, claim C11 is "
+                "what the command gives, on the command's own held-out windows.")
     return ('<section class="card" id="surgery"><h2>Removing heads, merging K/V heads</h2>'
             '<p class="lede">Left: held-out perplexity as the least important heads are removed (chapter 2.3.6).'
             f'{how} Right: the GQA trade-off measured on this model: fewer K/V heads, a smaller cache, and what it '
             'costs (chapter 2.3.7); below it, heads removed by trained hard-concrete gates (claim C12).'
-            f'{DOMAINS_LEDE if domain_table(pr) or domain_table(m) else ""}</p>'
+            f'{DOMAINS_LEDE if domain_table(pc or pr) or domain_table(m) else ""}</p>'
             f'<div class="grid2"><div>{left}</div><div>{right}</div></div></section>')
+
+
+def _healing(r: dict) -> str:
+    """The healed edit: held-out perplexity per domain before the edit, after it and after healing (issue 26)."""
+    h = r.get("healing")
+    if not h:
+        reason = (r.get("unavailable") or {}).get("healing", "not measured for this report")
+        body = _na("Healing", reason)
+    else:
+        figures = h.get("held_out") or {}
+        before, edit, healed = (figures.get(k) or {} for k in ("before_edit", "after_edit", "after_heal"))
+        sizes = h.get("domain_sizes") or {}
+
+        def size(name):
+            n, w = (sizes.get(name) or [None, None])[:2]
+            return f"{n} \u00d7 {w}" if n else "\u2013"
+
+        def change(a, b):
+            return f"{a / b - 1:+.1%}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "\u2013"
+
+        rows = "".join(f'<tr><td>{e(name)}</td><td>{size(name)}</td><td>{_ppl(b)}</td><td>{_ppl(edit.get(name))}</td>'
+                       f'<td>{_ppl(healed.get(name))}</td><td>{change(edit.get(name), b)}</td>'
+                       f'<td>{change(healed.get(name), b)}</td></tr>' for name, b in before.items())
+        seconds = h.get("heal_seconds")
+        facts = (f'{h.get("steps")} steps (planned {h.get("planned_steps")}), {h.get("tokens") or 0:,} calibration tokens '
+                 f'({h.get("tokens_seen") or 0:,} seen), weights that moved: {e(str(h.get("params")))} '
+                 f'({h.get("trainable_params") or 0:,}), lr {h.get("lr")}'
+                 + (f", {seconds:,.0f} s of healing" if isinstance(seconds, (int, float)) else "")
+                 + (f" ({h['command_seconds']:,.0f} s for the whole command)" if h.get("command_seconds") else "")
+                 + (f"; validation KL {h['val_kl_first']:.3f} \u2192 {h['val_kl_best']:.3f} (best at step "
+                    f"{h.get('best_step')})" if h.get("val_kl_first") is not None and h.get("val_kl_best") is not None
+                    else ""))
+        body = (f'<h3 class="sub" style="margin-top:0">What <code>{e(str(h.get("command")))}</code> gives: '
+                f'{h.get("heads_before", 0) - h.get("heads_after", 0)} of {h.get("heads_before")} heads removed, then '
+                'healed by distillation from the unedited model</h3>'
+                '<table class="data domains" id="healing-table"><tr><th>held-out perplexity</th><th>windows \u00d7 '
+                'tokens</th><th>before the edit</th><th>after the edit</th><th>after healing</th><th>edit</th>'
+                f'<th>healed</th></tr>{rows}</table>'
+                f'<p class="lede" style="margin-top:4px">{facts}.</p>' + _source_line(h, r.get("model")))
+    return ('<section class="card" id="healing"><h2>Healing an edited model</h2>'
+            '<p class="lede">An edit that costs too much can win part of the loss back by distillation from the '
+            'unedited model on calibration text (<code>headcount heal</code>, <code>--heal-steps N</code> on every '
+            'edit); the held-out domains are only measured, never trained or chosen on.</p>' + body + "</section>")
 
 
 DOMAINS_LEDE = (" Under the curve and the merge, held-out perplexity on three domains, as <code>headcount prune</code> "
@@ -396,7 +485,7 @@ def _footer(r: dict) -> str:
 
 
 NAV = [("claims", "Claims"), ("accounts", "Accounts"), ("heads", "Head map"), ("attention", "Attention"),
-       ("surgery", "Pruning & K/V merge"), ("faithfulness", "Faithfulness"), ("rank", "Rank")]
+       ("surgery", "Pruning & K/V merge"), ("healing", "Healing"), ("faithfulness", "Faithfulness"), ("rank", "Rank")]
 
 
 def render_html(report: dict) -> str:
@@ -404,7 +493,7 @@ def render_html(report: dict) -> str:
 
     nav = "".join(f'<a href="#{a}">{e(b)}</a>' for a, b in NAV)
     body = "".join([_claims(report), _accounts(report), _head_map(report), _attention(report), _surgery(report),
-                    _faithfulness(report), _rank(report)])
+                    _healing(report), _faithfulness(report), _rank(report)])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>headcount report: {e(str(report.get('model')))}</title><style>{CSS}</style>"

@@ -74,3 +74,37 @@ def before_after_table(rows: list[tuple[str, object, object]], title: str) -> No
             change = f"{(after / before - 1) * 100:+.1f}%" if before else ""
             table.add_row(name, f"{before:,}", f"{after:,}", change)
     Console().print(table)
+
+
+def command_line() -> str:
+    """The command being run, as a user would type it to run it again: `headcount <command>` and the options given
+    on the command line (not the defaults), in the command's own order, e.g. `headcount prune --model smollm2
+    --fraction 0.2 --json`. What a saved --json result records in `command` (the report quotes it)."""
+    import shlex
+
+    ctx, ParameterSource = None, None
+    for package in ("typer._click", "click"):  # typer >= 0.2x runs its own copy of click
+        try:
+            module = __import__(f"{package}.globals", fromlist=["get_current_context"])
+            ctx = module.get_current_context(silent=True)
+            ParameterSource = __import__(f"{package}.core", fromlist=["ParameterSource"]).ParameterSource
+        except (ImportError, AttributeError):
+            continue
+        if ctx is not None:
+            break
+    if ctx is None:
+        return ""
+    words = ["headcount", ctx.info_name or ""]
+    for param in ctx.command.params:
+        if ctx.get_parameter_source(param.name) not in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT):
+            continue
+        flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        value = ctx.params.get(param.name)
+        if getattr(param, "is_flag", False):
+            if value:
+                words.append(flag)
+            else:  # a --no-x secondary flag
+                words.append(next((o for o in param.secondary_opts if o.startswith("--")), flag))
+        else:
+            words += [flag, str(value)]
+    return shlex.join(words)

@@ -140,6 +140,8 @@ def register(app, bench_app) -> None:
             parse_dtype(dtype), parse_device(device)
             out = check_out_dir(out, force)
             student, original = _load_pair(model, teacher, dtype, device)
+            from headcount.models.fingerprint import weights_hash
+            source_weights, edited_weights = weights_hash(original), weights_hash(student)
             from headcount.surgery.healing.loop import heal
             from headcount.surgery import save
 
@@ -152,7 +154,11 @@ def register(app, bench_app) -> None:
                 raise
             student.healing = {**result.metadata(), "teacher": teacher}
             save(student, out, force=force)
-        data = {**result.to_json(), "teacher": teacher, "out": str(out)}
+        from headcount.surgery.cli_common import command_line
+        # weights_sha256: the unedited model's (the teacher: the weights before the edit, what a saved result is
+        # keyed by); edited_weights_sha256: the student's before healing
+        data = {**result.to_json(), "teacher": teacher, "out": str(out), "weights_sha256": source_weights,
+                "edited_weights_sha256": edited_weights, "command": command_line()}
         if json_out:
             typer.echo(json.dumps(data, indent=2))
             return

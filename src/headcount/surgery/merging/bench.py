@@ -97,11 +97,11 @@ def _smollm2(s: dict) -> dict:
     aware = {"calibration": calibration, "window": s["window"], "progress": False}
     model = copy.deepcopy(base_model)
     t = time.perf_counter()
-    merge_kv(model, 1, **aware)
+    merge_kv(model, 1, local_steps=0, uptrain_steps=0, **aware)
     row("every layer MQA, aware (closed form)", model, time.perf_counter() - t)
     model = copy.deepcopy(base_model)
     t = time.perf_counter()
-    merge_kv(model, 1, local_steps=s["local_steps"], **aware)
+    merge_kv(model, 1, uptrain_steps=0, local_steps=s["local_steps"], **aware)
     row(f"every layer MQA, aware + local reconstruction ({s['local_steps']} steps / layer)", model,
         time.perf_counter() - t)
     mqa = model
@@ -120,7 +120,7 @@ def _smollm2(s: dict) -> dict:
     for local in (0, s["local_steps"]):
         model = copy.deepcopy(base_model)
         t = time.perf_counter()
-        merge_kv(model, 2, local_steps=local, **aware)
+        merge_kv(model, 2, uptrain_steps=0, local_steps=local, **aware)
         row("every layer 3 -> 2 KV heads, aware " + (f"+ local reconstruction ({local} steps / layer)" if local
                                                        else "(closed form)"), model, time.perf_counter() - t)
         del model
@@ -135,7 +135,7 @@ def _smollm2(s: dict) -> dict:
         plan = merge_plan(base_model, budget, sensitivity_from=plan)
         model = copy.deepcopy(base_model)
         t = time.perf_counter()
-        merge_kv(model, plan, calibration=calibration, window=s["window"], progress=False)
+        merge_kv(model, plan, local_steps=0, uptrain_steps=0, calibration=calibration, window=s["window"], progress=False)
         point = {"budget": round(budget, 4), "kv_bytes_per_token": kv_bytes_per_token(model),
                  "kv_heads": {str(k): v for k, v in plan.kv_heads.items()}, **_ppl(model, sets),
                  "predicted_loss_increase": plan.predicted_loss_increase,
@@ -149,7 +149,7 @@ def _smollm2(s: dict) -> dict:
         if abs(budget - 2 / 3) < 1e-9:  # the one-third target: the same plan with local reconstruction
             model = copy.deepcopy(base_model)
             t = time.perf_counter()
-            merge_kv(model, plan, local_steps=s["local_steps"], **aware)
+            merge_kv(model, plan, uptrain_steps=0, local_steps=s["local_steps"], **aware)
             row(f"merge_plan(2/3), aware + local reconstruction ({s['local_steps']} steps / layer)", model,
                 time.perf_counter() - t, kv_heads={str(k): v for k, v in plan.kv_heads.items()})
             del model
@@ -169,7 +169,7 @@ def _minilm(s: dict) -> dict:
     for n in s["minilm_kv"]:
         for method in ("mean", "aware"):
             model = copy.deepcopy(base_model)
-            merge_kv(model, n, method=method, progress=False)
+            merge_kv(model, n, local_steps=0, uptrain_steps=0, method=method, progress=False)
             cos, rho = fidelity(model, reference, held)
             rows.append({"n_kv_heads": n, "method": method, "cosine": cos, "spearman": rho})
             _log(str(rows[-1]))

@@ -34,18 +34,14 @@ JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv
              "kv_bytes_per_token_after", "ppl_before", "ppl_after")
 
 
-# The defaults a user runs (issue 15: <= 3 minutes for every layer of smollm2 to MQA on 2 cores), chosen on
-# validation windows of the calibration text by benchmarks/merge_defaults.py (docs/merging.md has its table):
-# the per-layer merge, then a short distillation from the unmerged model on the same calibration windows, which
-# corrects what the layers' errors do together. `headcount merge-kv --model smollm2 --kv-heads 1 --json` prints
-# what they reach (docs/scale.md).
-CALIBRATION_WINDOWS = 16
-LOCAL_STEPS = 60
-LOCAL_TOKENS = 0  # 0 = whole windows; 256 (the first half, refine.causal_prefix) is faster but lost on held-out prose
+# The defaults a user runs are merge_kv's own (issue 26: one truth; surgery/merging/kv_merge.py has them and why):
+# this command calls merge_kv with its flags and nothing else: `headcount merge-kv --kv-heads 1` is merge_kv(model, 1).
+from headcount.surgery.merging.defaults import (CALIBRATION_WINDOWS, LOCAL_STEPS, UPTRAIN_LR,  # noqa: E402,F401
+                                                UPTRAIN_STEPS, UPTRAIN_WINDOW, uptrain_windows)
+
+# 0 = whole windows (merge_kv's None); 256 (the first half, refine.causal_prefix) is faster but lost on held-out prose
+LOCAL_TOKENS = 0
 EVAL_WINDOWS = 4
-UPTRAIN_STEPS = 20  # the default of --uptrain-steps for an aware merge of a decoder (0 otherwise)
-UPTRAIN_LR = 3e-4
-UPTRAIN_WINDOW = 256  # the uptrain's windows: the calibration windows cut into pieces of this many tokens
 
 
 def parse_layers(text: Optional[str]) -> Optional[list[int]]:
@@ -71,13 +67,6 @@ def _torchrun_world() -> int:
     return env_world_size()
 
 
-def uptrain_windows(windows, width: int = UPTRAIN_WINDOW):
-    """The calibration windows [N, T] cut into [N * T / width, width] pieces for the uptrain (unchanged when T
-    is not a multiple of width or is at most width)."""
-    n, t = windows.shape
-    return windows.reshape(n * t // width, width) if t > width and t % width == 0 else windows
-
-
 def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=None,
               uptrain_steps: Optional[int] = None, uptrain_lr: float = UPTRAIN_LR, out: Optional[Path] = None,
               force: bool = False, text: Optional[Path] = None,
@@ -98,41 +87,21 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     calibration, held_out, source = calibration_and_held_out(text)
     model = load_model(model_name, dtype, device)
     _targets(model, kv_heads, layers, method)  # every check before any measurement or change
+    from headcount.models.fingerprint import weights_hash
+    source_weights = weights_hash(model)  # the weights before the edit: what a saved result is keyed by
     heads_before = sum(layer.attn.n_kv_heads for layer in model.layers)
     q_heads = sum(layer.attn.n_heads for layer in model.layers)
     params_before = sum(p.numel() for p in model.parameters())
-    is_decoder = hasattr(model, "lm_head")
-    if uptrain_steps is None:
-        uptrain_steps = UPTRAIN_STEPS if is_decoder and method == "aware" else 0
     teacher = None
-    if uptrain_steps:  # uptrain trains attention only: the teacher shares every other tensor
-        from headcount.models.copying import attention_copy
-        teacher = attention_copy(model)
     if heal_steps:
         from headcount.surgery.healing.cli import teacher_for
-        teacher = teacher or teacher_for(model, heal_steps, dtype)
+        teacher = teacher_for(model, heal_steps, dtype)
     quality_before, reference, by_domain_before = held_out_report(model, held_out, eval_windows, 512)
-    if calibration is None and is_decoder:
-        calibration = "mixed"  # the default corpus's prose and code-like text: edits that hold on both (issue 16)
-    if is_decoder:  # the windows themselves: the uptrain reads exactly what the merge calibrated on
-        import torch
-
-        from headcount.analysis.batches import calibration_batches
-        calibration = torch.cat([b.ids for b in calibration_batches(model, calibration, n_windows=calibration_windows,
-                                                                     batch_size=calibration_windows)])
+    # merge_kv's own defaults for everything not given as a flag (the uptrain included): one truth
     result = merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
-                      n_windows=calibration_windows, local_steps=local_steps if method == "aware" else 0,
-                      local_tokens=local_tokens or None, group=group, progress=main)
-    trained = None
-    if uptrain_steps:
-        from headcount.surgery.merging.uptraining import uptrain
-        trained = uptrain(model, uptrain_steps, lr=uptrain_lr, teacher=teacher, progress=main,
-                          calibration=uptrain_windows(calibration) if is_decoder else calibration)
+                      n_windows=calibration_windows, local_steps=local_steps, local_tokens=local_tokens or None,
+                      uptrain_steps=uptrain_steps, uptrain_lr=uptrain_lr, group=group, progress=main)
     seconds, forward_equivalents = result.seconds, result.forward_equivalents
-    if trained is not None:  # the command's cost: the merge and the uptrain, over the merge's calibration tokens
-        seconds += trained.seconds
-        tokens = calibration.numel() if is_decoder else result.calibration_tokens
-        forward_equivalents += trained.token_forwards / tokens if tokens else 0.0
     quality_after, _, by_domain_after = held_out_report(model, held_out, eval_windows, 512, reference)
     for value in ([quality_after] if isinstance(quality_after, float) else list(quality_after)):
         check_finite(value, "the merged model's held-out quality", model.embed.weight.dtype)
@@ -158,11 +127,14 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
         "ppl_after": quality_after if decoder else None,
         "ppl_by_domain_before": by_domain_before, "ppl_by_domain_after": by_domain_after,
         "forward_equivalents": round(forward_equivalents, 2), "seconds": round(seconds, 1),
+        "weights_sha256": source_weights, "method": method, "merge_options": result.options,
+        "uptrain": ({k: result.uptrain.get(k) for k in ("steps", "lr", "tokens", "objective", "loss_first", "loss_last")}
+                    if result.uptrain else None),
     }
     if healed is not None:  # after healing: the held-out domains, and the heal's own cost
         data["ppl_by_domain_healed"], data["heal"] = healed["held_out"]["after_heal"], healed
     extra = {"query_heads": q_heads, "source": source, "merge": result.to_json(),
-             "uptrain": trained.to_json() if trained is not None else None, "out": str(out) if out else None}
+             "uptrain": result.uptrain, "out": str(out) if out else None}
     if not decoder:
         extra["fidelity_after"] = {"cosine": quality_after[0], "spearman": quality_after[1]}
     return {"json": data, "extra": extra}
@@ -253,6 +225,8 @@ def register(app, bench_app) -> None:
         if result is None:  # a rank other than 0
             return
         data, extra = result["json"], result["extra"]
+        from headcount.surgery.cli_common import command_line
+        data["command"] = command_line()  # what produced this result (a saved --json is keyed and quoted by it)
         if json_out:
             typer.echo(json.dumps(data, indent=2))
             return

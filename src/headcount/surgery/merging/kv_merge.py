@@ -30,8 +30,10 @@ projected keys before the norm, and the merged key head is a combination of the 
 that the layer's k_norm then normalises again; exact when the merged heads' keys are equal, otherwise one
 more approximation, which the o_proj refit and the local reconstruction (local_steps) absorb in part.
 
-Calibration: None = the calibration part of the default corpus (decoders: `n_windows` windows of
-`window` tokens; encoders: sentences); nothing here reads held-out text.
+Calibration: None = the defaults `headcount merge-kv` uses (decoders: "mixed", `n_windows` windows of `window`
+tokens, half prose, half code-like text; encoders: the default corpus's calibration sentences); nothing here
+reads held-out text. The defaults are the command's: merge_kv(model, 1) is `headcount merge-kv --kv-heads 1`
+(the local reconstruction and the short uptrain included; see merge_kv).
 
 Data parallelism (group=, issue 15): the calibration batches are split over the ranks, batches r::world
 (with fewer batches than ranks, the rows: global window / sentence w on rank w % world;
@@ -48,7 +50,10 @@ import time
 from dataclasses import asdict, dataclass, field
 
 
+from headcount.surgery.merging import defaults as _defaults
 from headcount.surgery.merging import fit as merge_fit
+from headcount.surgery.merging.defaults import (CALIBRATION_WINDOWS, LOCAL_STEPS, UPTRAIN_LR,  # noqa: F401
+                                                UPTRAIN_STEPS, UPTRAIN_WINDOW, uptrain_windows)
 from headcount.surgery.merging.refine import refine_layer
 from headcount.surgery.merging.stats import layer_stats
 from headcount.surgery.merging.stream import Stream, calibration_batches, shard_batches
@@ -87,6 +92,7 @@ class MergeResult:
     options: dict = field(default_factory=dict)
     # cost in forward passes over the calibration tokens, by construction (see _forward_equivalents)
     forward_equivalents: float = 0.0
+    uptrain: dict | None = None  # the distillation after the merge (UptrainResult.to_json), None when none ran
 
     @property
     def merged_layers(self) -> list[int]:
@@ -206,12 +212,24 @@ def merge_layer(attn, captures: list[dict], targets: list, n_new: int, *, groupi
                       local.get("validation"))
 
 
-def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibration=None, n_windows: int = 8,
-             window: int = 512, grouping="auto", target: str = "local", refit: bool = True, ridge: float = 0.3,
-             refine_steps: int = 0, local_steps: int = 0, local_lr: float = 2e-3, local_tokens: int | None = None,
-             batch_size: int = 1, progress: bool = True, group=None) -> MergeResult:
+def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibration=None,
+             n_windows: int = CALIBRATION_WINDOWS, window: int = 512, grouping="auto", target: str = "local",
+             refit: bool = True, ridge: float = 0.3, refine_steps: int = 0, local_steps: int = LOCAL_STEPS,
+             local_lr: float = 2e-3, local_tokens: int | None = None, batch_size: int = 1,
+             uptrain_steps: int | None = None, uptrain_lr: float = UPTRAIN_LR, progress: bool = True,
+             group=None) -> MergeResult:
     """Merge K/V heads of `model` in place down to `n_kv_heads` (an int for every layer in `layers`, a
     {layer: n} mapping, or a MergePlan from merge_plan). See the module docstring for the methods.
+
+    The defaults are `headcount merge-kv`'s (the command calls this function with its flags and nothing else):
+    calibration None = for a decoder "mixed" (the default corpus's prose and code-like calibration text, half
+    each), n_windows CALIBRATION_WINDOWS windows of `window` tokens; for an encoder the default corpus's
+    calibration sentences. local_steps LOCAL_STEPS (aware only). uptrain_steps None = UPTRAIN_STEPS for an aware
+    merge of a decoder, 0 otherwise: after the merge, that many steps of distillation from the unmerged model
+    (surgery.merging.uptrain, attention weights only, peak lr uptrain_lr) on the merge's own calibration windows
+    cut into UPTRAIN_WINDOW-token pieces; MergeResult.uptrain holds its summary, and `seconds` /
+    `forward_equivalents` count the merge and the uptrain. local_steps=0, uptrain_steps=0: the closed form alone.
+    Under `group=` the uptrain is not split: every rank runs the same steps on the same windows.
 
     group: None (one process), "auto" (torch.distributed's default group when initialised) or a process
     group: the calibration batches (or rows) split over its ranks, the sums all-reduced (module docstring);
@@ -238,6 +256,9 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
         raise ValueError(f"local_tokens: expected None or a positive number of tokens, got {local_tokens!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive number of windows per batch, got {batch_size!r}")
+    if uptrain_steps is not None and (isinstance(uptrain_steps, bool) or not isinstance(uptrain_steps, int)
+                                      or uptrain_steps < 0):
+        raise ValueError(f"uptrain_steps: expected None or a number of steps >= 0, got {uptrain_steps!r}")
     if isinstance(grouping, (list, tuple)) and len(wanted) > 1:
         raise ValueError("grouping: an explicit list of groups applies to one layer at a time")
     rotary = getattr(model, "rotary", None)
@@ -248,6 +269,15 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
                          f"turns only the first rotary_dim={rotary.rotary_dim} of head_dim={rotary.head_dim} dims "
                          f"(partial rotary: Phi-4-mini, GPT-NeoX): use refine_steps=0 (local_steps refines any layer)")
     start = time.perf_counter()
+    decoder = hasattr(model, "lm_head")
+    if uptrain_steps is None:
+        uptrain_steps = _defaults.UPTRAIN_STEPS if decoder and method == "aware" else 0
+    if wanted and (method == "aware" or uptrain_steps):
+        calibration = _calibration_windows(model, calibration, n_windows, window)
+    teacher = None
+    if wanted and uptrain_steps:  # the uptrain trains attention only: the teacher shares every other tensor
+        from headcount.models.copying import attention_copy
+        teacher = attention_copy(model)
     before_heads = [layer.attn.n_kv_heads for layer in model.layers]
     bytes_before = kv_bytes_per_token(model)
     result = MergeResult(method, before_heads, list(before_heads), bytes_before, bytes_before,
@@ -255,7 +285,7 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
                                   "target": target, "refit": refit, "ridge": ridge, "n_windows": n_windows,
                                   "refine_steps": refine_steps, "local_steps": local_steps,
                                   "local_lr": local_lr, "local_tokens": local_tokens, "batch_size": batch_size,
-                                  "window": window})
+                                  "window": window, "uptrain_steps": uptrain_steps, "uptrain_lr": uptrain_lr})
     if not wanted:
         return result
     if method == "mean":
@@ -271,9 +301,36 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
                      progress=progress, dp=dp)
     result.kv_heads_after = [layer.attn.n_kv_heads for layer in model.layers]
     result.kv_bytes_per_token_after = kv_bytes_per_token(model)
-    result.seconds = time.perf_counter() - start
     result.forward_equivalents = _forward_equivalents(model, result) if method == "aware" else 0.0
+    if teacher is not None:  # the uptrain, on the merge's own calibration windows
+        from headcount.surgery.merging.uptraining import uptrain
+        import torch
+
+        pieces = uptrain_windows(calibration) if isinstance(calibration, torch.Tensor) else calibration
+        trained = uptrain(model, uptrain_steps, lr=uptrain_lr, teacher=teacher, progress=progress,
+                          calibration=pieces)
+        result.uptrain = trained.to_json()
+        tokens = calibration.numel() if isinstance(calibration, torch.Tensor) else result.calibration_tokens
+        result.forward_equivalents += trained.token_forwards / tokens if tokens else 0.0
+    result.seconds = time.perf_counter() - start
     return result
+
+
+def _calibration_windows(model, calibration, n_windows: int, window: int):
+    """A decoder's calibration as the token windows [N, window] the merge and the uptrain both read (what
+    calibration_batches makes of it: n_windows windows; "mixed" when None); unchanged for an encoder or a list
+    of ready batches."""
+    import torch
+
+    if not hasattr(model, "lm_head") or (isinstance(calibration, list) and calibration
+                                          and all(isinstance(b, tuple) for b in calibration)):
+        return calibration
+    if calibration is None:
+        calibration = "mixed"
+    if isinstance(calibration, torch.Tensor):
+        return calibration
+    return torch.cat([b.ids for b in calibration_batches(model, calibration, n_windows=n_windows, window=window,
+                                                         batch_size=n_windows)])
 
 
 def _forward_equivalents(model, result: MergeResult) -> float:

@@ -112,6 +112,8 @@ def register(app, bench_app) -> None:
                                 (joint_params or "all") if joint else None, heal_steps)
         if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
             return
+        from headcount.surgery.cli_common import command_line
+        result["command"] = command_line()  # what produced this result (a saved --json is keyed and quoted by it)
         if json_out:
             typer.echo(json.dumps(result, indent=2))
             return
@@ -161,6 +163,8 @@ def register(app, bench_app) -> None:
             main = distributed.is_main(group)
         start = time.perf_counter()
         model = load_model(model_name, dtype, device)
+        from headcount.models.fingerprint import weights_hash
+        source_weights = weights_hash(model)  # the weights before the edit: what a saved result is keyed by
         if heal_steps and group is not None:
             raise ValueError("--heal-steps: healing runs in one process; run it without torchrun")
         from headcount.surgery.healing.cli import heal_after_edit, teacher_for
@@ -202,6 +206,7 @@ def register(app, bench_app) -> None:
         data["seconds"] = round(time.perf_counter() - start, 1)
         data["out"] = str(out)
         data["method"] = result.method or method
+        data["weights_sha256"] = source_weights
         data["prune"] = result.to_json()
         if healed is not None:  # after healing: the held-out domains, and the heal's own cost
             data["ppl_by_domain_healed"] = healed["held_out"]["after_heal"]

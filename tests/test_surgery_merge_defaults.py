@@ -1,0 +1,74 @@
+"""One truth for K/V merging (issue 26): merge_kv(model, n) with no overrides is `headcount merge-kv --kv-heads n`.
+The command's own code path (run_merge, what `headcount merge-kv` calls) and the API with its defaults give
+bit-identical weights on a tiny random decoder, and the API's defaults include the command's local reconstruction
+and its short uptrain."""
+
+import pytest
+import torch
+
+from headcount.models import load
+from headcount.surgery import merge_kv, save
+from headcount.surgery.merging import cli
+from headcount.surgery.merging.defaults import CALIBRATION_WINDOWS, LOCAL_STEPS, UPTRAIN_STEPS
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory):
+    """A 2-layer random GQA decoder with a byte-level tokenizer (so the default corpus calibrates it; a vocabulary
+    of 260 keeps its lm_head cheap), saved: what `headcount merge-kv --model DIR` loads."""
+    from tokenizers import pre_tokenizers
+
+    from headcount.models.decoder import Decoder, DecoderConfig
+    from headcount.models.tokenizer import Tokenizer, byte_level_bpe
+
+    tokens = ["<|endoftext|>"] + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"]
+    torch.manual_seed(0)
+    cfg = DecoderConfig(vocab_size=len(tokens), d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48,
+                        max_position=512, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = Decoder(cfg).eval()
+    model.tokenizer = Tokenizer(byte_level_bpe(tokens, ["Ġ t", "h e", "Ġt he"], special_ids=[0]), bos_token_id=0,
+                                eos_token_id=0, pad_token_id=0, add_special_tokens=False)
+    path = tmp_path_factory.mktemp("merge_defaults") / "tiny"
+    save(model, path)
+    return path
+
+
+def test_the_api_defaults_are_the_commands(saved_tiny, tmp_path):
+    out = tmp_path / "merged"
+    data = cli.run_merge(str(saved_tiny), 1, out=out, eval_windows=1)  # `headcount merge-kv --kv-heads 1 --out D`
+    by_command = load(out).state_dict()
+
+    model = load(saved_tiny)
+    result = merge_kv(model, 1, progress=False)  # no overrides
+    by_api = model.state_dict()
+    assert by_command.keys() == by_api.keys()
+    for name, tensor in by_api.items():
+        assert torch.equal(tensor, by_command[name]), name
+    assert all(layer.attn.n_kv_heads == 1 for layer in model.layers)
+
+    # the defaults themselves: the command's calibration, local reconstruction and uptrain, run by the API
+    assert result.options["n_windows"] == CALIBRATION_WINDOWS and result.options["local_steps"] == LOCAL_STEPS
+    assert result.calibration_tokens == CALIBRATION_WINDOWS * 512
+    assert result.uptrain is not None and result.uptrain["steps"] == UPTRAIN_STEPS
+    assert result.options["uptrain_steps"] == UPTRAIN_STEPS
+    assert all(layer.error_after_local is not None for layer in result.layers)  # the local steps ran
+    # the command's JSON carries the same merge and the weights it started from (what saved results are keyed by)
+    from headcount.models.fingerprint import weights_hash
+    assert data["json"]["weights_sha256"] == weights_hash(load(saved_tiny))
+    assert data["extra"]["uptrain"] == result.uptrain | {k: data["extra"]["uptrain"][k] for k in ("seconds",)}
+
+
+def test_closed_form_when_asked(saved_tiny):
+    model = load(saved_tiny)
+    result = merge_kv(model, 1, local_steps=0, uptrain_steps=0, n_windows=2, progress=False)
+    assert result.uptrain is None and all(layer.error_after_local is None for layer in result.layers)
+    with pytest.raises(ValueError, match="uptrain_steps"):
+        merge_kv(load(saved_tiny), 1, uptrain_steps=-1, progress=False)
