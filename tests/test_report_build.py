@@ -126,7 +126,8 @@ def test_cache_reads_back_without_recomputing(tmp_path):
 
 # ------------------------------------------------------------------------- collect, real analyses
 TINY = Sizes(roles_tokens=256, roles_sentences=8, faithfulness_layers=2, faithfulness_examples=1, rank_examples=1,
-             importance_windows=1, pruning_fractions=(0.25,), eval_windows=1, merge_windows=1, window=64)
+             importance_windows=1, pruning_fractions=(0.25,), eval_windows=1, merge_windows=1, window=64,
+             merge_local_steps=4, merge_uptrain_steps=2)  # the merge's defaults are 60 and 20: small here
 STEPS = ("shape", "sample", "roles", "rank")
 # A short text of plain sentences (paragraphs split into calibration / held-out like the default corpus).
 TEXT = "\n\n".join(
@@ -211,9 +212,14 @@ def test_real_faithfulness_importance_and_merge_render(tiny, tmp_path):
     assert {(h["layer"], h["head"]) for h in r["faithfulness"]["heads"]} == {(l, h) for l in (0, 1) for h in range(4)}
     assert all(h["tv"] <= 0.01 for h in r["faithfulness"]["heads"])  # the search stays within epsilon
     assert len(r["importance"]["scores"]) == 2
-    # the K/V merge shown is `headcount merge-kv`'s (tests/test_report_commands.py), measured on the default corpus:
-    # a report on the user's own text says so instead
-    assert "kv_merge" not in r and "the report's own text" in r["unavailable"]["kv_merge"]
+    # on the user's own text the K/V merge is merge_kv's defaults (the command's local steps and uptrain) on the
+    # report's windows of that text (on the default corpus it is the command's: tests/test_report_commands.py)
+    m = r["kv_merge"]
+    assert m["source"] == "text" and (m["heads_before"], m["heads_after"]) == (4, 2)  # 2 layers, 2 -> 1 KV heads each
+    assert m["kv_bytes_per_token_after"] * 2 == m["kv_bytes_per_token_before"]
+    assert m["params_after"] < m["params_before"] and m["ppl_before"] > 0 and m["ppl_after"] > 0
+    assert m["uptrain"]["steps"] == 2 and m["options"]["local_steps"] == 4  # TINY's (defaults: 60 and 20)
+    assert "calibrated on the report's own text" in next(c for c in r["claims"] if c["id"] == "C15")["finding"]
     page = render_html(r)
     for fig in ("fig-faith", "fig-importance", "fig-accounts"):
         assert f'id="{fig}"' in page

@@ -203,7 +203,7 @@ def command_source(section: dict, model: str | None = None) -> str:
     if section.get("source") == "saved":
         sha = str(section.get("weights_sha256") or "")
         return (f"saved result of `{cmd}` ({section.get('path')}), measured on these weights (sha256 {sha[:12]}...); "
-                "`python benchmarks/command_results.py` regenerates it")
+                f"`python benchmarks/command_results.py --model {model or 'MODEL'}` regenerates it")
     return (f"run by this report: `{cmd}`'s defaults (the functions the command calls, nothing overridden) on "
             f"{model or 'the model'}, measured as the command measures it")
 
@@ -336,9 +336,11 @@ def c15_gqa(accounts: dict | None, merge: dict | None, merge_missing: str | None
                     f"to {merge.get('heads_after')} over all layers and gives {words}{_sizes_words(merge)}: the memory "
                     "is saved at a cost in quality" + domain_finding(merge))
         status = HELD if exact else NOT_HELD
-    elif q is not None:  # an older report.json: the library's merge at the report's sizes
+    elif q is not None:  # the report's own text (or an older report.json): the library's merge at the report's sizes
         _, words, number = q
         how = f"method {merge['method']}, no training" if merge.get("method") else "no training"
+        if merge.get("source") == "text":
+            how = f"merge_kv's defaults, {merge_how(merge)}, calibrated on the report's own text"
         finding += (f". Merging this model's K/V heads {merge.get('heads_before')} -> {merge.get('heads_after')} "
                     f"({how}) gives {words}: the memory is saved at a cost in quality" + domain_finding(merge))
         status = HELD if exact else NOT_HELD

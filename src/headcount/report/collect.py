@@ -49,7 +49,9 @@ class Sizes:
     importance_windows: int = 3  # calibration windows (see above): 768 tokens, as good as 1,024 for C11 (measured)
     pruning_fractions: tuple[float, ...] = (0.1, 0.2, 0.4)  # 0.2 is prune_to's (C11), the others the curve's
     eval_windows: int = 4  # held-out windows for every perplexity (pruning curve, K/V merge, gates)
-    merge_windows: int = 3  # unused since issue 26: the K/V merge shown is the command's (report/commands.py)
+    merge_windows: int = 3  # calibration windows of the K/V merge on a user's text (otherwise the command's merge)
+    merge_local_steps: int | None = None  # ... its local steps and uptrain steps: None = merge_kv's defaults (the
+    merge_uptrain_steps: int | None = None  # command's); tests set them small
     window: int = 256
     encoder_sentences: int = 64  # calibration / held-out sentences for an encoder's pruning and merge
     random_fractions: tuple[float, ...] = (0.2,)  # the random-order baseline (no refit)
@@ -397,6 +399,11 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
 
     def command_step(section):
         def run():
+            if user_text and section is commands.merge_section:  # the merge on the user's text, at the report's sizes
+                steps = {k: v for k, v in (("local_steps", sizes.merge_local_steps),
+                                           ("uptrain_steps", sizes.merge_uptrain_steps)) if v is not None}
+                return commands.text_merge_section(model, calibration=calib(sizes.merge_windows), held=held_out,
+                                                   n_windows=sizes.merge_windows, window=w, progress=progress, **steps)
             if user_text:
                 raise NotApplicable("the report's own text: the commands calibrate and measure on the default corpus "
                                     "(run the command with --text FILE for this text)")
@@ -404,7 +411,10 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
         return run
 
     def source_of(kind):
-        return {"source": "text"} if user_text else commands.command_source(results_dir, name, kind, weights_of)
+        if user_text:
+            return {"source": "text", "windows": sizes.merge_windows, "eval": sizes.eval_windows,
+                    "steps": [sizes.merge_local_steps, sizes.merge_uptrain_steps]}
+        return commands.command_source(results_dir, name, kind, weights_of)
 
     try:
         _fn("surgery", "train_gates")

@@ -234,3 +234,31 @@ def healing_section(model, *, results, weights, progress: bool = True) -> dict:
             "val_kl_best": heal.get("val_kl_best"), "best_step": heal.get("best_step"),
             "stopped_early": heal.get("stopped_early")}
     return out
+
+
+def text_merge_section(model, *, calibration, held, n_windows: int, window: int, progress: bool = True,
+                       **steps) -> dict:
+    """A report on the user's own text (the commands measure the default corpus): merge_kv(copy, 1) with its
+    defaults (the command's local reconstruction and uptrain) on `n_windows` windows of `window` tokens of the
+    text, measured on the text's held-out part (collect.HeldOut `held`). source "text"; no command quoted."""
+    if all(layer.attn.n_kv_heads == 1 for layer in model.layers):
+        raise NotApplicable(f"{getattr(model, 'name', None) or 'the model'} already has one KV head per layer "
+                            "(MQA): there are no K/V heads left to merge")
+    from headcount.surgery import merge_kv
+    from headcount.surgery.merging.kv_merge import kv_bytes_per_token
+
+    decoder = hasattr(model, "lm_head")
+    copy_ = attention_copy(model)
+    kwargs = {} if decoder else {"method": "mean"}  # an encoder has no perplexity to show the cost: the quick merge
+    result = merge_kv(copy_, MERGE_KV_HEADS, calibration=calibration, n_windows=n_windows, window=window,
+                      progress=progress, **kwargs, **steps)  # steps: local_steps / uptrain_steps (tests: small)
+    after = held.first(held.evaluate(copy_)) if decoder else None
+    return {"source": "text", "command": None, "kv_heads": MERGE_KV_HEADS,
+            "heads_before": sum(layer.attn.n_kv_heads for layer in model.layers),
+            "heads_after": sum(layer.attn.n_kv_heads for layer in copy_.layers),
+            "params_before": sum(p.numel() for p in model.parameters()),
+            "params_after": sum(p.numel() for p in copy_.parameters()),
+            "kv_bytes_per_token_before": kv_bytes_per_token(model), "kv_bytes_per_token_after": kv_bytes_per_token(copy_),
+            "ppl_before": held.first(held.base) if decoder else None, "ppl_after": after, "method": result.method,
+            "options": result.options, "uptrain": _uptrain(result.uptrain), "calibration_tokens": result.calibration_tokens,
+            **held.domains(copy_, after)}

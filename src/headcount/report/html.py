@@ -286,7 +286,7 @@ def _merge(r: dict) -> str:
     un = r.get("unavailable") or {}
     if not m:
         return _na("The K/V merge", un.get("kv_merge", "headcount.surgery.merge_kv was not run"))
-    per_layer = not m.get("command")  # an older report.json: KV heads of one layer
+    per_layer = not m.get("command") and m.get("source") != "text"  # an older report.json: KV heads of one layer
     kpis = ('<div class="kpis">'
             + _kpi("KV heads per layer" if per_layer else "KV heads (all layers)", m.get("heads_before"),
                    m.get("heads_after"))
@@ -296,6 +296,9 @@ def _merge(r: dict) -> str:
                    lambda v: _fmt_num(v) if isinstance(v, (int, float)) else "\u2013")
             + _kpi("held-out perplexity (prose)", m.get("ppl_before"), m.get("ppl_after"), _ppl)
             + "</div>")
+    if m.get("source") == "text":
+        return (f'<h3 class="sub" style="margin-top:0">Merging K/V heads to one per layer on the report\'s own text '
+                f'(merge_kv\'s defaults: {e(merge_how(m))})</h3>' + kpis + _domains(m, "after the merge"))
     if per_layer:
         how = f"method {m['method']}, no training" if m.get("method") else "no training"
         return (f'<h3 class="sub" style="margin-top:0">Merging K/V heads ({e(how)})</h3>' + kpis
