@@ -55,9 +55,14 @@ def full_kl(student, teacher, ids) -> float:
         return float(F.kl_div(s, t, log_target=True, reduction="batchmean"))
 
 
-def test_chunked_kl_equals_full_logits_kl_and_its_gradient():
+class _Head(torch.nn.Linear):
+    """Not exactly nn.Linear: distill_kl's checkpointed path (as for Gemma 2's soft-capped head)."""
+
+
+@pytest.mark.parametrize("head", [torch.nn.Linear, _Head])  # the fused path and the checkpointed one
+def test_chunked_kl_equals_full_logits_kl_and_its_gradient(head):
     torch.manual_seed(0)
-    head_s, head_t = torch.nn.Linear(16, 50, bias=False).double(), torch.nn.Linear(16, 50, bias=False).double()
+    head_s, head_t = head(16, 50, bias=False).double(), head(16, 50, bias=False).double()
     h_s, h_t = torch.randn(2, 7, 16, dtype=torch.float64, requires_grad=True), torch.randn(2, 7, 16, dtype=torch.float64)
     chunked = distill_kl(h_s, h_t, head_s, head_t, chunk=3)
     full = F.kl_div(F.log_softmax(head_s(h_s), -1).reshape(-1, 50), F.log_softmax(head_t(h_t), -1).reshape(-1, 50),

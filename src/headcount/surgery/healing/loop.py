@@ -15,6 +15,15 @@ clipped at norm 1. The teacher's final hidden states are computed once per windo
 teacher never changes), so a step costs the student's forward and backward plus the teacher's lm_head on
 its rows; a run whose cache would pass CACHE_BYTES recomputes the teacher's forward instead.
 
+Data-parallel (group="auto" under torchrun, or a process group): each step's windows are split over the ranks
+(rows[rank::world] of the same global batch), the student is wrapped in torch's DistributedDataParallel (its
+gradient all-reduce, nothing home-made) around a module computing the rank's share of the global mean KL,
+so every rank takes the single process's step; the validation split is sharded and its sums all-reduced.
+
+Low-precision weights (bf16; fp16 on a GPU): the weights that move get fp32 master copies (and fp32 AdamW
+state) only for them: the gradient is cast to the master, the step taken in fp32, the model's weights copied
+back from the masters, so small updates are not lost to bf16 rounding (memory.py gives the peak).
+
 The defaults (DEFAULT_*) are the budget issue 26's targets are measured at: chosen on the validation split of
 smollm2's edits (docs/healing.md has the table and the commands).
 """
@@ -116,22 +125,75 @@ def _kl(model, teacher: _Teacher, rows: list[int], head_t) -> tuple[torch.Tensor
     return distill_kl(h_s, h_t, model.lm_head, head_t), h_t.shape[0] * h_t.shape[1]
 
 
-def train_step(model, source: "_Teacher", rows: list[int], head_t, optimizer, trainable) -> float:
-    """One optimizer step on the windows `rows`: the mean KL per position, backward, clip at 1, AdamW."""
-    kl, n = _kl(model, source, rows, head_t)
-    loss = kl / n
-    optimizer.zero_grad(set_to_none=True)
+class _Share(torch.nn.Module):
+    """This rank's share of the global mean KL: KL summed over its rows x world / the global positions, so that
+    DistributedDataParallel's gradient average is the gradient of the global mean. The student is a submodule
+    (DDP syncs and all-reduces its trainable parameters); the teacher is not (never registered)."""
+
+    def __init__(self, model, source: _Teacher, head_t):
+        super().__init__()
+        self.model = model
+        self._side = (source, head_t)
+
+    def forward(self, rows: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+        source, head_t = self._side
+        kl, _ = _kl(self.model, source, rows, head_t)
+        return kl * scale, kl.detach()
+
+
+class _Masters:
+    """fp32 master copies of the trainable weights stored in a lower precision (bf16 / fp16), the optimizer's
+    parameters in their place; fp32 weights are their own masters (no copy)."""
+
+    def __init__(self, trainable: list):
+        low = (torch.bfloat16, torch.float16)
+        self.pairs = [(p, torch.nn.Parameter(p.detach().float().clone()) if p.dtype in low else p) for p in trainable]
+        self.copied = [(p, m) for p, m in self.pairs if m is not p]
+
+    def params(self) -> list:
+        return [m for _, m in self.pairs]
+
+    def grads_to_masters(self) -> None:
+        for p, m in self.copied:
+            m.grad = None if p.grad is None else p.grad.float()
+            p.grad = None
+
+    @torch.no_grad()
+    def masters_to_model(self) -> None:
+        for p, m in self.copied:
+            p.copy_(m)
+
+
+def train_step(model, source: "_Teacher", rows: list[int], head_t, optimizer, trainable, *, ddp=None,
+               dp=None, positions: int | None = None, masters: _Masters | None = None) -> float:
+    """One optimizer step on the windows `rows`: the mean KL per position, backward, clip at 1, AdamW.
+    Data-parallel: `rows` are this rank's share, `ddp` the DistributedDataParallel(_Share) wrapper, `dp` the
+    DataParallel of the group and `positions` the global batch's positions; returns the global mean KL.
+    masters: fp32 master weights (see _Masters): the step is taken on them, then copied into the model."""
+    if ddp is None:
+        kl, n = _kl(model, source, rows, head_t)
+        loss, value = kl / n, None
+    else:
+        loss, kl = ddp(rows, dp.world / positions)
+        value = dp.sum_float(float(kl)) / positions  # the same number on every rank (the NaN check agrees)
     loss.backward()
+    if masters is not None:
+        masters.grads_to_masters()
+        trainable = masters.params()
     torch.nn.utils.clip_grad_norm_(trainable, 1.0)
     optimizer.step()
-    return float(loss.detach())
+    optimizer.zero_grad(set_to_none=True)  # no gradients held through the next forward
+    if masters is not None:
+        masters.masters_to_model()
+    return float(loss.detach()) if value is None else value
 
 
 def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None, calibration="mixed",
          params: str = DEFAULT_PARAMS, lr: float | None = None, progress: bool = True, window: int = WINDOW,
          batch_size: int = BATCH_SIZE, validation_windows: int = VALIDATION_WINDOWS, eval_every: int | None = None,
          patience: int = PATIENCE, held_out: bool = True, eval_windows: int = EVAL_WINDOWS,
-         known: dict | None = None, max_seconds: float | None = None, seed: int = 0, log=None) -> HealResult:
+         known: dict | None = None, max_seconds: float | None = None, seed: int = 0, log=None,
+         checkpoints=(), group=None) -> HealResult:
     """Heal `model` (edited) in place by distillation from `teacher` (its unedited ancestor); see the module doc.
 
     steps: optimizer steps of `batch_size` windows (None = DEFAULT_STEPS); tokens: distinct calibration tokens
@@ -140,6 +202,10 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     learning rate (None = DEFAULT_LR[params]). held_out: measure the three held-out domains before the edit
     (the teacher), after it and after healing (`known` may hand in {"before_edit": ..., "after_edit": ...}
     already measured). max_seconds: after three timed steps the run is shortened to fit (schedule re-sized).
+    checkpoints: steps after which the held-out domains are measured on the weights of that moment (one run,
+    one schedule: `result.curve`, the quality against healing tokens; the measuring time is not counted in
+    `seconds`). group: None (one process), "auto" (data-parallel over torch.distributed's default group when
+    it is initialised, as under torchrun) or a process group; see the module doc.
     """
     from tqdm.auto import tqdm
 
@@ -156,6 +222,12 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
         raise ValueError(f"lr: expected a positive learning rate, got {lr!r}")
     if max_seconds is not None and not max_seconds > 0:
         raise ValueError(f"max_seconds: expected a positive number of seconds or None, got {max_seconds!r}")
+    checkpoints = sorted({_check_int("checkpoints", c, 1) for c in checkpoints})
+    from headcount.distributed import DataParallel
+    dp = DataParallel(group)
+    if dp.world > batch_size:
+        raise ValueError(f"torchrun: {dp.world} ranks but a step of {batch_size} windows (batch_size); use at most "
+                         f"{batch_size} ranks")
     window = min(window, model.config.max_position)
     n_budget = tokens // window
     if n_budget < validation_windows + 1:
@@ -167,6 +239,10 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
         raise ValueError(f"calibration: {windows.shape[0]} window(s) of {window} tokens; expected at least 2")
     n_val = min(validation_windows, windows.shape[0] // 2)  # a short calibration text keeps half to train on
     n_train = windows.shape[0] - n_val
+    if n_val < dp.world:
+        raise ValueError(f"torchrun: {dp.world} ranks but {n_val} validation windows; use at most {n_val} ranks")
+    main = dp.rank == 0
+    progress = progress and main
     say = log or ((lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None))
 
     known = dict(known or {})
@@ -184,15 +260,22 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     head_t = teacher.lm_head
     mover = Mover(model, teacher, params, layers)
     trainable = mover.trainable()
+    masters = _Masters(trainable)
+    masters = masters if masters.copied else None
     result = HealResult(0, steps, int(windows.numel()), 0, n_val * windows.shape[1], float(lr), params, layers,
                         mover.n_trainable(), teacher=getattr(teacher, "name", None),
                         lora_rank=mover.rank if params == "lora" else None)
     source = _Teacher(teacher, windows)
-    val_rows = list(range(n_train, n_train + n_val))
+    val_rows = list(range(n_train, n_train + n_val))[dp.rank::dp.world]
     train_rows = list(range(n_train))
     eval_every = max(1, steps // EVALUATIONS) if eval_every is None else _check_int("eval_every", eval_every, 1)
     plan = {"steps": steps, "warm": int(WARMUP * steps)}
-    optimizer = torch.optim.AdamW(trainable, lr=lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW(masters.params() if masters else trainable, lr=lr, weight_decay=0.0)
+    ddp = None
+    if dp.world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(_Share(model, source, head_t), process_group=dp.group, broadcast_buffers=False)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule(s, plan["warm"], plan["steps"]))
     generator = torch.Generator().manual_seed(seed)
     validation_forwards = 0  # student tokens run to measure the validation KL
@@ -203,12 +286,29 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
         model.eval()
         total, count = 0.0, 0
         with torch.no_grad():
-            for i in range(0, n_val, batch_size):
+            for i in range(0, len(val_rows), batch_size):
                 kl, n = _kl(model, source, val_rows[i:i + batch_size], head_t)
                 total, count = total + float(kl), count + n
                 validation_forwards += len(val_rows[i:i + batch_size]) * windows.shape[1]
         model.train(was)
+        if dp.world > 1:
+            total, count = dp.sum_many([torch.tensor([total, float(count)])])[0].tolist()
         return total / count
+
+    measured = 0.0  # seconds spent measuring checkpoints (not healing)
+
+    def checkpoint(step: int) -> None:
+        nonlocal measured
+        t0 = time.perf_counter()
+        model.eval()
+        figures_now = held_out_figures(model, eval_windows)
+        model.train()
+        measured += time.perf_counter() - t0
+        result.curve.append({"steps": step, "tokens_seen": result.tokens_seen,
+                             "seconds": round(time.perf_counter() - start - measured, 1),
+                             "val_kl": result.val_losses[-1][1] if result.val_losses[-1][0] == step else None,
+                             "held_out": figures_now})
+        say(f"heal: step {step}: held-out {figures_now}")
 
     best = {"value": math.inf, "state": None, "step": 0}
 
@@ -226,11 +326,14 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     try:
         remember(0, validate())
         bar = tqdm(total=steps, desc="heal", disable=None if progress else True, leave=False, file=sys.stderr)
+        if 0 in checkpoints:
+            checkpoint(0)
         bar.set_postfix(val=f"{best['value']:.4f}")
         step = 0
         while step < plan["steps"]:
             if max_seconds is not None and step == 3:
-                per_step = (time.perf_counter() - start) / 3
+                per_step = (time.perf_counter() - start - measured) / 3
+                per_step = dp.sum_float(per_step) / dp.world  # every rank plans the same number of steps
                 fit = max(4, int(max_seconds / per_step))
                 if fit < plan["steps"]:
                     plan["steps"], plan["warm"] = fit, min(plan["warm"], int(WARMUP * fit))
@@ -238,7 +341,13 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
             if len(order) < batch_size:
                 order = torch.randperm(n_train, generator=generator).tolist() + order
             rows = [train_rows[order.pop()] for _ in range(min(batch_size, n_train))]
-            value = train_step(model, source, rows, head_t, optimizer, trainable)
+            if ddp is None:
+                value = train_step(model, source, rows, head_t, optimizer, trainable, masters=masters)
+            else:
+                if len(rows) < dp.world:
+                    raise ValueError(f"torchrun: {dp.world} ranks but {len(rows)} training windows a step")
+                value = train_step(model, source, rows[dp.rank::dp.world], head_t, optimizer, trainable, ddp=ddp,
+                                   dp=dp, positions=len(rows) * (windows.shape[1] - 1), masters=masters)
             scheduler.step()
             step += 1
             if not math.isfinite(value):
@@ -250,9 +359,11 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
             if step % eval_every == 0 or step == plan["steps"]:
                 since_best = 0 if remember(step, validate()) else since_best + 1
                 bar.set_postfix(val=f"{result.val_losses[-1][1]:.4f}", best=f"{best['value']:.4f}")
-                if since_best >= patience:
-                    result.stopped_early = True
-                    break
+            if step in checkpoints:
+                checkpoint(step)
+            if since_best >= patience:
+                result.stopped_early = True
+                break
         with torch.no_grad():  # keep the weights of the best validation step
             for p, saved in zip(trainable, best["state"]):
                 p.copy_(saved)
@@ -264,10 +375,12 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     result.steps = len(result.train_losses)
     result.planned_steps = plan["steps"]
     result.best_step = best["step"]
-    result.seconds = time.perf_counter() - start
+    result.seconds = time.perf_counter() - start - measured
     # student: forward + backward (2 forwards) on each training token, a forward on validation tokens; teacher:
-    # one forward per distinct token it ran (cached afterwards)
-    result.forward_equivalents = (3.0 * result.tokens_seen + validation_forwards + source.forwards) / result.tokens
+    # one forward per distinct token it ran (cached afterwards); over every rank
+    run = dp.sum_float(validation_forwards + source.forwards) if dp.world > 1 else validation_forwards + source.forwards
+    result.forward_equivalents = (3.0 * result.tokens_seen + run) / result.tokens
+    result.world_size = dp.world
     if held_out:
         figures["after_heal"] = held_out_figures(model, eval_windows)
         result.held_out = figures

@@ -29,6 +29,10 @@ class HealResult:
     held_out: dict | None = None  # {"before_edit": {domain: ppl}, "after_edit": {...}, "after_heal": {...}}
     teacher: str | None = None
     lora_rank: int | None = None
+    # heal(checkpoints=...): [{"steps", "tokens_seen", "seconds", "val_kl", "held_out": {domain: ppl}}], the weights
+    # of that moment in the one run
+    curve: list[dict] = field(default_factory=list)
+    world_size: int = 1  # data-parallel ranks (torchrun)
 
     @property
     def val_first(self) -> float | None:
@@ -57,4 +61,6 @@ class HealResult:
             "stopped_early": self.stopped_early,
             "val_losses": [[s, round(v, 6)] for s, v in self.val_losses],
             "held_out": self.held_out,
+            "world_size": self.world_size,
+            **({"curve": self.curve} if self.curve else {}),
         }
