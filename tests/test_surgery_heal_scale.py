@@ -36,8 +36,8 @@ def _pair():
     return model, teacher
 
 
-def _windows(n=16, t=32):
-    return torch.randint(0, 64, (n, t), generator=torch.Generator().manual_seed(1))
+def _windows(n=16, t=32, seed=1):
+    return torch.randint(0, 64, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
 def _heal(group=None, params="attention") -> dict:
@@ -82,3 +82,61 @@ def test_two_ranks_reach_the_single_process_weights():
                 moved = max(moved, float(np.abs(w - start[k].double().numpy()).max()))
         assert moved > 1e-3, params  # the heal did move the weights the ranks agree on
     assert all("torchrun: 2 ranks but a step of 1 windows" in r["too_many"] for r in ranks)
+
+
+# ------------------------------------------------------------------------------ the curve in one run
+class _Stop(Exception):
+    pass
+
+
+def _figures(model, eval_windows=1, window=512):
+    """A stand-in for the three held-out domains (real text needs a tokenizer and a large vocabulary; the
+    measurement itself is tested with the CLI): perplexity on three fixed random streams."""
+    with torch.no_grad():
+        return {d: float(torch.exp(model.loss(model(ids, compute_logits=False).hidden_states[:, :-1], ids[:, 1:])))
+                for d, ids in
+                (("prose", _windows(2, seed=7)), ("code", _windows(2, seed=8)), ("source", _windows(2, seed=9)))}
+
+
+def test_the_curve_is_one_run_measured_at_its_checkpoints(monkeypatch, tmp_path):
+    """bench.curve: one heal, the held-out domains measured on the weights after k steps of it; the truth is the
+    same heal stopped after k steps (its weights measured directly), and measuring does not perturb the run."""
+    from headcount.surgery.healing import bench, loop
+
+    monkeypatch.setattr(loop, "held_out_figures", _figures)
+    settings = dict(tokens=12 * 32, calibration=_windows(12), window=32, batch_size=2, validation_windows=4,
+                    eval_windows=1, lr=3e-3, patience=10, progress=False)
+    pair = _pair
+
+    student, teacher = pair()
+    out = bench.curve(student, teacher, (0, 2, 4), log=lambda m: None, **settings)
+    assert [row["steps"] for row in out["curve"]] == [0, 2, 4]
+    assert out["curve"][0]["held_out"] == out["heal"]["held_out"]["after_edit"]
+    assert out["curve"][-1]["held_out"] == out["heal"]["held_out"]["after_heal"]
+    assert set(out["before_edit"]) == {"prose", "code", "source"}
+
+    plain, teacher2 = pair()  # the same heal without checkpoints: the same final weights
+    loop.heal(plain, teacher2, steps=4, held_out=False, **settings)
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), student.state_dict().values()))
+
+    stopped, teacher3 = pair()  # the same heal stopped after 2 steps: its weights give the 2-step point
+    real, calls = loop.train_step, []
+
+    def two_then_stop(*args, **kwargs):
+        if len(calls) == 2:
+            raise _Stop
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "train_step", two_then_stop)
+    with pytest.raises(_Stop):
+        loop.heal(stopped, teacher3, steps=4, held_out=False, **settings)
+    truth = _figures(stopped)
+    assert out["curve"][1]["held_out"] == pytest.approx(truth, rel=1e-6)
+    assert out["curve"][1]["held_out"] != out["curve"][0]["held_out"]
+
+    result = {"model": "tiny", "fraction": 0.5, "speed": {"batch_windows": 2, "window": 32, "params": "attention",
+              "heal_s": 1.0, "plain_s": 1.0, "ratio": 1.0, "target": 1.25}, **out}
+    bench.render(result)
+    bench.plot(result, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").stat().st_size > 1000

@@ -6,10 +6,12 @@
 (a) speed: one healing step (loop.train_step, with the teacher's forward run every step, i.e. no hidden-state
     cache, so the two do the same work) against a plain PyTorch training step of the same model on the same
     batch: the teacher's full logits, the student's full logits, F.kl_div, backward, the same AdamW; paired
-    medians in one run (bench/timing.py). Target: ratio <= 1.25.
-(b) the curve: smollm2 with 30% of its heads pruned (`headcount prune`'s defaults), healed with the defaults
-    at several step budgets (each its own run and schedule), held-out perplexity per domain against the
-    healing tokens, so a user can choose the budget.
+    medians in one run (bench/timing.py), on the edit the curve heals. Target: ratio <= 1.25.
+(b) the curve: smollm2 with 50% of its heads pruned (`headcount prune`'s defaults), ONE heal with the defaults
+    (200 steps), the held-out perplexity per domain measured on the weights after 25, 50 and 100 steps of that
+    run (heal(checkpoints=...): one schedule, so an early point is that run's weights then, not a shorter run
+    with its own, fully decayed schedule) and at the end (the weights kept: the best validation step), against
+    the healing tokens seen, so a user can choose the budget.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from __future__ import annotations
 import sys
 
 MODEL = "smollm2"
-FRACTION = 0.3
-CURVE_STEPS = (0, 25, 50, 100, 200)
+FRACTION = 0.5
+CURVE_STEPS = (0, 25, 50, 100, 200)  # the last is the run's length (heal's default budget)
 QUICK_STEPS = (0, 10, 25)
 SPEED_BATCH = 2  # windows of loop.WINDOW tokens, as a healing step
 
@@ -75,24 +77,21 @@ def speed(model, teacher, *, batch: int = SPEED_BATCH, repeats: int = 7, params:
             "ratio": timed["heal"]["ratio"], "target": 1.25}
 
 
-def curve(pruned, teacher, steps_list, log=_log) -> list[dict]:
-    """Held-out perplexity per domain after healing `pruned` (left unchanged) for each step budget."""
-    from headcount.models.copying import attention_copy
-    from headcount.surgery.healing.loop import held_out_figures, heal
+def curve(pruned, teacher, steps_list, log=_log, **heal_kwargs) -> dict:
+    """ONE heal of `pruned` (in place) for max(steps_list) steps, the held-out domains measured at every budget
+    in steps_list (0: the edit itself); {"before_edit": {domain: ppl}, "curve": [rows], "heal": HealResult JSON}."""
+    from headcount.surgery.healing.loop import heal
 
-    before = held_out_figures(teacher)
-    edited = held_out_figures(pruned)
+    steps_list = sorted(set(steps_list))
+    total = steps_list[-1]
+    r = heal(pruned, teacher, steps=total, checkpoints=[s for s in steps_list if s < total], log=log, **heal_kwargs)
     rows = []
-    for steps in steps_list:
-        if steps == 0:
-            rows.append({"steps": 0, "tokens_seen": 0, "tokens": 0, "seconds": 0.0, "held_out": edited})
-            continue
-        student = attention_copy(pruned)  # its own attention; norms cloned from the teacher by the heal
-        r = heal(student, teacher, steps=steps, known={"before_edit": before, "after_edit": edited}, progress=False)
-        rows.append({"steps": r.steps, "tokens_seen": r.tokens_seen, "tokens": r.tokens, "seconds": round(r.seconds, 1),
-                     "held_out": r.held_out["after_heal"], "val_kl_best": r.val_best})
-        log(f"heal curve: {steps} steps -> {rows[-1]['held_out']}")
-    return [{"before_edit": before}, *rows]
+    for point in r.curve:
+        rows.append({"steps": point["steps"], "tokens_seen": point["tokens_seen"], "seconds": point["seconds"],
+                     "val_kl": point["val_kl"], "held_out": point["held_out"]})
+    rows.append({"steps": r.steps, "tokens_seen": r.tokens_seen, "seconds": round(r.seconds, 1),
+                 "val_kl": r.val_best, "held_out": r.held_out["after_heal"], "kept_step": r.best_step})
+    return {"before_edit": r.held_out["before_edit"], "curve": rows, "heal": r.to_json()}
 
 
 def run_heal(quick: bool = False, log=_log, png=None) -> dict:
@@ -102,16 +101,20 @@ def run_heal(quick: bool = False, log=_log, png=None) -> dict:
     from headcount.models.copying import attention_copy
     from headcount.surgery import prune_to
 
+    if png is not None:
+        from headcount.paths import check_png
+        check_png(png)
     torch.manual_seed(0)
     teacher = load(MODEL)
-    student = attention_copy(teacher)
-    log("heal: timing a healing step against a plain PyTorch step")
-    timing = speed(student, teacher, repeats=3 if quick else 7)
-    log(f"heal: step ratio {timing['ratio']:.3f} (heal {timing['heal_s']:.2f} s, plain {timing['plain_s']:.2f} s)")
     pruned = attention_copy(teacher)
-    prune_to(pruned, FRACTION)
+    log(f"heal: pruning {FRACTION:.0%} of {MODEL}'s heads (headcount prune's defaults)")
+    prune_to(pruned, FRACTION, progress=False)
+    log("heal: timing a healing step against a plain PyTorch step")
+    timing = speed(pruned, teacher, repeats=3 if quick else 7)
+    log(f"heal: step ratio {timing['ratio']:.3f} (heal {timing['heal_s']:.2f} s, plain {timing['plain_s']:.2f} s)")
     points = curve(pruned, teacher, QUICK_STEPS if quick else CURVE_STEPS, log)
-    out = {"model": MODEL, "fraction": FRACTION, "speed": timing, "curve": points[1:], "before_edit": points[0]["before_edit"]}
+    out = {"model": MODEL, "fraction": FRACTION, "speed": timing, "curve": points["curve"],
+           "before_edit": points["before_edit"], "heal": points["heal"]}
     if png is not None:
         plot(out, png)
     return out
@@ -128,13 +131,18 @@ def render(result: dict, console=None) -> None:
     before = result["before_edit"]
     table = Table(title=f"{result['model']}, {result['fraction']:.0%} of heads pruned: held-out perplexity vs "
                         "healing tokens")
-    for col in ("steps", "tokens seen", "seconds", *(f"{d} (+% vs unpruned)" for d in before)):
+    for col in ("steps", "tokens seen", "seconds", "val KL", *(f"{d} (+% vs unpruned)" for d in before)):
         table.add_column(col, justify="right")
-    table.add_row("unpruned", "", "", *(f"{v:.3f}" for v in before.values()))
+    table.add_row("unpruned", "", "", "", *(f"{v:.3f}" for v in before.values()))
     for row in result["curve"]:
-        table.add_row(str(row["steps"]), f"{row['tokens_seen']:,}", f"{row['seconds']:.0f}",
+        kept = f" (kept: step {row['kept_step']})" if row.get("kept_step") not in (None, row["steps"]) else ""
+        val = row.get("val_kl")
+        table.add_row(f"{row['steps']}{kept}", f"{row['tokens_seen']:,}", f"{row['seconds']:.0f}",
+                      "" if val is None else f"{val:.4f}",
                       *(f"{row['held_out'][d]:.3f} ({(row['held_out'][d] / before[d] - 1) * 100:+.1f}%)" for d in before))
     console.print(table)
+    console.print("one heal run: each row is that run's weights after its steps (one schedule); the last row is the "
+                  "weights it kept (lowest validation KL)")
 
 
 def plot(result: dict, png) -> None:

@@ -222,7 +222,7 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
         raise ValueError(f"lr: expected a positive learning rate, got {lr!r}")
     if max_seconds is not None and not max_seconds > 0:
         raise ValueError(f"max_seconds: expected a positive number of seconds or None, got {max_seconds!r}")
-    checkpoints = sorted({_check_int("checkpoints", c, 1) for c in checkpoints})
+    checkpoints = sorted({_check_int("checkpoints", c, 0) for c in checkpoints})
     from headcount.distributed import DataParallel
     dp = DataParallel(group)
     if dp.world > batch_size:
@@ -300,9 +300,12 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     def checkpoint(step: int) -> None:
         nonlocal measured
         t0 = time.perf_counter()
-        model.eval()
-        figures_now = held_out_figures(model, eval_windows)
-        model.train()
+        if step == 0 and "after_edit" in figures:
+            figures_now = figures["after_edit"]  # already measured: the edit itself
+        else:
+            model.eval()
+            figures_now = held_out_figures(model, eval_windows)
+            model.train()
         measured += time.perf_counter() - t0
         result.curve.append({"steps": step, "tokens_seen": result.tokens_seen,
                              "seconds": round(time.perf_counter() - start - measured, 1),
