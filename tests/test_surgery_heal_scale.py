@@ -140,3 +140,53 @@ def test_the_curve_is_one_run_measured_at_its_checkpoints(monkeypatch, tmp_path)
     bench.render(result)
     bench.plot(result, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------------------------ bf16 healing
+def _steps(dtype, masters: bool, lr=1e-4, steps=8):
+    """heal's training steps (loop.train_step, the same Mover / optimizer / masters as heal builds) without its
+    validation, whose bf16 noise would choose the kept step: how far layer 0's qkv_proj moved."""
+    from headcount.surgery.healing import loop
+    from headcount.surgery.healing.weights import Mover
+
+    model, teacher = _pair()
+    model, teacher = model.to(dtype), teacher.to(dtype)
+    w0 = model.layers[0].attn.qkv_proj.weight.detach().float().clone()
+    trainable = Mover(model, teacher, "attention", [0, 1]).trainable()
+    kept = loop._Masters(trainable) if masters else None
+    optimizer = torch.optim.AdamW(kept.params() if kept else trainable, lr=lr, weight_decay=0.0)
+    source = loop._Teacher(teacher, _windows())
+    model.train()
+    for step in range(steps):
+        loop.train_step(model, source, [2 * step % 16, (2 * step + 1) % 16], teacher.lm_head, optimizer, trainable,
+                        masters=kept)
+    param = model.layers[0].attn.qkv_proj.weight
+    w = param.detach()
+    master = next(m for p, m in kept.copied if p is param) if kept else None
+    if master is not None:
+        assert torch.equal(w, master.detach().to(w.dtype))  # the model's weight is its master, rounded
+    moved = master.detach() if master is not None else w.float()
+    return (moved - w0).flatten(), (w.float() - w0).flatten()
+
+
+def test_bf16_heals_on_fp32_masters_like_fp32():
+    # lr 1e-4: each step moves a weight by ~lr, under half a bf16 ulp for most of them (median |w| 0.17)
+    fp32, _ = _steps(torch.float32, masters=False)
+    master, bf16 = _steps(torch.bfloat16, masters=True)  # the fp32 masters' move; the bf16 weights' move
+    _, stalled = _steps(torch.bfloat16, masters=False)  # the optimizer steps the bf16 weights themselves
+    cos = float(torch.nn.functional.cosine_similarity(master, fp32, dim=0))
+    ratio = float(master.norm() / fp32.norm())
+    assert cos > 0.8 and 0.5 < ratio < 2.0, (cos, ratio)  # bf16 healing follows the fp32 heal
+    assert float(stalled.norm()) < 0.5 * float(bf16.norm())  # without the masters most updates round away
+
+
+# ------------------------------------------------------------------------------------------ memory
+def test_the_peak_memory_formula_against_a_measured_heal():
+    """memory.heal_memory (the doc's table for the 1.5B comes from it) against the resident peak of a bf16 heal
+    of a random config, measured in a fresh process (VmHWM after a reset)."""
+    from headcount.surgery.healing.memory import measure_peak
+
+    cfg = {"vocab_size": 4096, "d_model": 512, "n_layers": 4, "n_heads": 8, "n_kv_heads": 2, "head_dim": 64,
+           "d_ff": 1536, "max_position": 512}
+    r = measure_peak(cfg, dtype="bf16", batch=2, windows=8, steps=2)
+    assert 0.8 < r["peak_bytes"] / r["formula_bytes"] < 1.2, (r["peak_bytes"] / 2**20, r["formula_bytes"] / 2**20)

@@ -44,10 +44,12 @@ def _fused(h_s: Tensor, h_t: Tensor, w_s: Tensor, w_t: Tensor, chunk: int, want_
         hs, ht = h_s[start:start + chunk], h_t[start:start + chunk]
         target = F.log_softmax(F.linear(ht, w_t).float(), dim=-1)
         student = F.log_softmax(F.linear(hs, w_s).float(), dim=-1)
-        total += F.kl_div(student, target, log_target=True, reduction="sum")
+        p_t = target.exp()
+        total += target.sub_(student).mul_(p_t).sum()  # F.kl_div(student, target, log_target=True), in place
+        del target
         if want_h or want_w:
-            g = student.exp_().sub_(target.exp_())  # d KL / d student logits: softmax(s) - softmax(t)
-            del target
+            g = student.exp_().sub_(p_t)  # d KL / d student logits: softmax(s) - softmax(t)
+            del p_t
             if want_h:
                 grad_h[start:start + chunk] = g.to(w_s.dtype) @ w_s
             if want_w:
@@ -82,7 +84,7 @@ def distill_kl(student_hidden: Tensor, teacher_hidden: Tensor, student_head, tea
 
     student_hidden, teacher_hidden: [..., d_model] with the same leading shape. teacher_head defaults to the
     student's (a pruned model shares its lm_head with its teacher). chunk: rows at a time (None = the
-    chunked_nll budget: LOGIT_ELEMENTS // vocab rows, a quarter of that with gradients); plain linear heads
+    chunked_nll budget: LOGIT_ELEMENTS // vocab rows, a quarter of that with gradients or fused); plain linear heads
     take the fused path (see the module doc), any other head is checkpointed chunk by chunk."""
     if student_hidden.shape[:-1] != teacher_hidden.shape[:-1]:
         raise ValueError(f"teacher_hidden: expected the student's leading shape {list(student_hidden.shape[:-1])}, "
@@ -91,13 +93,14 @@ def distill_kl(student_hidden: Tensor, teacher_hidden: Tensor, student_head, tea
     vocab = student_head.weight.shape[0]
     grad = torch.is_grad_enabled() and (student_hidden.requires_grad
                                         or any(p.requires_grad for p in student_head.parameters()))
-    if chunk is None:
-        chunk = max(1, (LOGIT_ELEMENTS_GRAD if grad else LOGIT_ELEMENTS) // vocab)
+    fused = _plain(student_head) and _plain(teacher_head)
+    if chunk is None:  # the fused path holds ~3 fp32 [chunk, vocab] tensors with or without a gradient
+        chunk = max(1, (LOGIT_ELEMENTS_GRAD if grad or fused else LOGIT_ELEMENTS) // vocab)
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f"chunk: expected a positive int or None, got {chunk!r}")
     h_s = student_hidden.reshape(-1, student_hidden.shape[-1])
     h_t = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).detach()
-    if _plain(student_head) and _plain(teacher_head):
+    if fused:
         w_t = teacher_head.weight.detach()
         if not grad:
             with torch.no_grad():
