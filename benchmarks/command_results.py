@@ -53,8 +53,10 @@ def run_command(kind: str, model: str, results: Path, *, extra: list[str] = (), 
         cmd = [python, "-m", "headcount", *args]
         print(f"$ headcount {' '.join(args)}", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, cwd=ROOT,
-                              env=env if env is not None else os.environ.copy())
+        if env is None:  # this checkout's headcount, whatever the environment has installed
+            env = os.environ.copy()
+            env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [env.get("PYTHONPATH")])])
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, cwd=ROOT, env=env)
         if proc.returncode != 0:
             raise SystemExit(f"{kind}: `headcount {' '.join(args)}` exited with {proc.returncode}")
         data = last_json(proc.stdout)

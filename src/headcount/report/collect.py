@@ -393,7 +393,8 @@ def _steps(model, texts, *, seed: int, sizes: Sizes, sample: str | None, progres
     from headcount.report import commands
 
     # the commands' own results (issue 26): saved for these weights, or their defaults run here (commands.py)
-    weights_of = (lambda: weights) if weights else (lambda: weights_hash(model))
+    import functools
+    weights_of = (lambda: weights) if weights else functools.cache(lambda: weights_hash(model))  # hashed once
     name = getattr(model, "name", None)
     user_text = texts is not None  # the commands measure the default corpus's domains: a user's text is not theirs
 
