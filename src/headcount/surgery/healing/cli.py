@@ -13,6 +13,7 @@ the model is saved atomically, so an interrupted heal leaves no --out).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Optional
 
@@ -49,13 +50,15 @@ def teacher_for(model, heal_steps: int, dtype: str = "fp32", deep: bool = False)
 
 
 def heal_after_edit(model, teacher, heal_steps: int, before: dict | None, after: dict | None,
-                    progress: bool = True, eval_windows: int = 4) -> dict:
+                    progress: bool = True, eval_windows: int = 4, group=None) -> dict:
     """Heal the edited `model` from `teacher` for `heal_steps` steps; `before` / `after`: the edit command's
-    held-out perplexities per domain (None: measured here). Returns HealResult.to_json()."""
+    held-out perplexities per domain (None: measured here); group: the torchrun group the edit ran on (the
+    heal runs data-parallel over it, DDP). Returns HealResult.to_json()."""
     from headcount.surgery.healing.loop import heal
 
     known = {"before_edit": before, "after_edit": after} if before and after else None
-    result = heal(model, teacher, steps=heal_steps, known=known, progress=progress, eval_windows=eval_windows)
+    result = heal(model, teacher, steps=heal_steps, known=known, progress=progress, eval_windows=eval_windows,
+                  group=group)
     model.healing = result.metadata()
     return result.to_json()
 
@@ -97,7 +100,7 @@ def _load_pair(model_name: str, teacher_name: str, dtype: str, device: str):
 
 def register(app, bench_app) -> None:
     """Add `headcount heal`."""
-    from headcount.cli_errors import one_line_errors as _one_line_errors
+    from headcount.cli_errors import rank_errors as _one_line_errors  # rank-prefixed under torchrun
     from headcount.surgery.healing.loop import DEFAULT_LR, DEFAULT_PARAMS, DEFAULT_STEPS, DEFAULT_TOKENS
 
     @app.command("heal")
@@ -122,7 +125,8 @@ def register(app, bench_app) -> None:
     ) -> None:
         """Heal an edited model by distillation from the unedited one (KL of next-token distributions on
         calibration text, a validation split for early stopping); print the held-out domains before the edit,
-        after it and after healing; save."""
+        after it and after healing; save. Under torchrun (`torchrun --nproc-per-node N -m headcount heal ...`)
+        each step's windows are split over the ranks (DistributedDataParallel); rank 0 prints and saves."""
         with _one_line_errors("heal"):
             if steps < 1:
                 raise ValueError(f"--steps: expected a positive number of steps, got {steps}")
@@ -139,6 +143,11 @@ def register(app, bench_app) -> None:
 
             parse_dtype(dtype), parse_device(device)
             out = check_out_dir(out, force)
+            group, main = None, True
+            if "WORLD_SIZE" in os.environ:  # under torchrun: data-parallel healing (DDP), rank 0 writes
+                from headcount import distributed
+                group = distributed.init()
+                main = distributed.is_main(group)
             student, original = _load_pair(model, teacher, dtype, device)
             from headcount.models.fingerprint import weights_hash
             source_weights, edited_weights = weights_hash(original), weights_hash(student)
@@ -147,11 +156,13 @@ def register(app, bench_app) -> None:
 
             try:
                 result = heal(student, original, steps=steps, tokens=tokens, params=params, lr=lr,
-                              eval_windows=eval_windows)
+                              eval_windows=eval_windows, group=group)
             except ValueError as e:
                 if str(e).startswith("tokens:"):
                     raise ValueError(f"--{e}") from None
                 raise
+            if not main:
+                return
             student.healing = {**result.metadata(), "teacher": teacher}
             save(student, out, force=force)
         from headcount.surgery.cli_common import command_line

@@ -275,7 +275,7 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     if dp.world > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(_Share(model, source, head_t), process_group=dp.group, broadcast_buffers=False)
+        ddp = DistributedDataParallel(_Share(model, source, head_t), process_group=dp.group)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule(s, plan["warm"], plan["steps"]))
     generator = torch.Generator().manual_seed(seed)
     validation_forwards = 0  # student tokens run to measure the validation KL

@@ -165,8 +165,6 @@ def register(app, bench_app) -> None:
         model = load_model(model_name, dtype, device)
         from headcount.models.fingerprint import weights_hash
         source_weights = weights_hash(model)  # the weights before the edit: what a saved result is keyed by
-        if heal_steps and group is not None:
-            raise ValueError("--heal-steps: healing runs in one process; run it without torchrun")
         from headcount.surgery.healing.cli import heal_after_edit, teacher_for
         # the unpruned model, before any change (--joint trains norms too, in place: it needs a full copy)
         teacher = teacher_for(model, heal_steps, dtype, deep=bool(joint_params))
@@ -189,7 +187,7 @@ def register(app, bench_app) -> None:
         for value in ([ppl_after] if isinstance(ppl_after, float) else list(ppl_after)):
             check_finite(value, "the pruned model's held-out quality", model.embed.weight.dtype)
         healed = (heal_after_edit(model, teacher, heal_steps, by_domain_before, by_domain_after,
-                                   eval_windows=eval_windows) if teacher else None)
+                                   eval_windows=eval_windows, group=group) if teacher else None)
         if not main:
             return None
         save(model, out, force=force)
