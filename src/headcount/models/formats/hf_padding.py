@@ -49,7 +49,7 @@ def pad_attention(attn, n_q: int, n_kv: int) -> dict[str, Tensor | None]:
     w = attn.qkv_proj.weight.detach()
     d = w.shape[1]
 
-    def spread(t: Tensor, width: int) -> Tensor:  # [nh hd | nkv hd | nkv hd, ...] -> the padded layout
+    def spread(t: Tensor) -> Tensor:  # [nh hd | nkv hd | nkv hd, ...] -> the padded layout
         q, k, v = t.split([nh * hd, nkv * hd, nkv * hd])
         rest = t.shape[1:]
         pq = t.new_zeros((n_q, hd) + rest)
@@ -66,7 +66,7 @@ def pad_attention(attn, n_q: int, n_kv: int) -> dict[str, Tensor | None]:
     if sinks is not None:
         padded_sinks = sinks.detach().new_zeros(n_q)
         padded_sinks[slots] = sinks.detach()
-    return {"qkv": spread(w, d), "qkv_bias": None if b is None else spread(b.detach(), 0),
+    return {"qkv": spread(w), "qkv_bias": None if b is None else spread(b.detach()),
             "o": o.reshape(d, n_q * hd), "sinks": padded_sinks}
 
 
