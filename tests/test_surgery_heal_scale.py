@@ -118,6 +118,11 @@ def test_the_curve_is_one_run_measured_at_its_checkpoints(monkeypatch, tmp_path)
     plain, teacher2 = pair()  # the same heal without checkpoints: the same final weights
     loop.heal(plain, teacher2, steps=4, held_out=False, **settings)
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), student.state_dict().values()))
+    recomputed, teacher4 = pair()  # layer checkpointing (memory) changes no number
+    r = loop.heal(recomputed, teacher4, steps=4, held_out=False, checkpoint_layers=True, **settings)
+    assert r.checkpoint_layers and not any("forward" in vars(layer) for layer in recomputed.layers)
+    assert all(torch.allclose(a, b, rtol=1e-6, atol=1e-7)
+               for a, b in zip(plain.state_dict().values(), recomputed.state_dict().values()))
 
     stopped, teacher3 = pair()  # the same heal stopped after 2 steps: its weights give the 2-step point
     real, calls = loop.train_step, []
@@ -183,10 +188,34 @@ def test_bf16_heals_on_fp32_masters_like_fp32():
 # ------------------------------------------------------------------------------------------ memory
 def test_the_peak_memory_formula_against_a_measured_heal():
     """memory.heal_memory (the doc's table for the 1.5B comes from it) against the resident peak of a bf16 heal
-    of a random config, measured in a fresh process (VmHWM after a reset)."""
+    of a random config, with and without layer checkpointing, measured in a fresh process (VmHWM after a
+    reset before each)."""
     from headcount.surgery.healing.memory import measure_peak
 
     cfg = {"vocab_size": 4096, "d_model": 512, "n_layers": 4, "n_heads": 8, "n_kv_heads": 2, "head_dim": 64,
            "d_ff": 1536, "max_position": 512}
-    r = measure_peak(cfg, dtype="bf16", batch=2, windows=8, steps=2)
-    assert 0.8 < r["peak_bytes"] / r["formula_bytes"] < 1.2, (r["peak_bytes"] / 2**20, r["formula_bytes"] / 2**20)
+    runs = measure_peak(cfg, dtype="bf16", batch=4, windows=8, steps=2, checkpoint_layers=(False, True))
+    for r in runs:
+        assert 0.85 < r["peak_bytes"] / r["formula_bytes"] < 1.15, (r["checkpoint_layers"], r["peak_bytes"] / 2**20,
+                                                                   r["formula_bytes"] / 2**20)
+    assert runs[1]["peak_bytes"] < 0.8 * runs[0]["peak_bytes"]  # layer checkpointing does save memory
+
+
+def test_a_student_loaded_apart_shares_the_teachers_unchanged_tensors():
+    import copy
+
+    from headcount.surgery.healing.weights import share_unchanged
+
+    model, teacher = _pair()
+    teacher.lm_head.weight = teacher.embed.weight  # tied, as smollm2 and the 1.5B
+    apart = copy.deepcopy(teacher)  # as `headcount heal` loads the edited model: its own tensors
+    prune(apart, {0: [1, 2]}, compensate="none")
+    before = apart(_windows(2)).logits
+    saved = share_unchanged(apart, teacher)
+    assert torch.equal(apart(_windows(2)).logits, before)
+    assert apart.embed.weight is teacher.embed.weight and apart.lm_head.weight is apart.embed.weight
+    assert apart.layers[1].attn.qkv_proj.weight is teacher.layers[1].attn.qkv_proj.weight  # unedited layer
+    assert apart.layers[0].attn.qkv_proj.weight is not teacher.layers[0].attn.qkv_proj.weight  # edited: its own
+    own = {id(p) for p in apart.parameters()} - {id(p) for p in teacher.parameters()}
+    assert saved == sum(p.numel() * 4 for p in teacher.parameters()) - sum(
+        p.numel() * 4 for p in teacher.layers[0].attn.parameters()) and own

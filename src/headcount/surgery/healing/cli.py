@@ -81,7 +81,7 @@ def print_heal_table(block: dict, title: str = "healing") -> None:
 
 def _load_pair(model_name: str, teacher_name: str, dtype: str, device: str):
     from headcount.models.options import load_model
-    from headcount.surgery.healing.weights import check_teacher, check_trainable_dtype
+    from headcount.surgery.healing.weights import check_teacher, check_trainable_dtype, share_unchanged
 
     model = load_model(model_name, dtype, device)
     try:
@@ -95,6 +95,7 @@ def _load_pair(model_name: str, teacher_name: str, dtype: str, device: str):
         message = str(e)
         flag = "--model" if message.startswith("model:") else "--teacher"
         raise ValueError(f"{flag}{message[message.index(':'):]}") from None
+    share_unchanged(model, teacher)  # the student holds only what the edit changed (memory: docs/healing.md)
     return model, teacher
 
 

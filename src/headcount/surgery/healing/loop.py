@@ -30,6 +30,7 @@ smollm2's edits (docs/healing.md has the table and the commands).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import sys
@@ -164,6 +165,30 @@ class _Masters:
             p.copy_(m)
 
 
+@contextlib.contextmanager
+def checkpointed(model, layers):
+    """Each layer in `layers` recomputed in backward (torch.utils.checkpoint, non-reentrant): autograd keeps only
+    its input, one layer's activations live at a time, at the price of one more forward of those layers."""
+    from torch.utils.checkpoint import checkpoint
+
+    patched = []
+    for i in layers:
+        layer = model.layers[i]
+
+        def run(*args, _forward=layer.forward, **kwargs):
+            if torch.is_grad_enabled():
+                return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+            return _forward(*args, **kwargs)
+
+        layer.forward = run  # an instance attribute over the class's forward; removed below
+        patched.append(layer)
+    try:
+        yield
+    finally:
+        for layer in patched:
+            del layer.forward
+
+
 def train_step(model, source: "_Teacher", rows: list[int], head_t, optimizer, trainable, *, ddp=None,
                dp=None, positions: int | None = None, masters: _Masters | None = None) -> float:
     """One optimizer step on the windows `rows`: the mean KL per position, backward, clip at 1, AdamW.
@@ -193,7 +218,7 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
          batch_size: int = BATCH_SIZE, validation_windows: int = VALIDATION_WINDOWS, eval_every: int | None = None,
          patience: int = PATIENCE, held_out: bool = True, eval_windows: int = EVAL_WINDOWS,
          known: dict | None = None, max_seconds: float | None = None, seed: int = 0, log=None,
-         checkpoints=(), group=None) -> HealResult:
+         checkpoints=(), group=None, checkpoint_layers: bool | None = None) -> HealResult:
     """Heal `model` (edited) in place by distillation from `teacher` (its unedited ancestor); see the module doc.
 
     steps: optimizer steps of `batch_size` windows (None = DEFAULT_STEPS); tokens: distinct calibration tokens
@@ -205,7 +230,9 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     checkpoints: steps after which the held-out domains are measured on the weights of that moment (one run,
     one schedule: `result.curve`, the quality against healing tokens; the measuring time is not counted in
     `seconds`). group: None (one process), "auto" (data-parallel over torch.distributed's default group when
-    it is initialised, as under torchrun) or a process group; see the module doc.
+    it is initialised, as under torchrun) or a process group; see the module doc. checkpoint_layers: recompute
+    each layer's activations in backward (one more forward a step, far less memory: memory.py); None = on
+    for a model of heap.BOUND_FROM (1 GiB) of weights or more, where the commands bound the heap too.
     """
     from tqdm.auto import tqdm
 
@@ -262,6 +289,12 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     trainable = mover.trainable()
     masters = _Masters(trainable)
     masters = masters if masters.copied else None
+    if checkpoint_layers is None:
+        from headcount.heap import BOUND_FROM
+        seen = {id(p): p for p in model.parameters()}
+        checkpoint_layers = sum(p.numel() * p.element_size() for p in seen.values()) >= BOUND_FROM
+    saving = checkpointed(model, range(min(layers), len(model.layers))) if checkpoint_layers else \
+        contextlib.nullcontext()
     result = HealResult(0, steps, int(windows.numel()), 0, n_val * windows.shape[1], float(lr), params, layers,
                         mover.n_trainable(), teacher=getattr(teacher, "name", None),
                         lora_rank=mover.rank if params == "lora" else None)
@@ -326,6 +359,7 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     order: list[int] = []
     since_best = 0
     bar = None
+    saving.__enter__()
     try:
         remember(0, validate())
         bar = tqdm(total=steps, desc="heal", disable=None if progress else True, leave=False, file=sys.stderr)
@@ -371,6 +405,7 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
             for p, saved in zip(trainable, best["state"]):
                 p.copy_(saved)
     finally:
+        saving.__exit__(None, None, None)
         if bar is not None:
             bar.close()
         model.eval()
@@ -384,6 +419,7 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     run = dp.sum_float(validation_forwards + source.forwards) if dp.world > 1 else validation_forwards + source.forwards
     result.forward_equivalents = (3.0 * result.tokens_seen + run) / result.tokens
     result.world_size = dp.world
+    result.checkpoint_layers = bool(checkpoint_layers)
     if held_out:
         figures["after_heal"] = held_out_figures(model, eval_windows)
         result.held_out = figures

@@ -2,7 +2,7 @@
 within 2x its weights + 1 GiB"), and the measurement it is checked against.
 
     heal_memory(shape, *, dtype="bf16", edited_layers=None, teacher="separate", ...) -> {term: bytes, "total": ...}
-    measure_peak(config, *, dtype="bf16", ...) -> {"peak_bytes", "formula_bytes", ...}   (in a fresh process)
+    measure_peak(config, *, dtype="bf16", ...) -> [{"peak_bytes", "formula_bytes", ...}]   (in a fresh process)
 
 The terms (b = bytes per weight of `dtype`, m = the weights that move, N = tokens of one step):
 - student weights: every parameter x b; teacher: the same again when loaded apart (`headcount heal --teacher`),
@@ -16,8 +16,10 @@ The terms (b = bytes per weight of `dtype`, m = the weights that move, N = token
   edited layer on, counted on the decoder (bf16: 2 x (3 d_ff + 6 d_model + 3 n_heads head_dim + 3 n_kv_heads
   head_dim) + 4 n_heads bytes), times ACTIVATION_FACTOR (1.6, measured), the KL's student gradient and teacher
   rows (2 x N x d_model x b) and LOGIT_COPIES fp32 [rows, vocab] chunks (rows = min(N, LOGIT_ELEMENTS_GRAD //
-  vocab)); and (b) the optimizer step: the fp32 gradients of the moved weights plus AdamW's one full-size
-  temporary (m x 8).
+  vocab)); with layer checkpointing (heal(checkpoint_layers=True), the default from 1 GiB of weights) each
+  layer's input (N x d_model x b per layer) and ONE layer's activations instead; and (b) the optimizer step:
+  the fp32 gradients of the moved weights (m x 4) plus AdamW's temporaries: on CPU one tensor at a time (2 x
+  4 bytes x the largest moved tensor), on CUDA (foreach) one of every moved weight (m x 4 more).
 The process itself (Python, torch's libraries, ~0.3-0.5 GiB resident on CPU) is not a term: the target speaks
 of what the run holds. The counts are for bf16 (the target's dtype); an fp32 heal holds fewer bytes per
 saved element than 2x (some norms save fp32 copies in bf16 too), so the formula overestimates it. Measured against heal() on random configs by measure_peak (tests/test_surgery_heal_scale).
@@ -55,10 +57,14 @@ def activation_bytes_per_token(shape, dtype: str = "bf16") -> int:
 
 
 def heal_memory(shape, *, dtype: str = "bf16", edited_layers: int | None = None, teacher: str = "separate",
-                batch_windows: int = 2, window: int = 256, cached_windows: int = 384) -> dict:
+                batch_windows: int = 2, window: int = 256, cached_windows: int = 384,
+                checkpoint_layers: bool = False, device: str = "cpu") -> dict:
     """The heal's peak in bytes, by term (see the module doc); shape: a cost.ModelShape. edited_layers: how many
     layers' attention moves (None: every layer), counted from the first edited layer to the last layer for
-    the activations. teacher: "separate" (a second full model) or "shared" (attention_copy)."""
+    the activations. teacher: "separate" (a second full model) or "shared" (attention_copy). checkpoint_layers:
+    heal's layer checkpointing (each layer's input kept, one layer's activations at a time). device: "cpu"
+    (AdamW steps one tensor at a time: its temporaries are the largest moved tensor's) or "cuda" (foreach: a
+    temporary of every moved weight)."""
     from headcount.cost.accounts import param_counts
     from headcount.models.decoder import LOGIT_ELEMENTS_GRAD
     from headcount.surgery.healing.loop import CACHE_BYTES
@@ -81,10 +87,13 @@ def heal_memory(shape, *, dtype: str = "bf16", edited_layers: int | None = None,
         "runtime": RUNTIME_BYTES,
     }
     rows = min(tokens, max(1, LOGIT_ELEMENTS_GRAD // shape.vocab_size))  # distill_kl's chunk of positions
-    activations = int(ACTIVATION_FACTOR * tokens * layers * activation_bytes_per_token(shape, dtype)) + \
-        2 * tokens * shape.d_model * b + \
-        LOGIT_COPIES * 4 * rows * shape.vocab_size
-    step = moved * 8
+    per_token = ACTIVATION_FACTOR * activation_bytes_per_token(shape, dtype)
+    saved = tokens * (layers * shape.d_model * b + per_token) if checkpoint_layers else tokens * layers * per_token
+    activations = int(saved) + 2 * tokens * shape.d_model * b + LOGIT_COPIES * 4 * rows * shape.vocab_size
+    from headcount.cost.accounts import attention_params
+    a = attention_params(shape)
+    largest = max(a["q"] + a["k"] + a["v"], a["o"])
+    step = moved * 8 if device == "cuda" else moved * 4 + 2 * 4 * largest
     terms["activations_or_step"] = max(activations, step)
     terms["total"] = sum(terms.values())
     return {**terms, "moved_params": moved, "weights": weights, "activations": activations, "step": step}
@@ -92,61 +101,76 @@ def heal_memory(shape, *, dtype: str = "bf16", edited_layers: int | None = None,
 
 # ------------------------------------------------------------------------------------------ measured
 def _child(args: dict) -> dict:
+    import gc
+
     import torch
 
     from headcount.cost.measure import status_kib
+    from headcount.heap import bound_heap
     from headcount.models.copying import attention_copy
     from headcount.models.decoder import Decoder, DecoderConfig
     from headcount.surgery.healing.loop import heal
 
-    from headcount.heap import bound_heap
-
     bound_heap()  # as `headcount heal` does for a model of 1 GiB or more (the 1.5B): freed blocks go back
     torch.set_num_threads(1)
-    torch.manual_seed(0)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args["dtype"]]
     cfg = DecoderConfig(**args["config"], rope_theta=10000.0, norm_eps=1e-5)
-    teacher = Decoder(cfg).to(dtype).eval()
-    student = attention_copy(teacher)  # every layer heals (nothing differs: heal moves every layer's attention)
     n, t = args["windows"], args["window"]
     ids = torch.randint(0, cfg.vocab_size, (n, t), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
-        teacher(ids[:1, :8])  # warm-up: thread pools, kernels
-    with open("/proc/self/clear_refs", "w") as fh:
-        fh.write("5")  # reset the peak-RSS high-water mark (Linux >= 4.0)
-    before = status_kib("VmRSS")
-    heal(student, teacher, steps=args["steps"], tokens=n * t, calibration=ids, window=t, batch_size=args["batch"],
-         validation_windows=2, held_out=False, progress=False)
-    return {"peak_bytes": (status_kib("VmHWM") - before) * 1024}
+    peaks = []
+    for flag in args["checkpoint_layers"]:  # one heal per setting, each on fresh models, the peak reset between
+        torch.manual_seed(0)
+        teacher = Decoder(cfg).to(dtype).eval()
+        student = attention_copy(teacher)  # every layer heals (nothing differs: heal moves every layer's attention)
+        with torch.no_grad():
+            teacher(ids[:1, :8])  # warm-up: thread pools, kernels
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")  # reset the peak-RSS high-water mark (Linux >= 4.0)
+        before = status_kib("VmRSS")
+        heal(student, teacher, steps=args["steps"], tokens=n * t, calibration=ids, window=t,
+             batch_size=args["batch"], validation_windows=2, held_out=False, progress=False, checkpoint_layers=flag)
+        peaks.append((status_kib("VmHWM") - before) * 1024)
+        del teacher, student
+        gc.collect()
+    return {"peak_bytes": peaks}
 
 
 def measure_peak(config: dict, *, dtype: str = "bf16", window: int = 256, batch: int = 2, windows: int = 8,
-                 steps: int = 3, timeout: float = 300.0) -> dict:
-    """Heal a random Decoder(DecoderConfig(**config)) in `dtype` for `steps` steps in a fresh process; its peak
-    resident memory above what the two models already held, against the formula's (every term but the
-    weights present before the heal: the student's, and the teacher's which it shares but for attention)."""
+                 steps: int = 3, checkpoint_layers=(False, True), timeout: float = 300.0) -> list[dict]:
+    """Heal a random Decoder(DecoderConfig(**config)) in `dtype` for `steps` steps in a fresh process, once per
+    checkpoint_layers setting; each one's peak resident memory above what the two models already held,
+    against the formula's (every term but the weights present before the heal: the student's, and the
+    teacher's which it shares but for attention)."""
     from headcount.cost.shape import ModelShape
 
-    args = {"config": config, "dtype": dtype, "window": window, "batch": batch, "windows": windows, "steps": steps}
     src = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")])),
                OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-m", "headcount.surgery.healing.memory", json.dumps(args)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
-    if proc.returncode != 0:
-        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RuntimeError(f"heal peak-memory child failed ({proc.returncode}): {tail}")
-    measured = json.loads(proc.stdout.strip().splitlines()[-1])
+    procs = []
+    for flag in checkpoint_layers:  # one fresh process per setting, run side by side (each its own peak)
+        args = {"config": config, "dtype": dtype, "window": window, "batch": batch, "windows": windows,
+                "steps": steps, "checkpoint_layers": [flag]}
+        procs.append(subprocess.Popen([sys.executable, "-m", "headcount.surgery.healing.memory", json.dumps(args)],
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+    measured = {"peak_bytes": []}
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        if proc.returncode != 0:
+            tail = (stderr.strip().splitlines() or ["no output"])[-1]
+            raise RuntimeError(f"heal peak-memory child failed ({proc.returncode}): {tail}")
+        measured["peak_bytes"] += json.loads(stdout.strip().splitlines()[-1])["peak_bytes"]
     c = config
     shape = ModelShape(name="random", d_model=c["d_model"], n_heads=c["n_heads"], n_kv_heads=c["n_kv_heads"],
                        head_dim=c["head_dim"], n_layers=c["n_layers"], d_ff=c["d_ff"], vocab_size=c["vocab_size"],
                        mlp="gated", norm="rmsnorm", final_norm=True, tied_embeddings=c.get("tie_embeddings", True))
-    terms = heal_memory(shape, dtype=dtype, teacher="shared", batch_windows=batch, window=window,
-                        cached_windows=windows)
-    # present before the heal: the student's weights and its own attention copy (the teacher's share)
-    formula = terms["total"] - terms["student_weights"] - terms["teacher_weights"]
-    return {**measured, "formula_bytes": formula, "terms": terms}
-
+    out = []
+    for flag, peak in zip(checkpoint_layers, measured["peak_bytes"]):
+        terms = heal_memory(shape, dtype=dtype, teacher="shared", batch_windows=batch, window=window,
+                            cached_windows=windows, checkpoint_layers=flag)
+        # present before the heal: the student's weights and its own attention copy (the teacher's share)
+        formula = terms["total"] - terms["student_weights"] - terms["teacher_weights"]
+        out.append({"checkpoint_layers": flag, "peak_bytes": peak, "formula_bytes": formula, "terms": terms})
+    return out
 
 if __name__ == "__main__":
     print(json.dumps(_child(json.loads(sys.argv[1]))))

@@ -33,6 +33,7 @@ class HealResult:
     # of that moment in the one run
     curve: list[dict] = field(default_factory=list)
     world_size: int = 1  # data-parallel ranks (torchrun)
+    checkpoint_layers: bool = False  # the student's layers recomputed in backward (memory)
 
     @property
     def val_first(self) -> float | None:
@@ -61,6 +62,6 @@ class HealResult:
             "stopped_early": self.stopped_early,
             "val_losses": [[s, round(v, 6)] for s, v in self.val_losses],
             "held_out": self.held_out,
-            "world_size": self.world_size,
+            "world_size": self.world_size, "checkpoint_layers": self.checkpoint_layers,
             **({"curve": self.curve} if self.curve else {}),
         }

@@ -4,6 +4,7 @@
     check_teacher(model, teacher)            ValueError naming `teacher` when it cannot be the ancestor
     check_trainable_dtype(model)             ValueError naming `dtype` when the device cannot train in it
     edited_layers(model, teacher)            layers whose attention differs from the teacher's (shape or values)
+    share_unchanged(model, teacher)          the student takes the teacher's tensor wherever its own is equal
     Mover(model, teacher, params, layers)    sets requires_grad (or wraps LoRA adapters); .finish() restores
                                              the flags and folds adapters back into plain weights
 
@@ -112,6 +113,27 @@ def _untie_from(model, teacher, moving: set[int]) -> None:
                 if id(p) not in clones:
                     clones[id(p)] = torch.nn.Parameter(p.detach().clone(), requires_grad=p.requires_grad)
                 setattr(module, name, clones[id(p)])
+
+
+def share_unchanged(model, teacher) -> int:
+    """Make `model` (the edited student, loaded on its own) use the teacher's tensor wherever its own parameter of
+    the same name is equal (same shape, dtype, values), as models.copying.attention_copy's students do: a
+    student loaded beside its teacher then holds only what the edit changed (the 1.5B heals within 2x its
+    weights + 1 GiB only so: docs/healing.md). The student's own ties are kept (one decision per tensor); the
+    Mover clones any shared tensor before it moves. Returns the bytes no longer held twice."""
+    theirs = dict(teacher.named_parameters(remove_duplicate=False))
+    decided: dict[int, torch.nn.Parameter | None] = {}
+    saved = 0
+    for module_name, module in model.named_modules():
+        for name, p in list(module.named_parameters(recurse=False)):
+            if id(p) not in decided:
+                t = theirs.get(f"{module_name}.{name}" if module_name else name)
+                same = t is not None and t is not p and _same(p.detach(), t.detach()) and p.device == t.device
+                decided[id(p)] = t if same else None
+                saved += p.numel() * p.element_size() if same else 0
+            if decided[id(p)] is not None:
+                setattr(module, name, decided[id(p)])
+    return saved
 
 
 class Mover:
