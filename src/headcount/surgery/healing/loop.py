@@ -232,7 +232,8 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     `seconds`). group: None (one process), "auto" (data-parallel over torch.distributed's default group when
     it is initialised, as under torchrun) or a process group; see the module doc. checkpoint_layers: recompute
     each layer's activations in backward (one more forward a step, far less memory: memory.py); None = on
-    for a model of heap.BOUND_FROM (1 GiB) of weights or more, where the commands bound the heap too.
+    for bf16 / fp16 weights of heap.BOUND_FROM (1 GiB) or more (the 1.5B in bf16); fp32 heals (smollm2,
+    qwen2.5-coder-0.5b by default) keep the faster path.
     """
     from tqdm.auto import tqdm
 
@@ -289,10 +290,11 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     trainable = mover.trainable()
     masters = _Masters(trainable)
     masters = masters if masters.copied else None
-    if checkpoint_layers is None:
+    if checkpoint_layers is None:  # bf16 / fp16 weights of 1 GiB or more: a run that must save memory
         from headcount.heap import BOUND_FROM
         seen = {id(p): p for p in model.parameters()}
-        checkpoint_layers = sum(p.numel() * p.element_size() for p in seen.values()) >= BOUND_FROM
+        checkpoint_layers = model.embed.weight.dtype in (torch.bfloat16, torch.float16) and \
+            sum(p.numel() * p.element_size() for p in seen.values()) >= BOUND_FROM
     saving = checkpointed(model, range(min(layers), len(model.layers))) if checkpoint_layers else \
         contextlib.nullcontext()
     result = HealResult(0, steps, int(windows.numel()), 0, n_val * windows.shape[1], float(lr), params, layers,

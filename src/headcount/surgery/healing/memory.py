@@ -16,7 +16,7 @@ The terms (b = bytes per weight of `dtype`, m = the weights that move, N = token
   edited layer on, counted on the decoder (bf16: 2 x (3 d_ff + 6 d_model + 3 n_heads head_dim + 3 n_kv_heads
   head_dim) + 4 n_heads bytes), times ACTIVATION_FACTOR (1.6, measured), the KL's student gradient and teacher
   rows (2 x N x d_model x b) and LOGIT_COPIES fp32 [rows, vocab] chunks (rows = min(N, LOGIT_ELEMENTS_GRAD //
-  vocab)); with layer checkpointing (heal(checkpoint_layers=True), the default from 1 GiB of weights) each
+  vocab)); with layer checkpointing (heal(checkpoint_layers=True), the default for bf16 weights of 1 GiB or more) each
   layer's input (N x d_model x b per layer) and ONE layer's activations instead; and (b) the optimizer step:
   the fp32 gradients of the moved weights (m x 4) plus AdamW's temporaries: on CPU one tensor at a time (2 x
   4 bytes x the largest moved tensor), on CUDA (foreach) one of every moved weight (m x 4 more).
