@@ -8,9 +8,17 @@ X on the left), j = the KV head query head i reads, and an explicit Concat. Writ
 with a Python loop over heads; nothing here is fused or clever. A row whose keys are all masked
 gives a zero head output (headcount's documented behaviour).
 
-Two options, written out the same way: a q/k RMSNorm per head (each row of Q_i and K_j divided by its
-root mean square, times a weight shared by the heads), and a sliding window (query at position p sees
-key j when p - window < j <= p, causal, or |p - j| < window, bidirectional; query t sits at S - T + t).
+Options, written out the same way:
+- a q/k RMSNorm per head (each row of Q_i and K_j divided by its root mean square, times a weight [d_k]
+  shared by the heads), or over the WHOLE projection (OLMo 2 / OLMoE: a weight [n_heads x d_k]; each
+  token's row of Concat(Q_1, ..., Q_nh) divided by its root mean square over all heads, times the weight,
+  and only then cut back into heads, as transformers' OLMo 2 does; likewise K over the n_kv_heads);
+- a sliding window (query at position p sees key j when p - window < j <= p, causal, or |p - j| < window,
+  bidirectional; query t sits at S - T + t);
+- attention-logit soft-capping (Gemma 2): scores -> softcap * tanh(scores / softcap) after the scale,
+  before the mask;
+- a learned sink logit per head (GPT-OSS): sink_i joins head i's softmax as one more column with no value,
+  dropped after, so each row's weights sum to 1 - (the sink's share).
 
 `per_head_from_fused` / `fused_from_per_head` convert between these per-head matrices and the fused
 qkv_proj / o_proj layout.
@@ -38,9 +46,10 @@ class PerHeadWeights:
     b_v: list[Tensor] | None = None
     b_o: Tensor | None = None
     kv_head_of: tuple[int, ...] | None = None  # None: i // (n_heads // n_kv_heads)
-    q_norm: Tensor | None = None  # [d_k] RMSNorm weight on every Q_i row (qk_norm_eps)
-    k_norm: Tensor | None = None  # [d_k] RMSNorm weight on every K_j row
+    q_norm: Tensor | None = None  # [d_k] RMSNorm weight on every Q_i row, or [n_heads * d_k]: over all heads
+    k_norm: Tensor | None = None  # [d_k] RMSNorm weight on every K_j row, or [n_kv_heads * d_k]: over all
     norm_eps: float | None = None
+    sinks: Tensor | None = None  # [n_heads] one sink logit per query head (in the scores' units)
 
     @property
     def n_heads(self) -> int:
@@ -80,12 +89,30 @@ def per_head(attn) -> PerHeadWeights:
                             kv_head_of=uneven)
     if getattr(attn, "q_norm", None) is not None:
         w.q_norm, w.k_norm, w.norm_eps = attn.q_norm.weight, attn.k_norm.weight, attn.q_norm.eps
+    if getattr(attn, "sinks", None) is not None:
+        w.sinks = attn.sinks
     return w
 
 
 def rms_norm(rows: Tensor, weight: Tensor, eps: float) -> Tensor:
     """Each row r (last dim) -> r / sqrt(mean(r^2) + eps) * weight."""
     return rows / torch.sqrt((rows * rows).mean(dim=-1, keepdim=True) + eps) * weight
+
+
+def _normed_heads(rows: list[Tensor], weight: Tensor | None, eps: float | None) -> list[Tensor]:
+    """Each head's rows [B, T, d_k] after the q (or k) norm: per head when the weight is [d_k]; when it is
+    [n * d_k], over the whole projection Concat(rows) (one statistic per token over every head), then cut
+    back into the n heads."""
+    if weight is None:
+        return rows
+    d_k = rows[0].shape[-1]
+    if weight.numel() == d_k:
+        return [rms_norm(r, weight, eps) for r in rows]
+    if weight.numel() != len(rows) * d_k:
+        raise ValueError(f"q/k norm weight: expected {d_k} (per head) or {len(rows)} x {d_k} = {len(rows) * d_k} "
+                         f"(over all heads) values, got {weight.numel()}")
+    full = rms_norm(torch.cat(rows, dim=-1), weight, eps)  # (B, T, n * d_k)
+    return list(full.split(d_k, dim=-1))
 
 
 def in_window(query_pos: int, key_pos: int, window: int, *, causal: bool) -> bool:
@@ -104,12 +131,14 @@ def fused_from_per_head(w: PerHeadWeights) -> tuple[Tensor, Tensor | None, Tenso
 
 def multi_head(x: Tensor, w: PerHeadWeights, context: Tensor | None = None, *, attn_mask: Tensor | None = None,
                key_padding_mask: Tensor | None = None, is_causal: bool = False, head_gates: Tensor | None = None,
-               scale: float | None = None, sliding_window: int | None = None) -> tuple[Tensor, Tensor]:
+               scale: float | None = None, sliding_window: int | None = None,
+               softcap: float | None = None) -> tuple[Tensor, Tensor]:
     """The chapter's MultiHead(X) for x [B, T, d_model] -> (output [B, T, d_model], weights [B, nh, T, S]).
 
     Masks: bool True = may attend, float added; attn_mask broadcastable to [B, nh, T, S];
     key_padding_mask [B, S] True = real token; is_causal aligned bottom-right.
-    sliding_window: see in_window(); w.q_norm / w.k_norm: see rms_norm().
+    sliding_window: see in_window(); w.q_norm / w.k_norm: see _normed_heads(); softcap: scores ->
+    softcap * tanh(scores / softcap) before the mask; w.sinks: one more softmax column per head, dropped after.
     """
     ctx = x if context is None else context
     batch, tgt_len, src_len = x.shape[0], x.shape[1], ctx.shape[1]
@@ -138,18 +167,30 @@ def multi_head(x: Tensor, w: PerHeadWeights, context: Tensor | None = None, *, a
                 if not in_window(offset + t, j, sliding_window, causal=is_causal):
                     blocked[:, :, t, j] = True
 
+    # Q_i = X W_i^Q, K_j = C W_j^K, V_j = C W_j^V, each head its own matrix; the q/k norms (when any) next:
+    # per head, or over all heads' rows at once (the one step that looks across heads)
+    Q = _normed_heads([x @ w.W_q[i] + (w.b_q[i] if w.b_q is not None else 0) for i in range(w.n_heads)],
+                      w.q_norm, w.norm_eps)  # n_heads x (B, T, d_k)
+    K = _normed_heads([ctx @ w.W_k[j] + (w.b_k[j] if w.b_k is not None else 0) for j in range(w.n_kv_heads)],
+                      w.k_norm, w.norm_eps)  # n_kv_heads x (B, S, d_k)
+    V = [ctx @ w.W_v[j] + (w.b_v[j] if w.b_v is not None else 0) for j in range(w.n_kv_heads)]  # (B, S, d_v)
+
     heads, all_weights = [], []
     for i in range(w.n_heads):
         j = w.kv_head(i)
-        q = x @ w.W_q[i] + (w.b_q[i] if w.b_q is not None else 0)  # (B, T, d_k)
-        k = ctx @ w.W_k[j] + (w.b_k[j] if w.b_k is not None else 0)  # (B, S, d_k)
-        v = ctx @ w.W_v[j] + (w.b_v[j] if w.b_v is not None else 0)  # (B, S, d_v)
-        if w.q_norm is not None:
-            q, k = rms_norm(q, w.q_norm, w.norm_eps), rms_norm(k, w.k_norm, w.norm_eps)
-        scores = (q @ k.transpose(1, 2)) * scale + add[:, i]  # (B, T, S)
-        scores = scores.masked_fill(blocked[:, i], float("-inf"))
+        q, k, v = Q[i], K[j], V[j]
+        scores = (q @ k.transpose(1, 2)) * scale  # (B, T, S)
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = (scores + add[:, i]).masked_fill(blocked[:, i], float("-inf"))
         dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # every key masked
-        weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1).masked_fill(dead, 0.0)
+        scores = scores.masked_fill(dead, 0.0)
+        if w.sinks is not None:  # one more column, the sink's logit, in the softmax; dropped after
+            sink = w.sinks[i].to(scores.dtype).expand(*scores.shape[:-1], 1)
+            weights = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+        else:
+            weights = torch.softmax(scores, dim=-1)
+        weights = weights.masked_fill(dead, 0.0)
         head = weights @ v  # (B, T, d_v): one weighted average of V rows per position
         if head_gates is not None:
             gate = head_gates[..., i]

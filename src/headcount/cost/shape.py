@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,7 +84,8 @@ class ModelShape:
     key j visible from query i when i - window < j <= i); None = no local layers. layer_types: one
     entry per layer, "full_attention" (global) or "sliding_attention" (local), as transformers'
     configs carry it; None with a window = every layer local (Mistral 7B v0.1). Windows are causal:
-    decoders only. `replace(n_layers=...)` keeps the pattern (its shortest period repeats).
+    decoders only. `replace(n_layers=...)` keeps the pattern (its shortest period repeats), and the MoE
+    layers' share (moe_layers: all stay all, none stay none, otherwise the share rounded half up).
     """
 
     d_model: int
@@ -252,11 +254,14 @@ class ModelShape:
         return self.arch != "encoder" and self.vocab_size > 0
 
     def replace(self, **changes) -> "ModelShape":
-        """A copy with `changes`; a new n_layers keeps the local/global pattern (its shortest period repeats)."""
-        if "n_layers" in changes and "layer_types" not in changes and self.layer_types is not None:
-            n = changes["n_layers"]
-            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+        """A copy with `changes`; a new n_layers keeps the local/global pattern (its shortest period repeats)
+        and the share of MoE layers (every layer MoE stays every layer: a 1-layer Mixtral is one MoE layer)."""
+        n = changes.get("n_layers")
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            if "layer_types" not in changes and self.layer_types is not None:
                 changes["layer_types"] = repeat_pattern(self.layer_types, n)
+            if "moe_layers" not in changes and self.n_experts and "n_experts" not in changes:
+                changes["moe_layers"] = min(n, math.floor(self.moe_layers * n / self.n_layers + 0.5))
         return dataclasses.replace(self, **changes)
 
     def as_dict(self) -> dict:

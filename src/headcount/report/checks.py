@@ -6,7 +6,9 @@ Each part holds the measured number next to the formula's, so claims.py can deci
   c2   the fused path (one qkv projection, view, transpose, reshape, o_proj) of this model's FIRST layer
        against headcount.reference's per-head formula (n_heads separate matrices and an explicit Concat),
        in float64 on the layer's real input for `sentence` (rotary is a hook the chapter's formula does not
-       have, so both run without it); plus whether `view` moved data and whether the transposed Q is a view
+       have, so both run without it; the layer's q/k norms, per head or over the whole projection, its
+       sliding window, its logit soft-cap and its per-head sink logits are read from the attention module
+       and written out in the reference); plus whether `view` moved data and whether the transposed Q is a view
   c3_geometry  where this model's heads write in the residual stream (experiments.write_address.layer_geometry
        on a few layers spread over the depth)
   c4   attention parameters: sum(numel) of this model's layer 0 vs the formula, and MHA at d_model fixed for
@@ -80,7 +82,8 @@ def c2_reference(model, sentence: str) -> dict:
     with torch.no_grad():
         fused = attn(x, is_causal=causal).output
         ref, _ = multi_head(x, per_head(attn), is_causal=causal, scale=getattr(attn, "softmax_scale", None),
-                            sliding_window=getattr(attn, "sliding_window", None))
+                            sliding_window=getattr(attn, "sliding_window", None),
+                            softcap=getattr(attn, "logit_softcap", None))
         # the fused path's reshapes, on the same input: view moves no data, the transposed Q is not contiguous
         nh, nkv, dh = attn.n_heads, attn.n_kv_heads, attn.head_dim
         proj = attn.qkv_proj(x)
