@@ -33,6 +33,15 @@ def minilm():
     return load("minilm")
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """A module of tiny models only: one intra-op thread for the whole module (pytest.mark.usefixtures)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def one_thread_for_tiny_models(request):
     """Tiny models: one intra-op thread (threads only spin on a shared CPU); real models keep the default."""

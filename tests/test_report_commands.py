@@ -21,12 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = ("shape", "prune_command", "kv_merge", "healing")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: conftest's module-wide single thread
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,7 @@ from headcount.models.decoder import Decoder, DecoderConfig
 from headcount.surgery import heal, prune
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: conftest's module-wide single thread
 
 
 def _pair():

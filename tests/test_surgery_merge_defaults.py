@@ -12,12 +12,7 @@ from headcount.surgery.merging import cli
 from headcount.surgery.merging.defaults import CALIBRATION_WINDOWS, LOCAL_STEPS, UPTRAIN_STEPS
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: conftest's module-wide single thread
 
 
 @pytest.fixture(scope="module")
