@@ -116,6 +116,26 @@ def test_all_params_and_bad_arguments():
         prune_l0(sharp(), heads_to_keep=8, steps=2, calibration=cal, joint=True, compensate="lstsq", progress=False)
 
 
+def test_hard_phase_fixes_the_kept_heads_and_only_the_weights_train_then():
+    """The last `hard` share of the steps: the gates are exactly 0 / 1 (the heads kept), log_alpha stops, the
+    weights still train; the removal is then exactly the model trained last (no stochastic-to-deterministic jump)."""
+    base, cal = sharp(), windows(n=16)
+    model = copy.deepcopy(base)
+    gates = train_gates(model, heads_to_keep=8, steps=40, lr=0.3, calibration=cal, progress=False, joint=True,
+                        weight_lr=1e-2, hard=0.25, history_every=1)
+    assert gates.hard_steps == 10 and gates.to_json()["hard_steps"] == 10
+    flat = [v for row in gates.gates for v in row]
+    assert sorted(set(flat)) == [0.0, 1.0] and flat.count(1.0) == 8  # the fixed gates: the kept heads, exactly
+    assert gates.history[29]["gates"] == gates.history[-1]["gates"]  # log_alpha frozen over the hard steps
+    assert gates.expected_l0[29] == gates.expected_l0[-1]
+    # distinct windows: 16 windows of 32 tokens, each once (the frozen variant cycles n_windows = 8 of them)
+    assert gates.calibration_tokens == 16 * 32
+    with pytest.raises(ValueError, match="hard: only with joint=True"):
+        train_gates(sharp(), heads_to_keep=8, steps=2, calibration=cal, hard=0.5, progress=False)
+    with pytest.raises(ValueError, match=r"hard: expected a share of the steps in \[0, 1\)"):
+        train_gates(sharp(), heads_to_keep=8, steps=2, calibration=cal, joint=True, hard=1.0, progress=False)
+
+
 @pytest.mark.parametrize("args,match", [
     (["--fraction", "0.5", "--joint"], "--joint"),
     (["--fraction", "0.5", "--method", "retraining-free", "--joint"], "--joint"),
@@ -153,7 +173,7 @@ def test_prune_joint_json(tmp_path, minilm):
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
     g = data["prune"]["gates"]
-    assert data["method"] == "l0" and g["joint"] is True and g["params"] == "all" and g["trained_params"] > 0
+    assert data["method"] == "l0" and g["joint"] is True and g["params"] == "attention" and g["trained_params"] > 0
     assert data["prune"]["compensate"] == "none" and data["heads_after"] == 4
     assert (tmp_path / "o" / "headcount.json").exists()
 

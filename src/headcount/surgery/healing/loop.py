@@ -119,10 +119,10 @@ class _Teacher:
         return h
 
 
-def _kl(model, teacher: _Teacher, rows: list[int], head_t) -> tuple[torch.Tensor, int]:
-    """(KL summed over the rows' positions, positions)."""
+def _kl(model, teacher: _Teacher, rows: list[int], head_t, head_gates=None) -> tuple[torch.Tensor, int]:
+    """(KL summed over the rows' positions, positions); head_gates: the student's (joint L0 gates)."""
     h_t = teacher.hidden(rows)
-    h_s = model(teacher.windows[rows], compute_logits=False).hidden_states[:, :-1]
+    h_s = model(teacher.windows[rows], compute_logits=False, head_gates=head_gates).hidden_states[:, :-1]
     return distill_kl(h_s, h_t, model.lm_head, head_t), h_t.shape[0] * h_t.shape[1]
 
 

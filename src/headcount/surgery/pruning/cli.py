@@ -20,6 +20,7 @@ from typing import Optional
 import typer
 
 from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
+from headcount.surgery.pruning.gates_joint import JOINT_STEPS  # --joint's default steps
 
 PRUNE_JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
                    "kv_bytes_per_token_after", "ppl_before", "ppl_after")
@@ -61,12 +62,12 @@ def register(app, bench_app) -> None:
         method: str = typer.Option("retraining-free", "--method", help="retraining-free (heads chosen by --order) "
                                    "or l0 (trained hard-concrete gates choose them; --steps, --lr)"),
         steps: Optional[int] = typer.Option(None, "--steps", help=f"--method l0: gate training steps (default "
-                                            f"{L0_STEPS})"),
+                                            f"{L0_STEPS}; with --joint {JOINT_STEPS})"),
         lr: Optional[float] = typer.Option(None, "--lr", help=f"--method l0: the gates' learning rate (default {L0_LR})"),
         joint: bool = typer.Option(False, "--joint", help="--method l0: train the model's weights WITH the gates "
                                    "(distillation from the unedited model), then remove the closed heads"),
         joint_params: Optional[str] = typer.Option(None, "--joint-params", help="with --joint: the weights that train "
-                                                   "(all, the default; or attention: q/k/v/o and their norms)"),
+                                                   "(attention, the default: q/k/v/o and their norms; or all)"),
         heal_steps: int = typer.Option(0, "--heal-steps", help="heal the pruned model: distillation steps from the "
                                        "unpruned one (headcount heal; 0 = none)"),
     ) -> None:
@@ -84,7 +85,7 @@ def register(app, bench_app) -> None:
             from headcount.surgery.healing.cli import check_heal_steps
             check_heal_steps(heal_steps)
             if method == "l0":
-                steps = L0_STEPS if steps is None else steps
+                steps = (JOINT_STEPS if joint else L0_STEPS) if steps is None else steps
                 if steps < 1:
                     raise ValueError(f"--steps: --method l0 trains gates for at least 1 step, got {steps}")
                 lr = L0_LR if lr is None else lr
@@ -109,7 +110,7 @@ def register(app, bench_app) -> None:
             cal, held, source = calibration_and_held_out(text)
             result = _prune_one(model, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
                                 calibration_windows, eval_windows, method, steps, lr, dtype, device,
-                                (joint_params or "all") if joint else None, heal_steps)
+                                (joint_params or "attention") if joint else None, heal_steps)
         if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
             return
         from headcount.surgery.cli_common import command_line

@@ -20,9 +20,10 @@ list with one [B, n_heads] tensor per layer: each example of a batch draws its o
 input of o_proj, where a gate of 0 is exactly the structural removal of that head.
 
 Joint training (joint=True, Voita's own setup; gates_joint.py): the same loop, but the chosen weights of the
-model ("attention" or "all") train with the gates (AdamW, `weight_lr`), in place, and the teacher is a frozen
-copy of the unedited model; apply_gates then removes the heads from that trained model with compensate
-"none". Everything below describes the frozen variant, which stays the default.
+model ("attention", the default, or "all") train with the gates (healing's optimizer), in place, on distinct
+calibration windows, against a frozen copy of the unedited model; for the last `hard` share of the steps the
+gates are fixed at the heads kept; apply_gates then removes the heads from that trained model with
+compensate "none". Everything below describes the frozen variant, which stays the default.
 
 Training. Every weight of the model is frozen (requires_grad False for the duration; the flags are put
 back afterwards, and no weight is written); only log_alpha (and the two multipliers) train. The loss is
@@ -98,6 +99,8 @@ INIT_LOG_ALPHA = 2.0  # P(open) = 0.97, deterministic gate 0.96: training starts
 LOG_ALPHA_LIMIT = 6.0  # |log_alpha| bound: beyond it a gate saturates (see the module doc)
 LAMBDA_LR = 1.0
 WARMUP = 0.7
+JOINT_WARMUP = 0.5  # joint: the target reached by half the steps, before the gates are fixed (JOINT_HARD)
+JOINT_HARD = 0.25  # joint: the last quarter of the steps trains the weights with the gates fixed
 REACH_TOLERANCE = 0.10  # |E[L0] - target| above this share of the gates: the target was not reached
 
 
@@ -166,6 +169,7 @@ class GateResult:
     params: str | None = None  # joint: which weights moved ("attention", "all")
     weight_lr: float | None = None  # joint: AdamW's lr on those weights
     trained_params: int = 0  # joint: how many numbers moved
+    hard_steps: int = 0  # joint: the last steps, with the gates fixed at the heads kept (only the weights trained)
 
     @property
     def final_loss(self) -> float | None:
@@ -199,7 +203,7 @@ class GateResult:
             "lambdas": [round(float(v), 6) for v in self.lambdas],
             "calibration_tokens": self.calibration_tokens, "forward_equivalents": round(self.forward_equivalents, 2),
             "seconds": round(self.seconds, 3), "joint": self.joint, "params": self.params,
-            "weight_lr": self.weight_lr, "trained_params": self.trained_params,
+            "weight_lr": self.weight_lr, "trained_params": self.trained_params, "hard_steps": self.hard_steps,
         }
 
 
@@ -291,20 +295,23 @@ def _distill(model, batch, decoder: bool, gates: list[Tensor], teacher_model=Non
 def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | None = None, steps: int,
                 lr: float = 0.1, calibration=None, mode: str = "query", progress: bool = True,
                 n_windows: int = N_WINDOWS, window: int = WINDOW, batch_size: int = BATCH_SIZE,
-                lambda_lr: float = LAMBDA_LR, warmup: float = WARMUP, init: float = INIT_LOG_ALPHA,
+                lambda_lr: float = LAMBDA_LR, warmup: float | None = None, init: float = INIT_LOG_ALPHA,
                 history_every: int | None = None, seed: int = 0, joint: bool = False, params: str | None = None,
-                weight_lr: float | None = None) -> GateResult:
+                weight_lr: float | None = None, hard: float | None = None) -> GateResult:
     """Train a hard-concrete gate per head (or per GQA group) of the frozen `model`; see the module doc.
-    joint=True (Voita's setup, gates_joint.py): `params` ("all", the default, or "attention") of `model` train
-    WITH the gates (AdamW, lr `weight_lr`), IN PLACE, against a frozen copy of the unedited model; remove the
-    heads with apply_gates on that same trained model.
+    joint=True (Voita's setup, gates_joint.py): `params` ("attention", the default, or "all") of `model` train
+    WITH the gates (AdamW, lr `weight_lr`, healing's schedule), IN PLACE, against a frozen copy of the unedited
+    model, on distinct calibration windows (steps x batch_size, up to healing's 98k tokens; n_windows is the
+    frozen variant's); for the last `hard` share of the steps the gates are fixed at the heads kept (1) and
+    removed (0) and only the weights train, so apply_gates' removal is exactly the model trained last.
 
     heads_to_keep / fraction: exactly one; fraction is the share of gates to REMOVE, in (0, 1). In group mode
     both count KV groups (as prune_to's group mode does). steps: optimizer steps, one calibration batch
     each (cycled). lr: Adam's on log_alpha; lambda_lr: Adam's (ascent) on the multipliers.
     n_windows / window / batch_size: the calibration (decoders: windows of tokens; encoders: up to
     32 * n_windows sentences in batches of 32). warmup: the share of steps over which the target warms up.
-    init: log_alpha at the start. Without joint, no weight of `model` changes.
+    (None: WARMUP frozen, JOINT_WARMUP joint). init: log_alpha at the start. Without joint, no weight of
+    `model` changes.
     """
     from tqdm.auto import tqdm
 
@@ -314,6 +321,14 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     steps = _check_int("steps", steps, 1)
     lr = _check_positive("lr", lr)
     lambda_lr = _check_positive("lambda_lr", lambda_lr)
+    if warmup is None:
+        warmup = JOINT_WARMUP if joint else WARMUP
+    if hard is None:
+        hard = JOINT_HARD if joint else 0.0
+    if isinstance(hard, bool) or not isinstance(hard, (int, float)) or not 0 <= hard < 1:
+        raise ValueError(f"hard: expected a share of the steps in [0, 1), got {hard!r}")
+    if hard and not joint:
+        raise ValueError(f"hard: only with joint=True (fixed gates train nothing on a frozen model), got {hard!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup <= 1:
         raise ValueError(f"warmup: expected a share of the steps in [0, 1], got {warmup!r}")
     history_every = max(1, steps // 20) if history_every is None else _check_int("history_every", history_every, 1)
@@ -322,7 +337,8 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     if joint:
         from headcount.surgery.pruning import gates_joint as _joint
         params = _joint.check_params(_joint.DEFAULT_PARAMS if params is None else params)
-        weight_lr = _check_positive("weight_lr", _joint.WEIGHT_LR if weight_lr is None else weight_lr)
+        from headcount.surgery.healing.loop import DEFAULT_LR
+        weight_lr = _check_positive("weight_lr", DEFAULT_LR[params] if weight_lr is None else weight_lr)
     elif params is not None or weight_lr is not None:
         raise ValueError(f"{'params' if params is not None else 'weight_lr'}: only with joint=True (the frozen "
                          "variant trains no weight)")
@@ -333,9 +349,12 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     decoder = is_decoder(model)
     from headcount.surgery.pruning.removal import resolve_default
 
-    batches = calibration_batches(model, resolve_default(model, calibration), n_windows=n_windows, window=window,
-                                  batch_size=batch_size, n_sentences=32 * n_windows)
-    calibration_tokens = sum(b.n_tokens for b in batches)
+    calibration = resolve_default(model, calibration)
+    if joint:
+        batches = None  # the joint run draws its own distinct windows (gates_joint.JointRun)
+    else:
+        batches = calibration_batches(model, calibration, n_windows=n_windows, window=window, batch_size=batch_size,
+                                      n_sentences=32 * n_windows)
     device = model.embed.weight.device
 
     start = time.perf_counter()
@@ -344,9 +363,7 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     log_alpha = torch.full((n_gates,), float(init), device=device, requires_grad=True)
     lambdas = torch.zeros(2, device=device, requires_grad=True)
     opt = torch.optim.Adam([log_alpha], lr=lr, betas=(0.5, 0.99))
-    trained = _joint.trained_parameters(model, params) if joint else []
-    opt_weights = torch.optim.AdamW(trained, lr=weight_lr, weight_decay=0.0) if joint else None
-    teacher_model = None
+    run = None
     opt_lambda = torch.optim.Adam([lambdas], lr=lambda_lr, betas=(0.0, 0.99), maximize=True)
     offsets = [0]
     for n, _, _ in units:
@@ -356,6 +373,8 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     density0 = float(open_probability(log_alpha.detach()).mean())
     density_target = keep / n_gates
     n_warm = round(warmup * steps)
+    hard_from = steps - round(hard * steps)  # from this step on: gates fixed at the heads kept (joint only)
+    fixed = None  # the fixed gates [n_gates] (1 kept, 0 removed) and the kept indices
     expected, targets, losses, history = [], [], [], []
     tokens_used = 0
     dtype = model.embed.weight.dtype
@@ -373,29 +392,39 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
         for p in model.parameters():
             p.requires_grad_(False)
         model.eval()
-        if joint:  # the teacher: the unedited weights, frozen, copied before the first step
-            teacher_model = _joint.teacher_copy(model, trained)
-            for p in trained:
-                p.requires_grad_(True)
+        if joint:  # the teacher (the unedited weights, frozen) copied before the first step
+            run = _joint.JointRun(model, params=params, weight_lr=weight_lr, steps=steps, calibration=calibration,
+                                  window=window, batch_size=batch_size)
         for step in range(steps):
-            batch = batches[step % len(batches)]
-            rows = batch.ids.shape[0]
-            z = sample_gates(log_alpha.expand(rows, n_gates), generator=gen)  # [B, n_gates]: one draw per example
-            distill, _ = _distill(model, batch, decoder, [g.to(dtype) for g in per_layer(z)], teacher_model)
+            batch = None if run else batches[step % len(batches)]
+            rows = run.batch_rows(step) if run else batch.ids.shape[0]
+            if step >= hard_from:  # joint's last phase: the kept heads open, the others closed, the gates fixed
+                if fixed is None:
+                    chosen_now = _choose(log_alpha.detach().cpu(), offsets, keep)
+                    fixed = torch.zeros(n_gates, device=device)
+                    fixed[sorted(chosen_now)] = 1.0
+                z = fixed.expand(rows, n_gates)
+            else:
+                z = sample_gates(log_alpha.expand(rows, n_gates), generator=gen)  # [B, n_gates]: one draw each
+            head_gates = [g.to(dtype) for g in per_layer(z)]
+            distill = run.loss(step, head_gates)[0] if run else _distill(model, batch, decoder, head_gates)[0]
             t = density_target if step >= n_warm else density0 + (density_target - density0) * (step + 1) / n_warm
-            gap = open_probability(log_alpha).mean() - t
-            lagrangian = lambdas[0] * gap + lambdas[1] * gap * gap
-            opt.zero_grad(set_to_none=True)
-            opt_lambda.zero_grad(set_to_none=True)
-            (distill + lagrangian).backward()
-            opt.step()
-            opt_lambda.step()
-            if opt_weights is not None:
-                opt_weights.step()
-                opt_weights.zero_grad(set_to_none=True)
+            if fixed is None:
+                gap = open_probability(log_alpha).mean() - t
+                lagrangian = lambdas[0] * gap + lambdas[1] * gap * gap
+                opt.zero_grad(set_to_none=True)
+                opt_lambda.zero_grad(set_to_none=True)
+                (distill + lagrangian).backward()
+                opt.step()
+                opt_lambda.step()
+            else:
+                distill.backward()
+            if run is not None:
+                run.step()
             with torch.no_grad():
                 log_alpha.clamp_(-LOG_ALPHA_LIMIT, LOG_ALPHA_LIMIT)
-            tokens_used += batch.n_tokens
+            if batch is not None:
+                tokens_used += batch.n_tokens
             with torch.no_grad():
                 expected.append(float(expected_l0(log_alpha)))
             targets.append(t * n_gates)
@@ -409,12 +438,24 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
         for p, flag in zip(model.parameters(), flags):
             p.requires_grad_(flag)
         model.train(was_training)
-        del teacher_model
+        if run is not None:
+            run.close()
 
+    if run is not None:
+        # student forward + backward (3 forwards) on every token seen; the teacher's forward once per distinct
+        # window (cached), or every batch for an encoder
+        calibration_tokens, tokens_used = run.calibration_tokens, run.tokens_seen
+        teacher_tokens = run.teacher_tokens
+        forward_equivalents = (3.0 * tokens_used + teacher_tokens) / max(calibration_tokens, 1)
+        trained_params = sum(p.numel() for p in run.trained)
+    else:
+        calibration_tokens = sum(b.n_tokens for b in batches)
+        forward_equivalents = 4.0 * tokens_used / max(calibration_tokens, 1)
+        trained_params = 0
     with torch.no_grad():
         la = log_alpha.detach().cpu()
         det = deterministic_gates(la)
-    chosen = _choose(la, offsets, keep)
+    chosen = _choose(la, offsets, keep) if fixed is None else set(torch.nonzero(fixed.cpu()).flatten().tolist())
     kept, removed = {}, {}
     n_forced = len(chosen - set(torch.topk(la, keep).indices.tolist()))
     for l, (n, members, _) in enumerate(units):
@@ -425,18 +466,19 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     result = GateResult(
         mode=mode, n_gates=n_gates, heads_to_keep=keep, fraction=None if fraction is None else float(fraction),
         steps=steps, lr=lr, layout=[list(k) for k, _ in _plan.layout(model)],
-        gates=[g.tolist() for g in _split(det, offsets, units)],
+        gates=[g.tolist() for g in _split(det if fixed is None else fixed.cpu(), offsets, units)],
         log_alpha=[la[offsets[l]:offsets[l + 1]].tolist() for l in range(len(units))],
         kept={l: sorted(v) for l, v in sorted(kept.items())}, removed={l: sorted(v) for l, v in sorted(removed.items())},
         expected_l0=expected, target_l0=targets, loss=losses, history=history,
         lambdas=tuple(float(v) for v in lambdas.detach().cpu()), n_closed=int(closed.sum()),
         n_removed_closed=n_removed_closed, n_removed_ranked=n_gates - keep - n_removed_closed,
         n_kept_closed=sum(1 for i in chosen if bool(closed[i])), n_forced=n_forced,
-        calibration_tokens=calibration_tokens,
-        forward_equivalents=4.0 * tokens_used / max(calibration_tokens, 1), seconds=time.perf_counter() - start,
+        calibration_tokens=calibration_tokens, forward_equivalents=forward_equivalents,
+        seconds=time.perf_counter() - start,
         objective="KL(teacher || gated) of next-token distributions" if decoder else
         "1 - cos of mean-pooled sentence embeddings (gated vs unmodified)",
-        joint=joint, params=params, weight_lr=weight_lr, trained_params=sum(p.numel() for p in trained))
+        joint=joint, params=params, weight_lr=weight_lr, trained_params=trained_params,
+        hard_steps=steps - hard_from if joint else 0)
     return result
 
 

@@ -45,9 +45,12 @@ def _log(msg: str) -> None:
 def settings(quick: bool) -> dict:
     """quick: 2 fractions per model, few steps (a check that it runs, minutes); full: the curve (training
     <= ~15 minutes per point on 2 cores: 150 steps of 2 windows of 256 tokens for smollm2)."""
-    # joint: gates and weights trained together; its own steps per model (None: the frozen gates' steps)
-    joint = {"methods": RUNS, "joint_params": "all", "weight_lr": None, "smollm2_joint_steps": None,
-             "minilm_joint_steps": 150 if not quick else None}
+    # joint: gates and weights trained together, `headcount prune --method l0 --joint`'s defaults (params None:
+    # the joint default, attention; weight_lr None: healing's for them; steps: the CLI's joint default)
+    from headcount.surgery.pruning.gates_joint import JOINT_STEPS
+
+    joint = {"methods": RUNS, "joint_params": None, "weight_lr": None,
+             "smollm2_joint_steps": None if quick else JOINT_STEPS, "minilm_joint_steps": None if quick else JOINT_STEPS}
     if quick:
         return {"smollm2_fractions": (0.3, 0.5), "minilm_fractions": (0.5, 0.75), "smollm2_steps": 20,
                 "minilm_steps": 40, "lr": 0.5, "n_windows": 4, "window": 256, "eval_windows": 2,
@@ -172,7 +175,8 @@ def _joint_point(name, base, fraction, steps, cfg, sets, refs, out, log) -> None
     t1 = time.perf_counter()
     res = apply_gates(m, gates, force=True, progress=False)
     point = {"fraction": fraction, "method": "l0 joint", "heads_kept": res.heads_after, "steps": steps,
-             "params": gates.params, "weight_lr": gates.weight_lr, "reached": gates.reached,
+             "params": gates.params, "weight_lr": gates.weight_lr, "hard_steps": gates.hard_steps,
+             "calibration_tokens": gates.calibration_tokens, "reached": gates.reached,
              "final_expected_l0": round(gates.final_expected_l0, 2), "final_loss": gates.final_loss,
              "seconds": round(gates.seconds + time.perf_counter() - t1, 1),
              "forward_equivalents": round(gates.forward_equivalents, 1), **_quality(m, sets, refs)}

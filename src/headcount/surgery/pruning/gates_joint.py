@@ -3,11 +3,26 @@ variant in gates.py, which runs the loop.
 
     trained_parameters(model, params) -> [Parameter]   the weights that move with the gates
     teacher_copy(model, trained) -> model              a frozen copy of the unedited model for the distillation
+    JointRun(model, ...)                               the run's calibration, teacher, loss and weight optimizer
 
 Which weights move (`params`, the choice healing offers):
   "attention"  every layer's attention (qkv_proj, o_proj, q/k norms) and the norms around it (attn_norm,
-               post_attn_norm): the edited sub-layers and what feeds them, ~1/4 of a small decoder's weights
-  "all"        every parameter (embeddings and lm_head included): the default, what the bench measured
+               post_attn_norm): the edited sub-layers and what feeds them, ~1/4 of a small decoder's weights;
+               the default, as healing's (the teacher then shares every other tensor with the student)
+  "all"        every parameter (embeddings and lm_head included)
+
+The run is healing's (surgery/healing/loop.py), with the gates in the student's forward:
+  - calibration: DISTINCT windows, steps x batch_size of them up to healing's 98k-token budget, each seen
+    once (the frozen variant cycles 8 windows: enough for 270 numbers, but a model's weights trained on
+    2k tokens repeated 40 times learn those tokens; measured: smollm2 50% joint on them, +74% held-out prose,
+    worse than the frozen gates' +52%);
+  - the teacher's final hidden states cached per window and the fused chunked KL (healing/loss.py);
+  - the weights: AdamW at healing's peak lr for those params, warm-up then cosine, gradients clipped at 1;
+  - the last `hard` share of the steps (JOINT_HARD, a quarter) fixes the gates at the heads that will be kept
+    (exactly 1) and removed (exactly 0) and trains the weights alone: the weights then learn the model that
+    removal leaves, rather than an average over sampled gates whose deterministic value (what removal keeps)
+    is another model. The target density warms up over the first half (JOINT_WARMUP) so the gates have
+    settled before they are fixed.
 
 The teacher. In the frozen variant the teacher is the model itself without gates; here the model's weights
 move, so the teacher is a copy taken before training, frozen. It owns only the tensors the student trains and
@@ -16,9 +31,9 @@ its memo, as models.copying.attention_copy does): "attention" costs one copy of 
 norms, "all" a whole second model.
 
 Why the removal after joint training is compensate="none": the kept heads' weights were trained to work
-without the closed ones (the gates folded into o_proj make the pruned model exactly the gated model at its
-deterministic gates). A least-squares refit would instead pull o_proj back towards the all-heads output of the
-trained weights, which is no model anyone trained.
+without the closed ones (with the hard phase, the pruned model IS the model trained last). A least-squares
+refit would instead pull o_proj back towards the all-heads output of the trained weights, which is no model
+anyone trained.
 """
 
 from __future__ import annotations
@@ -27,8 +42,8 @@ import copy
 import itertools
 
 PARAMS = ("attention", "all")
-DEFAULT_PARAMS = "all"  # measured: smollm2 50% (docs/pruning.md); "attention" shares more with the teacher
-WEIGHT_LR = 1e-4  # AdamW's on the trained weights (the gates keep their own lr)
+JOINT_STEPS = 200  # `prune --method l0 --joint`'s default: healing's budget (200 steps of 2 distinct windows)
+DEFAULT_PARAMS = "attention"  # healing's default (the same choice); the teacher shares everything else
 
 
 def check_params(params) -> str:
@@ -63,3 +78,84 @@ def teacher_copy(model, trained) -> object:
         if id(p) in own or id(p) not in memo:
             p.requires_grad_(False)
     return teacher.eval()
+
+
+# ----------------------------------------------------------------------------------------- the run
+class JointRun:
+    """What a joint run adds to train_gates' loop: its own calibration (distinct windows, no repeats), the
+    teacher (a frozen copy; a decoder's final hidden states cached per window, as healing caches them), the
+    distillation loss and the weights' optimizer (healing's: AdamW, warm-up then cosine, clipped at 1).
+
+        run = JointRun(model, params=..., weight_lr=..., steps=..., calibration=..., window=..., batch_size=...)
+        loss, n = run.loss(step, head_gates)     the distillation of the gated student on step's batch
+        run.step()                               the weights' optimizer step (after backward)
+        run.close()                              requires_grad back, the teacher dropped
+    """
+
+    def __init__(self, model, *, params: str, weight_lr: float, steps: int, calibration, window: int,
+                 batch_size: int, tokens: int | None = None):
+        import torch
+
+        from headcount.analysis.batches import calibration_batches, is_decoder
+        from headcount.surgery.healing import loop
+
+        self.model, self.decoder = model, is_decoder(model)
+        self.trained = trained_parameters(model, params)
+        tokens = loop.DEFAULT_TOKENS if tokens is None else tokens
+        if self.decoder:
+            window = min(window, model.config.max_position)
+            n = max(1, min(steps * batch_size, tokens // window))
+            windows = loop._windows(model, calibration, n, window)
+            self.rows = [list(range(i, min(i + batch_size, windows.shape[0])))
+                         for i in range(0, windows.shape[0], batch_size)]
+            self.calibration_tokens = int(windows.numel())
+        else:  # encoders: batches of 32 sentences, as many distinct ones as the steps take (and the text has)
+            self.batches = calibration_batches(model, calibration, n_windows=max(1, steps), n_sentences=32 * steps)
+            self.calibration_tokens = sum(b.n_tokens for b in self.batches)
+        self.teacher_model = teacher_copy(model, self.trained)
+        self.source = loop._Teacher(self.teacher_model, windows) if self.decoder else None
+        for p in self.trained:
+            p.requires_grad_(True)
+        self.optimizer = torch.optim.AdamW(self.trained, lr=weight_lr, weight_decay=0.0)
+        warm = int(loop.WARMUP * steps)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: loop.schedule(s, warm, steps))
+        self.tokens_seen = 0
+        self.teacher_tokens = 0  # tokens the teacher ran (a decoder's once per window: cached)
+
+    def batch_rows(self, step: int) -> int:
+        """How many examples (windows or sentences) step's batch holds: one gate draw each."""
+        if self.decoder:
+            return len(self.rows[step % len(self.rows)])
+        return self.batches[step % len(self.batches)].ids.shape[0]
+
+    def loss(self, step: int, head_gates) -> tuple:
+        import torch
+
+        from headcount.analysis import objectives
+        from headcount.surgery.healing import loop
+
+        if self.decoder:
+            rows = self.rows[step % len(self.rows)]
+            kl, n = loop._kl(self.model, self.source, rows, self.teacher_model.lm_head, head_gates=head_gates)
+            self.tokens_seen += len(rows) * self.source.windows.shape[1]
+            return kl / n, n
+        batch = self.batches[step % len(self.batches)]
+        with torch.no_grad():
+            ref = objectives.pooled(self.teacher_model, batch.ids, batch.mask)
+        emb = objectives.pooled(self.model, batch.ids, batch.mask, head_gates=head_gates)
+        self.tokens_seen += batch.n_tokens
+        self.teacher_tokens += batch.n_tokens
+        return objectives.fidelity(emb, ref).mean().float(), batch.ids.shape[0]
+
+    def step(self) -> None:
+        import torch
+
+        torch.nn.utils.clip_grad_norm_(self.trained, 1.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.teacher_tokens = self.source.forwards
+        self.teacher_model = self.source = None
