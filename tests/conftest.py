@@ -33,6 +33,24 @@ def minilm():
     return load("minilm")
 
 
+def tiny_byte_decoder(max_position: int = 128):
+    """A 2-layer random GQA decoder (4 query heads, 2 KV heads) with a byte-level BPE tokenizer, so the default
+    corpus calibrates it and its vocabulary of 260 keeps the lm_head cheap. Seeded: the same weights each call."""
+    from tokenizers import pre_tokenizers
+
+    from headcount.models.decoder import Decoder, DecoderConfig
+    from headcount.models.tokenizer import Tokenizer, byte_level_bpe
+
+    tokens = ["<|endoftext|>"] + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"]
+    torch.manual_seed(0)
+    cfg = DecoderConfig(vocab_size=len(tokens), d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48,
+                        max_position=max_position, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    model = Decoder(cfg).eval()
+    model.tokenizer = Tokenizer(byte_level_bpe(tokens, ["Ġ t", "h e", "Ġt he"], special_ids=[0]), bos_token_id=0,
+                                eos_token_id=0, pad_token_id=0, add_special_tokens=False)
+    return model
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """A module of tiny models only: one intra-op thread for the whole module (pytest.mark.usefixtures)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_byte_decoder
 
 from headcount.models.fingerprint import weights_hash
 from headcount.report.cache import ResultCache
@@ -26,19 +27,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: conftest's mo
 
 @pytest.fixture(scope="module")
 def tiny():
-    """A 2-layer random GQA decoder with a byte-level tokenizer (vocabulary 260: a cheap lm_head)."""
-    from tokenizers import pre_tokenizers
-
-    from headcount.models.decoder import Decoder, DecoderConfig
-    from headcount.models.tokenizer import Tokenizer, byte_level_bpe
-
-    tokens = ["<|endoftext|>"] + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"]
-    torch.manual_seed(0)
-    cfg = DecoderConfig(vocab_size=len(tokens), d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48,
-                        max_position=128, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    model = Decoder(cfg).eval()
-    model.tokenizer = Tokenizer(byte_level_bpe(tokens, ["Ġ t", "h e", "Ġt he"], special_ids=[0]), bos_token_id=0,
-                                eos_token_id=0, pad_token_id=0, add_special_tokens=False)
+    """conftest's 2-layer random GQA decoder with a byte-level tokenizer (vocabulary 260: a cheap lm_head)."""
+    model = tiny_byte_decoder(max_position=128)
     model.name = "tiny"
     return model
 

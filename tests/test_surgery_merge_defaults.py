@@ -5,6 +5,7 @@ and its short uptrain."""
 
 import pytest
 import torch
+from conftest import tiny_byte_decoder
 
 from headcount.models import load
 from headcount.surgery import merge_kv, save
@@ -17,22 +18,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: conftest's mo
 
 @pytest.fixture(scope="module")
 def saved_tiny(tmp_path_factory):
-    """A 2-layer random GQA decoder with a byte-level tokenizer (so the default corpus calibrates it; a vocabulary
-    of 260 keeps its lm_head cheap), saved: what `headcount merge-kv --model DIR` loads."""
-    from tokenizers import pre_tokenizers
-
-    from headcount.models.decoder import Decoder, DecoderConfig
-    from headcount.models.tokenizer import Tokenizer, byte_level_bpe
-
-    tokens = ["<|endoftext|>"] + sorted(pre_tokenizers.ByteLevel.alphabet()) + ["Ġt", "he", "Ġthe"]
-    torch.manual_seed(0)
-    cfg = DecoderConfig(vocab_size=len(tokens), d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48,
-                        max_position=512, bos_token_id=0, eos_token_id=0, pad_token_id=0)
-    model = Decoder(cfg).eval()
-    model.tokenizer = Tokenizer(byte_level_bpe(tokens, ["Ġ t", "h e", "Ġt he"], special_ids=[0]), bos_token_id=0,
-                                eos_token_id=0, pad_token_id=0, add_special_tokens=False)
+    """conftest's 2-layer random GQA decoder with a byte-level tokenizer, saved: what `headcount merge-kv --model
+    DIR` loads."""
     path = tmp_path_factory.mktemp("merge_defaults") / "tiny"
-    save(model, path)
+    save(tiny_byte_decoder(max_position=512), path)
     return path
 
 
