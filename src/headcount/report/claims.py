@@ -521,7 +521,9 @@ def _c12_saved(title: str, claim: str, test: str, gates: dict) -> dict:
     enough = [pq for pq in pts if share(pq) >= C12_FRACTION - 1e-9]
     ok = [pq for pq in enough if pq[1][0]]
     best, (_, words, number) = max(ok or enough or pts, key=share)
-    how = (f"gates trained with the model's {best.get('params') or 'attention'} weights (Voita's setup) for "
+    moved = "every weight of the model" if best.get("params") == "all" else \
+        f"the model's {best.get('params') or 'attention'} weights"
+    how = (f"gates trained with {moved} (Voita's setup) for "
            f"{best.get('steps') or gates.get('steps')} steps, the closed heads then removed:"
            if gates.get("joint") else f"gates trained {best.get('steps') or gates.get('steps')} steps on the frozen "
            "model then lstsq removed")

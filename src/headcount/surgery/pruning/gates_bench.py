@@ -34,7 +34,9 @@ import os
 import sys
 import time
 
-METHODS = ("retraining-free", "l0 + lstsq", "l0 (no refit)", "l0 joint")
+# "retraining-free + heal": `headcount prune --heal-steps 200`'s saved --json at that fraction (the same held-out
+# windows), copied in by the run that saved the joint points, so the four answers share one table
+METHODS = ("retraining-free", "l0 + lstsq", "l0 (no refit)", "l0 joint", "retraining-free + heal")
 RUNS = ("retraining-free", "l0", "l0 joint")  # what settings' `methods` may name ("l0": both frozen rows)
 
 
@@ -304,7 +306,7 @@ def plot(section: dict, path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     styles = {"retraining-free": ("C0", "o"), "l0 + lstsq": ("C3", "s"), "l0 (no refit)": ("C2", "^"),
-              "l0 joint": ("C1", "D")}
+              "l0 joint": ("C1", "D"), "retraining-free + heal": ("C4", "v")}
     for ax, name in zip(axes, ("smollm2", "minilm")):
         data = section.get(name)
         if not data or "error" in data:
