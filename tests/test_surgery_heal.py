@@ -91,6 +91,35 @@ def test_healing_a_pruned_model_lowers_its_kl_on_held_aside_windows(params="atte
     assert all(p.requires_grad for p in model.parameters())  # every flag restored
 
 
+def test_a_measurement_with_no_new_best_goes_back_to_the_best_weights_at_half_the_lr():
+    """An lr far too high: the first measurements find nothing better than the edit. Each sends the run back
+    to the best weights with the lr halved (recorded in lr_backoffs) until `patience` in a row end it; the
+    weights kept are the best measured, so healing never hands back worse than the edit on validation."""
+    teacher = tiny()
+    model = attention_copy(teacher)
+    prune(model, {0: [1, 2], 1: [0]}, compensate="none")
+    val = windows(24)[-4:]  # the validation split: heal keeps the last validation_windows windows aside
+
+    def val_kl() -> float:  # heal's validation figure, written out: every position that predicts a next token
+        with torch.no_grad():
+            s_ = F.log_softmax(model(val).logits[:, :-1].double(), -1).reshape(-1, 64)
+            t_ = F.log_softmax(teacher(val).logits[:, :-1].double(), -1).reshape(-1, 64)
+        return float(F.kl_div(s_, t_, log_target=True, reduction="batchmean"))
+
+    first = val_kl()
+    r = heal(model, teacher, steps=40, tokens=24 * 32, calibration=windows(24), window=32, batch_size=4,
+             validation_windows=4, lr=5.0, eval_every=4, patience=3, held_out=False, progress=False)
+    assert r.backoffs, r.val_losses
+    lrs = [lr for _, lr in r.backoffs]
+    assert lrs[0] == pytest.approx(2.5) and all(b == pytest.approx(a / 2) for a, b in zip(lrs, lrs[1:]))
+    assert r.to_json()["lr_backoffs"] == [[s, v] for s, v in r.backoffs]
+    # every backoff happened at a measurement that was no new best, and the weights kept are the best measured
+    best = dict(r.val_losses)
+    assert all(best[s] > r.val_best for s, _ in r.backoffs)
+    assert r.val_first == pytest.approx(first, rel=1e-4)
+    assert val_kl() == pytest.approx(r.val_best, rel=1e-4) and r.val_best <= first * (1 + 1e-6)
+
+
 def test_a_lora_heal_folds_its_adapters_back():
     teacher = tiny()
     model = attention_copy(teacher)

@@ -6,8 +6,11 @@
 The loss is KL(teacher || student) of the next-token distributions (loss.distill_kl, chunked over positions)
 on calibration windows only: `tokens` distinct calibration tokens are drawn through the one calibration path
 (analysis.batches.calibration_batches); the last `validation_windows` windows are held aside as a validation
-split, measured every `eval_every` steps: the weights with the lowest validation KL are the ones kept, and
-the run stops early after `patience` measurements without a new best. The held-out domains
+split, measured every `eval_every` steps: the weights with the lowest validation KL are the ones kept. A
+measurement with no new best sends the run back to the best weights so far with its learning rate scaled by
+BACKOFF (and the optimizer's moments reset): a model the edit barely hurt (qwen2.5-coder-0.5b at 20%, its
+validation KL 0.069) is pushed off by the default lr, and healing then found nothing better than the edit
+(measured: no new best in 36 steps at 3e-4); the run stops early after `patience` such measurements in a row. The held-out domains
 (headcount.data.held_out_domains) are only measured, never chosen on.
 
 The optimizer is uptraining's: AdamW, a linear warm-up then cosine decay to 0 (schedule()), gradients
@@ -52,6 +55,7 @@ BATCH_SIZE = 2  # windows per step
 VALIDATION_WINDOWS = 8
 EVALUATIONS = 8  # validation measurements over a run (eval_every = steps // EVALUATIONS)
 PATIENCE = 3
+BACKOFF = 0.5  # the lr's factor after a validation measurement with no new best (back to the best weights)
 WARMUP = 0.05
 CACHE_BYTES = 1 << 30
 EVAL_WINDOWS = 4  # held-out windows of 512 tokens per domain, as `headcount prune` measures
@@ -357,6 +361,20 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
             return True
         return False
 
+    def back_off(step: int) -> None:
+        """Back to the best weights so far (and their fp32 masters), the lr scaled by BACKOFF, fresh moments."""
+        with torch.no_grad():
+            for p, saved in zip(trainable, best["state"]):
+                p.copy_(saved)
+            if masters is not None:
+                for p, m in masters.copied:
+                    m.copy_(p.float())
+        optimizer.state.clear()
+        scheduler.base_lrs = [b * BACKOFF for b in scheduler.base_lrs]
+        for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+            group["lr"] = base * schedule(step, plan["warm"], plan["steps"])
+        result.backoffs.append((step, scheduler.base_lrs[0]))
+
     model.train()
     order: list[int] = []
     since_best = 0
@@ -397,6 +415,8 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
             bar.update(1)
             if step % eval_every == 0 or step == plan["steps"]:
                 since_best = 0 if remember(step, validate()) else since_best + 1
+                if 0 < since_best < patience and step < plan["steps"]:
+                    back_off(step)
                 bar.set_postfix(val=f"{result.val_losses[-1][1]:.4f}", best=f"{best['value']:.4f}")
             if step in checkpoints:
                 checkpoint(step)

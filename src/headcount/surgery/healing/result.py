@@ -34,6 +34,9 @@ class HealResult:
     curve: list[dict] = field(default_factory=list)
     world_size: int = 1  # data-parallel ranks (torchrun)
     checkpoint_layers: bool = False  # the student's layers recomputed in backward (memory)
+    # a validation measurement with no new best: the run went back to the best weights and scaled its lr by
+    # loop.BACKOFF: [(step, the peak lr from then on)]
+    backoffs: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def val_first(self) -> float | None:
@@ -63,5 +66,6 @@ class HealResult:
             "val_losses": [[s, round(v, 6)] for s, v in self.val_losses],
             "held_out": self.held_out,
             "world_size": self.world_size, "checkpoint_layers": self.checkpoint_layers,
+            "lr_backoffs": [[s, v] for s, v in self.backoffs],
             **({"curve": self.curve} if self.curve else {}),
         }
