@@ -9,8 +9,8 @@ on calibration windows only: `tokens` distinct calibration tokens are drawn thro
 split, measured every `eval_every` steps: the weights with the lowest validation KL are the ones kept. A
 measurement with no new best sends the run back to the best weights so far with its learning rate scaled by
 BACKOFF (and the optimizer's moments reset): a model the edit barely hurt (qwen2.5-coder-0.5b at 20%, its
-validation KL 0.069) is pushed off by the default lr, and healing then found nothing better than the edit
-(measured: no new best in 36 steps at 3e-4); the run stops early after `patience` such measurements in a row. The held-out domains
+validation KL 0.069) is pushed off by the default lr (measured: no new best in 36 steps at 3e-4). The run
+stops early after `patience` such measurements in a row. The held-out domains
 (headcount.data.held_out_domains) are only measured, never chosen on.
 
 The optimizer is uptraining's: AdamW, a linear warm-up then cosine decay to 0 (schedule()), gradients

@@ -268,16 +268,15 @@ def resolve_target(n_gates: int, n_layers: int, heads_to_keep=None, fraction=Non
 
 
 # ------------------------------------------------------------------------------------------- train
-def _distill(model, batch, decoder: bool, gates: list[Tensor], teacher_model=None) -> tuple[Tensor, int]:
-    """(distillation loss of the gated model against the ungated teacher on this batch, positions scored);
-    the teacher is `model` itself without gates unless teacher_model is given (joint training)."""
+def _distill(model, batch, decoder: bool, gates: list[Tensor]) -> tuple[Tensor, int]:
+    """(distillation loss of the gated model against the same model without gates on this batch, positions
+    scored): the frozen variant's teacher (the joint run has its own, gates_joint.JointRun)."""
     from headcount.analysis import objectives
 
     ids, mask = batch
-    ref_model = model if teacher_model is None else teacher_model
     if decoder:
         with torch.no_grad():
-            teacher = F.log_softmax(ref_model(ids, attention_mask=mask).logits.float(), dim=-1)
+            teacher = F.log_softmax(model(ids, attention_mask=mask).logits.float(), dim=-1)
         student = F.log_softmax(model(ids, attention_mask=mask, head_gates=gates).logits.float(), dim=-1)
         if mask is not None:
             keep = mask.bool()
@@ -287,7 +286,7 @@ def _distill(model, batch, decoder: bool, gates: list[Tensor], teacher_model=Non
         kl = F.kl_div(student, teacher, log_target=True, reduction="sum") / teacher.shape[0]
         return kl, teacher.shape[0]
     with torch.no_grad():
-        ref = objectives.pooled(ref_model, ids, mask)
+        ref = objectives.pooled(model, ids, mask)
     emb = objectives.pooled(model, ids, mask, head_gates=gates)
     return objectives.fidelity(emb, ref).mean().float(), ids.shape[0]
 

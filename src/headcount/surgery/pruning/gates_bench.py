@@ -35,7 +35,7 @@ import sys
 import time
 
 # "retraining-free + heal": `headcount prune --heal-steps 200`'s saved --json at that fraction (the same held-out
-# windows), copied in by the run that saved the joint points, so the four answers share one table
+# windows), copied in by benchmarks/gates_heal_row.py, so the four answers share one table
 METHODS = ("retraining-free", "l0 + lstsq", "l0 (no refit)", "l0 joint", "retraining-free + heal")
 RUNS = ("retraining-free", "l0", "l0 joint")  # what settings' `methods` may name ("l0": both frozen rows)
 

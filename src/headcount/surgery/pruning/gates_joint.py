@@ -110,7 +110,7 @@ class JointRun:
                          for i in range(0, windows.shape[0], batch_size)]
             self.calibration_tokens = int(windows.numel())
         else:  # encoders: batches of 32 sentences, as many distinct ones as the steps take (and the text has)
-            self.batches = calibration_batches(model, calibration, n_windows=max(1, steps), n_sentences=32 * steps)
+            self.batches = calibration_batches(model, calibration, n_sentences=32 * steps)
             self.calibration_tokens = sum(b.n_tokens for b in self.batches)
         self.teacher_model = teacher_copy(model, self.trained)
         self.source = loop._Teacher(self.teacher_model, windows) if self.decoder else None
