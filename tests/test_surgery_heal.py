@@ -252,6 +252,33 @@ def test_heal_cli_saves_metadata_and_reports_every_domain(saved):
     assert healed.healing["moved"]["params"] == "attention" and healed.healing["tokens"] == 2560
 
 
+def test_heal_on_a_users_text_distils_its_calibration_part_and_measures_its_held_out_part(saved, monkeypatch):
+    from headcount.data import corpus_from_text, default_corpus
+    from headcount.models import load
+    from headcount.surgery.healing import loop
+    from headcount.surgery.healing.loop import held_out_figures
+
+    text = saved / "mine.txt"
+    text.write_text("\n\n".join(default_corpus().texts("calibration")[:30]), encoding="utf-8")
+    corpus = corpus_from_text(text.read_text(encoding="utf-8"), name=text.name)
+    seen = []
+    windows_of = loop._windows
+    monkeypatch.setattr(loop, "_windows", lambda model, calibration, *a: seen.append(calibration) or
+                        windows_of(model, calibration, *a))
+    out = saved / "healed-text"
+    result = runner.invoke(app, ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"),
+                                 "--steps", "2", "--tokens", "2560", "--eval-windows", "1", "--text", str(text),
+                                 "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{"):])
+    assert seen == [corpus.texts("calibration")]  # distilled on the text's calibration paragraphs only
+    for stage in ("before_edit", "after_edit", "after_heal"):
+        assert set(data["held_out"][stage]) == {"prose", "code", "source", "text"}
+    truth = held_out_figures(load(saved / "teacher"), 1, extra={"text": corpus.texts("held_out")}, only_extra=True)
+    assert data["held_out"]["before_edit"]["text"] == pytest.approx(truth["text"], rel=1e-5)
+    assert load(out).healing["calibration"] == str(text) and data["calibration"] == "text"
+
+
 def test_prune_with_heal_steps_reports_after_heal(saved):
     out = saved / "pruned-healed"
     result = runner.invoke(app, ["prune", "--model", str(saved / "teacher"), "--fraction", "0.25", "--heal-steps", "2",

@@ -50,15 +50,19 @@ def teacher_for(model, heal_steps: int, dtype: str = "fp32", deep: bool = False)
 
 
 def heal_after_edit(model, teacher, heal_steps: int, before: dict | None, after: dict | None,
-                    progress: bool = True, eval_windows: int = 4, group=None) -> dict:
+                    progress: bool = True, eval_windows: int = 4, group=None, calibration=None,
+                    held_out=None) -> dict:
     """Heal the edited `model` from `teacher` for `heal_steps` steps; `before` / `after`: the edit command's
     held-out perplexities per domain (None: measured here); group: the torchrun group the edit ran on (the
-    heal runs data-parallel over it, DDP). Returns HealResult.to_json()."""
+    heal runs data-parallel over it, DDP); calibration / held_out: the calibration and held-out parts of the
+    edit's --text (None: the default "mixed" calibration; the text's held-out part is measured as a fourth
+    domain, "text", beside the three). Returns HealResult.to_json()."""
     from headcount.surgery.healing.loop import heal
 
     known = {"before_edit": before, "after_edit": after} if before and after else None
     result = heal(model, teacher, steps=heal_steps, known=known, progress=progress, eval_windows=eval_windows,
-                  group=group)
+                  group=group, calibration="mixed" if calibration is None else calibration,
+                  held_out_texts={"text": held_out} if held_out else None)
     model.healing = result.metadata()
     return result.to_json()
 
@@ -121,6 +125,9 @@ def register(app, bench_app) -> None:
         device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         eval_windows: int = typer.Option(4, "--eval-windows", help="held-out windows of 512 tokens measured per "
                                          "domain"),
+        text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text to heal on: its paragraphs are split "
+                                            "into calibration (distilled on) and held-out parts (measured as the "
+                                            "domain 'text' beside the three); default: the mixed corpus"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
@@ -143,6 +150,8 @@ def register(app, bench_app) -> None:
             from headcount.surgery.cli_common import check_out_dir
 
             parse_dtype(dtype), parse_device(device)
+            from headcount.surgery.cli_common import calibration_and_held_out
+            calibration, held_out, _ = calibration_and_held_out(text)
             out = check_out_dir(out, force)
             group, main = None, True
             if "WORLD_SIZE" in os.environ:  # under torchrun: data-parallel healing (DDP), rank 0 writes
@@ -157,14 +166,17 @@ def register(app, bench_app) -> None:
 
             try:
                 result = heal(student, original, steps=steps, tokens=tokens, params=params, lr=lr,
-                              eval_windows=eval_windows, group=group)
+                              eval_windows=eval_windows, group=group,
+                              calibration="mixed" if calibration is None else calibration,
+                              held_out_texts={"text": held_out} if held_out else None)
             except ValueError as e:
                 if str(e).startswith("tokens:"):
                     raise ValueError(f"--{e}") from None
                 raise
             if not main:
                 return
-            student.healing = {**result.metadata(), "teacher": teacher}
+            student.healing = {**result.metadata(), "teacher": teacher,
+                               **({"calibration": str(text)} if text else {})}
             save(student, out, force=force)
         from headcount.surgery.cli_common import command_line
         # weights_sha256: the unedited model's (the teacher: the weights before the edit, what a saved result is

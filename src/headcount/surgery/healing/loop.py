@@ -74,14 +74,28 @@ def _domains() -> tuple:
     return tuple(held_out_domains().items())  # built once per process: a heal measures three times
 
 
-def held_out_figures(model, eval_windows: int = EVAL_WINDOWS, window: int = 512) -> dict:
+def held_out_figures(model, eval_windows: int = EVAL_WINDOWS, window: int = 512, extra: dict | None = None,
+                     only_extra: bool = False) -> dict:
     """{domain: perplexity} on the three held-out domains (prose: the default corpus's held-out part, as
-    `headcount prune` measures it; code; standard-library source)."""
+    `headcount prune` measures it; code; standard-library source), and on `extra` ({name: texts}: a user's
+    held-out text, `headcount heal --text`); only_extra: those alone."""
     from headcount.surgery.held_out import evaluate, held_out_sets
 
-    texts = dict(_domains())
-    texts["prose"] = None
+    texts = {} if only_extra else dict(_domains())
+    if not only_extra:
+        texts["prose"] = None
+    texts.update(extra or {})
     return evaluate(model, held_out_sets(model, texts, eval_windows, window))
+
+
+def _calibration_name(calibration) -> str:
+    """What a heal distilled on, for its result and saved metadata."""
+    if calibration is None:
+        return "prose"  # the default corpus's calibration part alone
+    if isinstance(calibration, str) and calibration == "mixed":
+        return "mixed"
+    return "windows" if isinstance(calibration, (torch.Tensor, list)) and not (
+        isinstance(calibration, list) and all(isinstance(t, str) for t in calibration)) else "text"
 
 
 def _check_int(name: str, value, minimum: int):
@@ -222,7 +236,8 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
          batch_size: int = BATCH_SIZE, validation_windows: int = VALIDATION_WINDOWS, eval_every: int | None = None,
          patience: int = PATIENCE, held_out: bool = True, eval_windows: int = EVAL_WINDOWS,
          known: dict | None = None, max_seconds: float | None = None, seed: int = 0, log=None,
-         checkpoints=(), group=None, checkpoint_layers: bool | None = None) -> HealResult:
+         checkpoints=(), group=None, checkpoint_layers: bool | None = None,
+         held_out_texts: dict | None = None) -> HealResult:
     """Heal `model` (edited) in place by distillation from `teacher` (its unedited ancestor); see the module doc.
 
     steps: optimizer steps of `batch_size` windows (None = DEFAULT_STEPS); tokens: distinct calibration tokens
@@ -237,7 +252,9 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     it is initialised, as under torchrun) or a process group; see the module doc. checkpoint_layers: recompute
     each layer's activations in backward (one more forward a step, far less memory: memory.py); None = on
     for bf16 / fp16 weights of heap.BOUND_FROM (1 GiB) or more (the 1.5B in bf16); fp32 heals (smollm2,
-    qwen2.5-coder-0.5b by default) keep the faster path.
+    qwen2.5-coder-0.5b by default) keep the faster path. held_out_texts: more held-out domains measured beside
+    the three, {name: list of texts} (a user's text: `headcount heal --text` measures its held-out paragraphs).
+    calibration: anything analysis.batches.calibration_batches takes ("mixed", a list of texts, token windows).
     """
     from tqdm.auto import tqdm
 
@@ -279,9 +296,18 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
 
     known = dict(known or {})
     figures = {}
+    if held_out_texts is not None and (not isinstance(held_out_texts, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and v and all(isinstance(t, str) for t in v)
+            for k, v in held_out_texts.items())):
+        raise ValueError("held_out_texts: expected {domain name: non-empty list of texts}, got "
+                         f"{type(held_out_texts).__name__}")
+    measure = functools.partial(held_out_figures, eval_windows=eval_windows, extra=held_out_texts)
     if held_out:
-        figures["before_edit"] = known.get("before_edit") or held_out_figures(teacher, eval_windows)
-        figures["after_edit"] = known.get("after_edit") or held_out_figures(model, eval_windows)
+        for key, m in (("before_edit", teacher), ("after_edit", model)):
+            figures[key] = dict(known.get(key) or measure(m))
+            missing = {k: v for k, v in (held_out_texts or {}).items() if k not in figures[key]}
+            if missing:  # the edit command measured the three domains only
+                figures[key].update(held_out_figures(m, eval_windows, extra=missing, only_extra=True))
 
     start = time.perf_counter()
     layers = edited_layers(model, teacher)
@@ -303,7 +329,8 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
         contextlib.nullcontext()
     result = HealResult(0, steps, int(windows.numel()), 0, n_val * windows.shape[1], float(lr), params, layers,
                         mover.n_trainable(), teacher=getattr(teacher, "name", None),
-                        lora_rank=mover.rank if params == "lora" else None)
+                        lora_rank=mover.rank if params == "lora" else None,
+                        calibration=_calibration_name(calibration))
     source = _Teacher(teacher, windows)
     val_rows = list(range(n_train, n_train + n_val))[dp.rank::dp.world]
     train_rows = list(range(n_train))
@@ -343,7 +370,7 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
             figures_now = figures["after_edit"]  # already measured: the edit itself
         else:
             model.eval()
-            figures_now = held_out_figures(model, eval_windows)
+            figures_now = measure(model)
             model.train()
         measured += time.perf_counter() - t0
         result.curve.append({"steps": step, "tokens_seen": result.tokens_seen,
@@ -443,7 +470,7 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     result.world_size = dp.world
     result.checkpoint_layers = bool(checkpoint_layers)
     if held_out:
-        figures["after_heal"] = held_out_figures(model, eval_windows)
+        figures["after_heal"] = measure(model)
         result.held_out = figures
     say(f"heal: {result.steps} steps ({params}, lr {lr:g}), {result.tokens:,} calibration tokens, validation KL "
         f"{result.val_first:.4f} -> {best['value']:.4f} (step {best['step']}) in {result.seconds:.0f} s")

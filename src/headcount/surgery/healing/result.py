@@ -37,6 +37,7 @@ class HealResult:
     # a validation measurement with no new best: the run went back to the best weights and scaled its lr by
     # loop.BACKOFF: [(step, the peak lr from then on)]
     backoffs: list[tuple[int, float]] = field(default_factory=list)
+    calibration: str = "mixed"  # what was distilled on: "mixed" (the default corpus), "text" (a user's), "windows"
 
     @property
     def val_first(self) -> float | None:
@@ -49,7 +50,7 @@ class HealResult:
     def metadata(self) -> dict:
         """What a saved healed model records (headcount.json's "healing")."""
         return {"teacher": self.teacher, "steps": self.steps, "tokens": self.tokens, "tokens_seen": self.tokens_seen,
-                "lr": self.lr, "moved": {"params": self.params, "layers": self.layers,
+                "lr": self.lr, "calibration": self.calibration, "moved": {"params": self.params, "layers": self.layers,
                                          "trainable_params": self.trainable_params,
                                          **({"lora_rank": self.lora_rank} if self.lora_rank else {})},
                 "objective": "KL(teacher || student) of next-token distributions"}
@@ -60,7 +61,7 @@ class HealResult:
             "tokens": self.tokens, "steps": self.steps, "planned_steps": self.planned_steps,
             "tokens_seen": self.tokens_seen, "validation_tokens": self.validation_tokens, "lr": self.lr,
             "params": self.params, "layers": self.layers, "trainable_params": self.trainable_params,
-            "lora_rank": self.lora_rank, "teacher": self.teacher,
+            "lora_rank": self.lora_rank, "teacher": self.teacher, "calibration": self.calibration,
             "val_kl_first": self.val_first, "val_kl_best": self.val_best, "best_step": self.best_step,
             "stopped_early": self.stopped_early,
             "val_losses": [[s, round(v, 6)] for s, v in self.val_losses],

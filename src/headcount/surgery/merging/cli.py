@@ -109,7 +109,7 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     if heal_steps:  # every rank heals the same way (one process's steps), as the uptrain
         from headcount.surgery.healing.cli import heal_after_edit
         healed = heal_after_edit(model, teacher, heal_steps, by_domain_before, by_domain_after, progress=main,
-                                 eval_windows=eval_windows)
+                                 eval_windows=eval_windows, calibration=calibration, held_out=held_out)
     if not main:  # another rank under torchrun: rank 0 writes and prints
         return None
     if out is not None:

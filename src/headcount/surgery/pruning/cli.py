@@ -188,7 +188,8 @@ def register(app, bench_app) -> None:
         for value in ([ppl_after] if isinstance(ppl_after, float) else list(ppl_after)):
             check_finite(value, "the pruned model's held-out quality", model.embed.weight.dtype)
         healed = (heal_after_edit(model, teacher, heal_steps, by_domain_before, by_domain_after,
-                                   eval_windows=eval_windows, group=group) if teacher else None)
+                                   eval_windows=eval_windows, group=group, calibration=cal, held_out=held)
+                  if teacher else None)
         if not main:
             return None
         save(model, out, force=force)
