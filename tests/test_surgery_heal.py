@@ -120,6 +120,31 @@ def test_a_measurement_with_no_new_best_goes_back_to_the_best_weights_at_half_th
     assert val_kl() == pytest.approx(r.val_best, rel=1e-4) and r.val_best <= first * (1 + 1e-6)
 
 
+def test_the_default_lr_is_a_relative_step():
+    """AdamW moves a weight by ~lr whatever its size: weights 10x smaller get a 10x smaller default lr (the
+    formula: DEFAULT_LR x RMS / REFERENCE_RMS, capped at DEFAULT_LR), and heal() uses it."""
+    from headcount.surgery.healing.loop import DEFAULT_LR, REFERENCE_RMS, default_lr
+
+    big = tiny()
+    with torch.no_grad():
+        for layer in big.layers:
+            layer.attn.qkv_proj.weight.fill_(2 * REFERENCE_RMS)
+            layer.attn.o_proj.weight.fill_(-2 * REFERENCE_RMS)
+    assert default_lr(big, "attention") == DEFAULT_LR["attention"]  # never scaled up
+    small = copy.deepcopy(big)
+    with torch.no_grad():
+        for layer in small.layers:
+            layer.attn.qkv_proj.weight.fill_(REFERENCE_RMS / 10)
+            layer.attn.o_proj.weight.fill_(-REFERENCE_RMS / 10)
+    for params in ("attention", "all", "lora"):
+        assert default_lr(small, params) == pytest.approx(DEFAULT_LR[params] / 10, rel=1e-6)  # fp32 weights
+    student = attention_copy(small)
+    prune(student, {0: [1]}, compensate="none")
+    result = heal(student, small, steps=1, tokens=10 * 32, calibration=windows(10), window=32,
+                  validation_windows=2, held_out=False, progress=False)
+    assert result.lr == pytest.approx(DEFAULT_LR["attention"] / 10, rel=1e-6)
+
+
 def test_a_lora_heal_folds_its_adapters_back():
     teacher = tiny()
     model = attention_copy(teacher)

@@ -106,7 +106,8 @@ def _load_pair(model_name: str, teacher_name: str, dtype: str, device: str):
 def register(app, bench_app) -> None:
     """Add `headcount heal`."""
     from headcount.cli_errors import rank_errors as _one_line_errors  # rank-prefixed under torchrun
-    from headcount.surgery.healing.loop import DEFAULT_LR, DEFAULT_PARAMS, DEFAULT_STEPS, DEFAULT_TOKENS
+    from headcount.surgery.healing.loop import (DEFAULT_LR, DEFAULT_PARAMS, DEFAULT_STEPS, DEFAULT_TOKENS,
+                                                  REFERENCE_RMS)
 
     @app.command("heal")
     def heal_cmd(
@@ -120,7 +121,9 @@ def register(app, bench_app) -> None:
         params: str = typer.Option(DEFAULT_PARAMS, "--params", help="which weights move: attention (the edited "
                                    "layers' q/k/v/o and norms), all, or lora (merged back at the end)"),
         lr: Optional[float] = typer.Option(None, "--lr", help="peak learning rate (default: "
-                                           + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()) + ")"),
+                                           + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items())
+                                           + ", scaled down where the attention weights' RMS is under "
+                                           f"{REFERENCE_RMS:g}, SmolLM2's)"),
         dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
         device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         eval_windows: int = typer.Option(4, "--eval-windows", help="held-out windows of 512 tokens measured per "
