@@ -325,7 +325,8 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
             for k, v in held_out_texts.items())):
         raise ValueError("held_out_texts: expected {domain name: non-empty list of texts}, got "
                          f"{type(held_out_texts).__name__}")
-    measure = functools.partial(held_out_figures, eval_windows=eval_windows, extra=held_out_texts)
+    measure = functools.partial(held_out_figures, eval_windows=eval_windows,
+                                **({"extra": held_out_texts} if held_out_texts else {}))
     if held_out:
         for key, m in (("before_edit", teacher), ("after_edit", model)):
             figures[key] = dict(known.get(key) or measure(m))
