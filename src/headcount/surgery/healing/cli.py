@@ -61,10 +61,15 @@ def heal_after_edit(model, teacher, heal_steps: int, before: dict | None, after:
 
     known = {"before_edit": before, "after_edit": after} if before and after else None
     result = heal(model, teacher, steps=heal_steps, known=known, progress=progress, eval_windows=eval_windows,
-                  group=group, calibration="mixed" if calibration is None else calibration,
-                  held_out_texts={"text": held_out} if held_out else None)
+                  group=group, **text_args(calibration, held_out))
     model.healing = result.metadata()
     return result.to_json()
+
+
+def text_args(calibration, held_out) -> dict:
+    """heal()'s calibration and held_out_texts for --text's two parts (None: the default "mixed" calibration)."""
+    return {"calibration": "mixed" if calibration is None else calibration,
+            "held_out_texts": {"text": held_out} if held_out else None}
 
 
 def print_heal_table(block: dict, title: str = "healing") -> None:
@@ -150,10 +155,9 @@ def register(app, bench_app) -> None:
             if lr is not None and not lr > 0:
                 raise ValueError(f"--lr: expected a positive learning rate, got {lr}")
             from headcount.models.options import parse_device, parse_dtype
-            from headcount.surgery.cli_common import check_out_dir
+            from headcount.surgery.cli_common import calibration_and_held_out, check_out_dir
 
             parse_dtype(dtype), parse_device(device)
-            from headcount.surgery.cli_common import calibration_and_held_out
             calibration, held_out, _ = calibration_and_held_out(text)
             out = check_out_dir(out, force)
             group, main = None, True
@@ -169,9 +173,7 @@ def register(app, bench_app) -> None:
 
             try:
                 result = heal(student, original, steps=steps, tokens=tokens, params=params, lr=lr,
-                              eval_windows=eval_windows, group=group,
-                              calibration="mixed" if calibration is None else calibration,
-                              held_out_texts={"text": held_out} if held_out else None)
+                              eval_windows=eval_windows, group=group, **text_args(calibration, held_out))
             except ValueError as e:
                 if str(e).startswith("tokens:"):
                     raise ValueError(f"--{e}") from None

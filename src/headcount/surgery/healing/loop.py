@@ -87,10 +87,7 @@ def held_out_figures(model, eval_windows: int = EVAL_WINDOWS, window: int = 512,
     held-out text, `headcount heal --text`); only_extra: those alone."""
     from headcount.surgery.held_out import evaluate, held_out_sets
 
-    texts = {} if only_extra else dict(_domains())
-    if not only_extra:
-        texts["prose"] = None
-    texts.update(extra or {})
+    texts = {**({} if only_extra else {**dict(_domains()), "prose": None}), **(extra or {})}
     return evaluate(model, held_out_sets(model, texts, eval_windows, window))
 
 
@@ -116,10 +113,11 @@ def _calibration_name(calibration) -> str:
     """What a heal distilled on, for its result and saved metadata."""
     if calibration is None:
         return "prose"  # the default corpus's calibration part alone
-    if isinstance(calibration, str) and calibration == "mixed":
-        return "mixed"
-    return "windows" if isinstance(calibration, (torch.Tensor, list)) and not (
-        isinstance(calibration, list) and all(isinstance(t, str) for t in calibration)) else "text"
+    if isinstance(calibration, str):
+        return "mixed" if calibration == "mixed" else "text"
+    if isinstance(calibration, list) and all(isinstance(t, str) for t in calibration):
+        return "text"
+    return "windows"  # token windows or ready batches
 
 
 def _check_int(name: str, value, minimum: int):
@@ -267,9 +265,9 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     steps: optimizer steps of `batch_size` windows (None = DEFAULT_STEPS); tokens: distinct calibration tokens
     drawn, training and validation windows together (None = DEFAULT_TOKENS; fewer are drawn when the steps
     need fewer). params: "attention" (the edited layers' q/k/v/o and norms), "all", or "lora". lr: the peak
-    learning rate (None = default_lr(teacher, params): DEFAULT_LR[params], scaled down for small weights). held_out: measure the three held-out domains before the edit
-    (the teacher), after it and after healing (`known` may hand in {"before_edit": ..., "after_edit": ...}
-    already measured). max_seconds: after three timed steps the run is shortened to fit (schedule re-sized).
+    learning rate (None = default_lr(teacher, params): DEFAULT_LR[params], scaled down for small weights).
+    held_out: measure the three held-out domains before the edit (the teacher), after it and after healing
+    (`known` may hand in {"before_edit": ..., "after_edit": ...} already measured). max_seconds: after three timed steps the run is shortened to fit (schedule re-sized).
     checkpoints: steps after which the held-out domains are measured on the weights of that moment (one run,
     one schedule: `result.curve`, the quality against healing tokens; the measuring time is not counted in
     `seconds`). group: None (one process), "auto" (data-parallel over torch.distributed's default group when
@@ -329,10 +327,12 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
                                 **({"extra": held_out_texts} if held_out_texts else {}))
     if held_out:
         for key, m in (("before_edit", teacher), ("after_edit", model)):
-            figures[key] = dict(known.get(key) or measure(m))
-            missing = {k: v for k, v in (held_out_texts or {}).items() if k not in figures[key]}
-            if missing:  # the edit command measured the three domains only
-                figures[key].update(held_out_figures(m, eval_windows, extra=missing, only_extra=True))
+            if not known.get(key):
+                figures[key] = measure(m)
+            else:  # the edit command measured the three domains; a user's text is measured here
+                extra = held_out_figures(m, eval_windows, extra=held_out_texts, only_extra=True) \
+                    if held_out_texts else {}
+                figures[key] = {**known[key], **extra}
 
     start = time.perf_counter()
     layers = edited_layers(model, teacher)

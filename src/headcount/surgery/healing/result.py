@@ -50,9 +50,9 @@ class HealResult:
     def metadata(self) -> dict:
         """What a saved healed model records (headcount.json's "healing")."""
         return {"teacher": self.teacher, "steps": self.steps, "tokens": self.tokens, "tokens_seen": self.tokens_seen,
-                "lr": self.lr, "calibration": self.calibration, "moved": {"params": self.params, "layers": self.layers,
-                                         "trainable_params": self.trainable_params,
-                                         **({"lora_rank": self.lora_rank} if self.lora_rank else {})},
+                "lr": self.lr, "calibration": self.calibration,
+                "moved": {"params": self.params, "layers": self.layers, "trainable_params": self.trainable_params,
+                          **({"lora_rank": self.lora_rank} if self.lora_rank else {})},
                 "objective": "KL(teacher || student) of next-token distributions"}
 
     def to_json(self) -> dict:

@@ -336,7 +336,8 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     if joint:
         from headcount.surgery.pruning import gates_joint as _joint
         params = _joint.check_params(_joint.DEFAULT_PARAMS if params is None else params)
-        from headcount.surgery.healing.loop import DEFAULT_LR
+        from headcount.surgery.healing.loop import DEFAULT_LR  # unscaled (healing's default_lr scales it for small
+        # weights; the joint runs were measured on SmolLM2, where the two agree, and MiniLM, where they do not)
         weight_lr = _check_positive("weight_lr", DEFAULT_LR[params] if weight_lr is None else weight_lr)
     elif params is not None or weight_lr is not None:
         raise ValueError(f"{'params' if params is not None else 'weight_lr'}: only with joint=True (the frozen "
