@@ -196,7 +196,11 @@ def test_the_peak_memory_formula_against_a_measured_heal():
     for r in runs:
         assert 0.75 < r["peak_bytes"] / r["formula_bytes"] < 1.15, (r["checkpoint_layers"], r["peak_bytes"] / 2**20,
                                                                    r["formula_bytes"] / 2**20)
-    assert runs[1]["peak_bytes"] < 0.8 * runs[0]["peak_bytes"]  # layer checkpointing does save memory
+    # layer checkpointing does save memory: at least 30% of the formula's saving (86 MiB here). Measured: 44 MiB on
+    # the AMD EPYC (CI; 0.83 of the peak without), 60 MiB on the Intel Xeon; none if checkpointing were ignored.
+    saved = runs[0]["peak_bytes"] - runs[1]["peak_bytes"]
+    planned = runs[0]["formula_bytes"] - runs[1]["formula_bytes"]
+    assert saved > 0.3 * planned, (saved / 2**20, planned / 2**20)
 
 
 def test_a_student_loaded_apart_shares_the_teachers_unchanged_tensors():
