@@ -145,6 +145,30 @@ def test_the_default_lr_is_a_relative_step():
     assert result.lr == pytest.approx(DEFAULT_LR["attention"] / 10, rel=1e-6)
 
 
+def test_every_default_weight_lr_is_the_same_relative_step():
+    """One truth: merge-kv's uptrain and the joint gates' weights take their default lr through the same scaling
+    as heal's (relative_lr on the unedited model): 10x smaller attention weights, a 10x smaller lr for each."""
+    from headcount.surgery.healing.loop import DEFAULT_LR, REFERENCE_RMS
+    from headcount.surgery.merging.defaults import UPTRAIN_LR
+    from headcount.surgery.merging.kv_merge import merge_kv
+    from headcount.surgery.pruning.gates import train_gates
+
+    rates = {}
+    for scale in (2.0, 0.1):
+        model = tiny()
+        with torch.no_grad():
+            for layer in model.layers:
+                for w in (layer.attn.qkv_proj.weight, layer.attn.o_proj.weight):
+                    w.copy_(torch.sign(torch.randn_like(w)) * scale * REFERENCE_RMS)
+        merged = merge_kv(copy.deepcopy(model), 1, calibration=windows(4), window=32, local_steps=0, uptrain_steps=1,
+                          progress=False)
+        gates = train_gates(model, heads_to_keep=4, steps=1, calibration=windows(4), window=32, progress=False,
+                            joint=True)
+        rates[scale] = (merged.options["uptrain_lr"], merged.uptrain["lr"], gates.weight_lr)
+    assert rates[2.0] == pytest.approx((UPTRAIN_LR, UPTRAIN_LR, DEFAULT_LR["attention"]))  # never scaled up
+    assert rates[0.1] == pytest.approx(tuple(r / 10 for r in rates[2.0]), rel=1e-6)
+
+
 def test_a_lora_heal_folds_its_adapters_back():
     teacher = tiny()
     model = attention_copy(teacher)

@@ -101,12 +101,19 @@ def weight_rms(model) -> float:
     return math.sqrt(total / max(1, count))
 
 
+def relative_lr(lr: float, model) -> float:
+    """`lr` (a rate for attention weights of RMS >= REFERENCE_RMS) scaled down in proportion for `model` (the
+    unedited one) whose attention weights' RMS is under REFERENCE_RMS: the same relative step. Every default lr
+    that trains a model's weights goes through it (heal, merge-kv's uptrain, the joint gates' weights)."""
+    return lr * min(1.0, weight_rms(model) / REFERENCE_RMS)
+
+
 def default_lr(teacher, params: str = DEFAULT_PARAMS) -> float:
     """heal()'s lr when none is given: DEFAULT_LR[params], scaled down in proportion for a model (the unedited
     `teacher`) whose attention weights' RMS is under REFERENCE_RMS; see REFERENCE_RMS."""
     if params not in DEFAULT_LR:
         raise ValueError(f"params: expected one of {', '.join(DEFAULT_LR)}, got {params!r}")
-    return DEFAULT_LR[params] * min(1.0, weight_rms(teacher) / REFERENCE_RMS)
+    return relative_lr(DEFAULT_LR[params], teacher)
 
 
 def _calibration_name(calibration) -> str:

@@ -68,7 +68,7 @@ def _torchrun_world() -> int:
 
 
 def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=None,
-              uptrain_steps: Optional[int] = None, uptrain_lr: float = UPTRAIN_LR, out: Optional[Path] = None,
+              uptrain_steps: Optional[int] = None, uptrain_lr: Optional[float] = None, out: Optional[Path] = None,
               force: bool = False, text: Optional[Path] = None,
               calibration_windows: int = CALIBRATION_WINDOWS, eval_windows: int = EVAL_WINDOWS,
               local_steps: int = LOCAL_STEPS, local_tokens: Optional[int] = LOCAL_TOKENS, dtype: str = "fp32",
@@ -157,7 +157,9 @@ def register(app, bench_app) -> None:
                                                     "calibration windows after merging, distilled from the "
                                                     f"unmerged model (default: {UPTRAIN_STEPS} for an aware merge "
                                                     "of a decoder, else 0)"),
-        uptrain_lr: float = typer.Option(UPTRAIN_LR, "--uptrain-lr", help="peak learning rate of --uptrain-steps"),
+        uptrain_lr: Optional[float] = typer.Option(None, "--uptrain-lr", help="peak learning rate of "
+                                                   f"--uptrain-steps (default {UPTRAIN_LR:g}, scaled down like heal's "
+                                                   "for a model with small attention weights)"),
         out: Optional[Path] = typer.Option(None, "--out", help="directory to save the merged model to"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
         text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text split into calibration and held-out "
@@ -196,7 +198,7 @@ def register(app, bench_app) -> None:
             check_heal_steps(heal_steps)
             if uptrain_steps is not None and uptrain_steps < 0:
                 raise ValueError(f"--uptrain-steps: expected a number >= 0, got {uptrain_steps}")
-            if not uptrain_lr > 0:
+            if uptrain_lr is not None and not uptrain_lr > 0:
                 raise ValueError(f"--uptrain-lr: expected a positive number, got {uptrain_lr}")
             if calibration_windows < 1 or eval_windows < 1:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")

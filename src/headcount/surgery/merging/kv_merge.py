@@ -216,7 +216,7 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
              n_windows: int = CALIBRATION_WINDOWS, window: int = 512, grouping="auto", target: str = "local",
              refit: bool = True, ridge: float = 0.3, refine_steps: int = 0, local_steps: int = LOCAL_STEPS,
              local_lr: float = 2e-3, local_tokens: int | None = None, batch_size: int = 1,
-             uptrain_steps: int | None = None, uptrain_lr: float = UPTRAIN_LR, progress: bool = True,
+             uptrain_steps: int | None = None, uptrain_lr: float | None = None, progress: bool = True,
              group=None) -> MergeResult:
     """Merge K/V heads of `model` in place down to `n_kv_heads` (an int for every layer in `layers`, a
     {layer: n} mapping, or a MergePlan from merge_plan). See the module docstring for the methods.
@@ -226,7 +226,8 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     each), n_windows CALIBRATION_WINDOWS windows of `window` tokens; for an encoder the default corpus's
     calibration sentences. local_steps LOCAL_STEPS (aware only). uptrain_steps None = UPTRAIN_STEPS for an aware
     merge of a decoder, 0 otherwise: after the merge, that many steps of distillation from the unmerged model
-    (surgery.merging.uptrain, attention weights only, peak lr uptrain_lr) on the merge's own calibration windows
+    (surgery.merging.uptrain, attention weights only, peak lr uptrain_lr; None = UPTRAIN_LR scaled down for a
+    model with small attention weights, healing.loop.relative_lr) on the merge's own calibration windows
     cut into UPTRAIN_WINDOW-token pieces; MergeResult.uptrain holds its summary, and `seconds` /
     `forward_equivalents` count the merge and the uptrain. local_steps=0, uptrain_steps=0: the closed form alone.
     Under `group=` the uptrain is not split: every rank runs the same steps on the same windows.
@@ -272,6 +273,11 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     decoder = hasattr(model, "lm_head")
     if uptrain_steps is None:
         uptrain_steps = _defaults.UPTRAIN_STEPS if decoder and method == "aware" else 0
+    if uptrain_lr is None:  # the unmerged model's attention weights set the relative step (heal's default_lr)
+        from headcount.surgery.healing.loop import relative_lr
+        uptrain_lr = relative_lr(UPTRAIN_LR, model) if wanted and uptrain_steps else UPTRAIN_LR
+    elif isinstance(uptrain_lr, bool) or not isinstance(uptrain_lr, (int, float)) or not uptrain_lr > 0:
+        raise ValueError(f"uptrain_lr: expected None or a positive learning rate, got {uptrain_lr!r}")
     if wanted and (method == "aware" or uptrain_steps):
         calibration = _calibration_windows(model, calibration, n_windows, window)
     teacher = None

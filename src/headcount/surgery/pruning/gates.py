@@ -299,7 +299,7 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
                 weight_lr: float | None = None, hard: float | None = None) -> GateResult:
     """Train a hard-concrete gate per head (or per GQA group) of the frozen `model`; see the module doc.
     joint=True (Voita's setup, gates_joint.py): `params` ("attention", the default, or "all") of `model` train
-    WITH the gates (AdamW, lr `weight_lr`, healing's schedule), IN PLACE, against a frozen copy of the unedited
+    WITH the gates (AdamW, lr `weight_lr`, None = healing's default_lr, and its schedule), IN PLACE, against a frozen copy of the unedited
     model, on distinct calibration windows (steps x batch_size, up to healing's 98k tokens; n_windows is the
     frozen variant's); for the last `hard` share of the steps the gates are fixed at the heads kept (1) and
     removed (0) and only the weights train, so apply_gates' removal is exactly the model trained last.
@@ -336,9 +336,8 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     if joint:
         from headcount.surgery.pruning import gates_joint as _joint
         params = _joint.check_params(_joint.DEFAULT_PARAMS if params is None else params)
-        from headcount.surgery.healing.loop import DEFAULT_LR  # unscaled (healing's default_lr scales it for small
-        # weights; the joint runs were measured on SmolLM2, where the two agree, and MiniLM, where they do not)
-        weight_lr = _check_positive("weight_lr", DEFAULT_LR[params] if weight_lr is None else weight_lr)
+        from headcount.surgery.healing.loop import default_lr  # healing's: scaled down for small weights
+        weight_lr = _check_positive("weight_lr", default_lr(model, params) if weight_lr is None else weight_lr)
     elif params is not None or weight_lr is not None:
         raise ValueError(f"{'params' if params is not None else 'weight_lr'}: only with joint=True (the frozen "
                          "variant trains no weight)")
