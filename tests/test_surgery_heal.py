@@ -148,7 +148,7 @@ def test_the_default_lr_is_a_relative_step():
 def test_every_default_weight_lr_is_the_same_relative_step():
     """One truth for decoders: merge-kv's uptrain and the joint gates' weights take their default lr through the
     same scaling as heal's (relative_lr on the unedited model): 10x smaller attention weights, a 10x smaller lr
-    for each. (An encoder's joint gates keep DEFAULT_LR: gates._default_weight_lr.)"""
+    for each. (An encoder's joint gates keep DEFAULT_LR: relative_lr.)"""
     from headcount.surgery.healing.loop import DEFAULT_LR, REFERENCE_RMS
     from headcount.surgery.merging.defaults import UPTRAIN_LR
     from headcount.surgery.merging.kv_merge import merge_kv
@@ -169,14 +169,14 @@ def test_every_default_weight_lr_is_the_same_relative_step():
     assert rates[2.0] == pytest.approx((UPTRAIN_LR, UPTRAIN_LR, DEFAULT_LR["attention"]))  # never scaled up
     assert rates[0.1] == pytest.approx(tuple(r / 10 for r in rates[2.0]), rel=1e-6)
     from headcount.models.encoder import Encoder, EncoderConfig
-    from headcount.surgery.pruning.gates import _default_weight_lr
+    from headcount.surgery.healing.loop import default_lr
 
     encoder = Encoder(EncoderConfig(vocab_size=50, d_model=32, n_layers=2, n_heads=4, d_ff=40, max_position=32))
     with torch.no_grad():
         for layer in encoder.layers:
             layer.attn.qkv_proj.weight.fill_(REFERENCE_RMS / 10)
             layer.attn.o_proj.weight.fill_(REFERENCE_RMS / 10)
-    assert _default_weight_lr(encoder, "attention") == DEFAULT_LR["attention"]  # an encoder's: unscaled
+    assert default_lr(encoder, "attention") == DEFAULT_LR["attention"]  # an encoder's: unscaled
 
 
 def test_a_lora_heal_folds_its_adapters_back():

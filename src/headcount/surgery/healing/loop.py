@@ -102,10 +102,15 @@ def weight_rms(model) -> float:
 
 
 def relative_lr(lr: float, model) -> float:
-    """`lr` (a rate for attention weights of RMS >= REFERENCE_RMS) scaled down in proportion for `model` (the
-    unedited one) whose attention weights' RMS is under REFERENCE_RMS: the same relative step. Every default lr
-    that trains a model's weights goes through it (heal, merge-kv's uptrain, the joint gates' weights)."""
-    return lr * min(1.0, weight_rms(model) / REFERENCE_RMS)
+    """`lr` (a rate for attention weights of RMS >= REFERENCE_RMS) scaled down in proportion for a decoder `model`
+    (the unedited one) whose attention weights' RMS is under REFERENCE_RMS: the same relative step. Every default
+    lr that trains a model's weights goes through it (heal, merge-kv's uptrain, the joint gates' weights).
+    An encoder's rate stays `lr`: its joint gates train on embedding fidelity, not the KL the rule was measured
+    on, and minilm (RMS 0.07; joint, 200 steps, cosine at 50% / 75% removed) measured the scaled 1.1e-4 at
+    0.931 / 0.872, 3e-4 at 0.935 / 0.891, 1e-3 at 0.929 / 0.883 (docs/healing.md)."""
+    from headcount.analysis.batches import is_decoder
+
+    return lr * min(1.0, weight_rms(model) / REFERENCE_RMS) if is_decoder(model) else lr
 
 
 def default_lr(teacher, params: str = DEFAULT_PARAMS) -> float:
@@ -330,8 +335,7 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
             for k, v in held_out_texts.items())):
         raise ValueError("held_out_texts: expected {domain name: non-empty list of texts}, got "
                          f"{type(held_out_texts).__name__}")
-    measure = functools.partial(held_out_figures, eval_windows=eval_windows,
-                                **({"extra": held_out_texts} if held_out_texts else {}))
+    measure = functools.partial(held_out_figures, eval_windows=eval_windows, extra=held_out_texts)
     if held_out:
         for key, m in (("before_edit", teacher), ("after_edit", model)):
             if not known.get(key):

@@ -299,11 +299,11 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
                 weight_lr: float | None = None, hard: float | None = None) -> GateResult:
     """Train a hard-concrete gate per head (or per GQA group) of the frozen `model`; see the module doc.
     joint=True (Voita's setup, gates_joint.py): `params` ("attention", the default, or "all") of `model` train
-    WITH the gates (AdamW, lr `weight_lr`, None = healing's default_lr for a decoder, its DEFAULT_LR for an
-    encoder, and healing's schedule), IN PLACE, against a frozen copy of the unedited
-    model, on distinct calibration windows (steps x batch_size, up to healing's 98k tokens; n_windows is the
-    frozen variant's); for the last `hard` share of the steps the gates are fixed at the heads kept (1) and
-    removed (0) and only the weights train, so apply_gates' removal is exactly the model trained last.
+    WITH the gates (AdamW, lr `weight_lr`, None = healing's default_lr, and its schedule), IN PLACE, against a
+    frozen copy of the unedited model, on distinct calibration windows (steps x batch_size, up to healing's 98k
+    tokens; n_windows is the frozen variant's); for the last `hard` share of the steps the gates are fixed at
+    the heads kept (1) and removed (0) and only the weights train, so apply_gates' removal is exactly the model
+    trained last.
 
     heads_to_keep / fraction: exactly one; fraction is the share of gates to REMOVE, in (0, 1). In group mode
     both count KV groups (as prune_to's group mode does). steps: optimizer steps, one calibration batch
@@ -337,9 +337,8 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     if joint:
         from headcount.surgery.pruning import gates_joint as _joint
         params = _joint.check_params(_joint.DEFAULT_PARAMS if params is None else params)
-        if weight_lr is None:
-            weight_lr = _default_weight_lr(model, params)
-        weight_lr = _check_positive("weight_lr", weight_lr)
+        from headcount.surgery.healing.loop import default_lr  # healing's: scaled down for a decoder's small weights
+        weight_lr = _check_positive("weight_lr", default_lr(model, params) if weight_lr is None else weight_lr)
     elif params is not None or weight_lr is not None:
         raise ValueError(f"{'params' if params is not None else 'weight_lr'}: only with joint=True (the frozen "
                          "variant trains no weight)")
@@ -509,17 +508,6 @@ def _fold(model, gates: GateResult) -> None:
             for j, value in enumerate(gates.gates[l]):
                 if value != 1.0:
                     attn.o_proj.weight[:, j * dh:(j + 1) * dh] *= value
-
-
-def _default_weight_lr(model, params: str) -> float:
-    """The joint run's weight lr: a decoder's is healing's (default_lr: KL distillation, DEFAULT_LR scaled down
-    for small attention weights, as Qwen needs); an encoder's embedding-fidelity loss keeps DEFAULT_LR unscaled.
-    Measured on minilm (attention RMS 0.07, joint, 200 steps, cosine at 50% / 75% removed): the scaled 1.1e-4
-    0.931 / 0.872, 3e-4 0.935 / 0.891, 1e-3 0.929 / 0.883 (docs/healing.md)."""
-    from headcount.analysis.batches import is_decoder
-    from headcount.surgery.healing.loop import DEFAULT_LR, default_lr
-
-    return default_lr(model, params) if is_decoder(model) else DEFAULT_LR[params]
 
 
 def apply_gates(model, gates: GateResult, *, compensate: str | None = None, calibration=None, force: bool = False,

@@ -17,8 +17,8 @@ The run is healing's (surgery/healing/loop.py), with the gates in the student's 
     2k tokens repeated 40 times learn those tokens; measured: smollm2 50% joint on them, +74% held-out prose,
     worse than the frozen gates' +52%);
   - the teacher's final hidden states cached per window and the fused chunked KL (healing/loss.py);
-  - the weights: AdamW at healing's default lr for those params (a decoder: healing.loop.default_lr, DEFAULT_LR
-    scaled down for small attention weights; an encoder: DEFAULT_LR, gates._default_weight_lr says why),
+  - the weights: AdamW at healing's default lr for those params (healing.loop.default_lr: DEFAULT_LR, scaled
+    down for a decoder's small attention weights; an encoder's unscaled, relative_lr says why),
     warm-up then cosine, gradients clipped at 1;
   - the last `hard` share of the steps (JOINT_HARD, a quarter) fixes the gates at the heads that will be kept
     (exactly 1) and removed (exactly 0) and trains the weights alone: the weights then learn the model that
