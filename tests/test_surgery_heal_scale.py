@@ -84,9 +84,10 @@ class _Stop(Exception):
     pass
 
 
-def _figures(model, eval_windows=1, window=512):
+def _figures(model, eval_windows=1, window=512, extra=None, only_extra=False):
     """A stand-in for the three held-out domains (real text needs a tokenizer and a large vocabulary; the
-    measurement itself is tested with the CLI): perplexity on three fixed random streams."""
+    measurement itself is tested with the CLI): perplexity on three fixed random streams. Its signature is
+    held_out_figures' own (checked below), so the stand-in breaks when the real one changes."""
     with torch.no_grad():
         return {d: float(torch.exp(model.loss(model(ids, compute_logits=False).hidden_states[:, :-1], ids[:, 1:])))
                 for d, ids in
@@ -98,6 +99,9 @@ def test_the_curve_is_one_run_measured_at_its_checkpoints(monkeypatch, tmp_path)
     same heal stopped after k steps (its weights measured directly), and measuring does not perturb the run."""
     from headcount.surgery.healing import bench, loop
 
+    import inspect
+
+    assert inspect.signature(_figures).parameters.keys() == inspect.signature(loop.held_out_figures).parameters.keys()
     monkeypatch.setattr(loop, "held_out_figures", _figures)
     settings = dict(tokens=12 * 32, calibration=_windows(12), window=32, batch_size=2, validation_windows=4,
                     eval_windows=1, lr=3e-3, patience=10, progress=False)
