@@ -14,6 +14,7 @@ from headcount.cli import app
 from headcount.models.copying import attention_copy
 from headcount.models.decoder import Decoder, DecoderConfig
 from headcount.surgery import heal, prune, save
+from headcount.surgery.healing.loop import BATCH_SIZE, WINDOW
 from headcount.surgery.healing.loss import distill_kl
 from headcount.surgery.healing.weights import Mover, check_teacher, check_trainable_dtype
 
@@ -282,6 +283,9 @@ def test_heal_refuses_a_dtype_the_device_cannot_train(saved):
     assert not out.exists()
 
 
+TOKENS_10 = str(10 * WINDOW)  # ten windows of heal's default length: 8 to validate, 2 to train on
+
+
 @pytest.mark.parametrize("command", [["prune", "--fraction", "0.3"], ["merge-kv", "--kv-heads", "1"]])
 def test_negative_heal_steps(saved, command):
     out = saved / "out-neg"
@@ -294,10 +298,11 @@ def test_heal_cli_saves_metadata_and_reports_every_domain(saved):
 
     out = saved / "healed"
     result = runner.invoke(app, ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"),
-                                 "--steps", "2", "--tokens", "2560", "--eval-windows", "1", "--out", str(out), "--json"])
+                                 "--steps", "2", "--tokens", TOKENS_10, "--eval-windows", "1", "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
     assert {"seconds", "forward_equivalents", "tokens", "steps"} <= set(data) and data["steps"] == 2
+    assert (data["window"], data["batch_size"]) == (WINDOW, BATCH_SIZE)  # the defaults, recorded
     assert set(data["held_out"]) == {"before_edit", "after_edit", "after_heal"}
     assert set(data["held_out"]["after_heal"]) == {"prose", "code", "source"}
     from headcount.models.fingerprint import weights_hash
@@ -308,7 +313,7 @@ def test_heal_cli_saves_metadata_and_reports_every_domain(saved):
     assert data["command"].startswith(f"headcount heal --model {saved / 'child'} --teacher {saved / 'teacher'} ")
     healed = load(out)
     assert healed.healing["teacher"] == str(saved / "teacher") and healed.healing["steps"] == 2
-    assert healed.healing["moved"]["params"] == "attention" and healed.healing["tokens"] == 2560
+    assert healed.healing["moved"]["params"] == "attention" and healed.healing["tokens"] == int(TOKENS_10)
 
 
 def test_heal_on_a_users_text_distils_its_calibration_part_and_measures_its_held_out_part(saved, monkeypatch):
@@ -326,7 +331,7 @@ def test_heal_on_a_users_text_distils_its_calibration_part_and_measures_its_held
                         windows_of(model, calibration, *a))
     out = saved / "healed-text"
     result = runner.invoke(app, ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"),
-                                 "--steps", "2", "--tokens", "2560", "--eval-windows", "1", "--text", str(text),
+                                 "--steps", "2", "--tokens", TOKENS_10, "--eval-windows", "1", "--text", str(text),
                                  "--out", str(out), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
@@ -357,7 +362,7 @@ def test_an_interrupted_heal_leaves_no_out(saved, monkeypatch):
     monkeypatch.setattr(loop, "train_step", interrupted)
     out = saved / "interrupted"
     result = runner.invoke(app, ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"),
-                                 "--steps", "2", "--tokens", "2560", "--eval-windows", "1", "--out", str(out)])
+                                 "--steps", "2", "--tokens", TOKENS_10, "--eval-windows", "1", "--out", str(out)])
     assert result.exit_code != 0
     assert not out.exists() and not list(saved.glob(".interrupted*"))
 

@@ -22,24 +22,25 @@ MODEL = "smollm2"
 FRACTION = 0.5
 CURVE_STEPS = (0, 25, 50, 100, 200)  # the last is the run's length (heal's default budget)
 QUICK_STEPS = (0, 10, 25)
-SPEED_BATCH = 2  # windows of loop.WINDOW tokens, as a healing step
 
 
 def _log(msg: str) -> None:
     print(f"headcount bench surgery: {msg}", file=sys.stderr, flush=True)
 
 
-def speed(model, teacher, *, batch: int = SPEED_BATCH, repeats: int = 7, params: str = "attention",
+def speed(model, teacher, *, batch: int | None = None, repeats: int = 7, params: str = "attention",
           windows=None) -> dict:
     """Paired medians of a healing step and a plain PyTorch distillation step (see the module doc).
-    windows: the batch, LongTensor [batch, T] (None: `batch` mixed calibration windows of loop.WINDOW)."""
+    windows: the batch, LongTensor [batch, T] (None: `batch` mixed calibration windows of loop.WINDOW; batch None:
+    loop.BATCH_SIZE, as a healing step)."""
     import torch
     import torch.nn.functional as F
 
     from headcount.bench.timing import paired_medians
-    from headcount.surgery.healing.loop import WINDOW, _Teacher, _windows, train_step
+    from headcount.surgery.healing.loop import BATCH_SIZE, WINDOW, _Teacher, _windows, train_step
     from headcount.surgery.healing.weights import Mover, edited_layers
 
+    batch = BATCH_SIZE if batch is None else batch
     windows = _windows(model, "mixed", batch, WINDOW) if windows is None else windows
     layers = edited_layers(model, teacher) or list(range(len(model.layers)))
     mover = Mover(model, teacher, params, layers)

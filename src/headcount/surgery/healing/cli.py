@@ -111,8 +111,8 @@ def _load_pair(model_name: str, teacher_name: str, dtype: str, device: str):
 def register(app, bench_app) -> None:
     """Add `headcount heal`."""
     from headcount.cli_errors import rank_errors as _one_line_errors  # rank-prefixed under torchrun
-    from headcount.surgery.healing.loop import (DEFAULT_LR, DEFAULT_PARAMS, DEFAULT_STEPS, DEFAULT_TOKENS,
-                                                  REFERENCE_RMS)
+    from headcount.surgery.healing.loop import (BATCH_SIZE, DEFAULT_LR, DEFAULT_PARAMS, DEFAULT_STEPS,
+                                                  DEFAULT_TOKENS, REFERENCE_RMS, WINDOW)
 
     @app.command("heal")
     def heal_cmd(
@@ -120,7 +120,8 @@ def register(app, bench_app) -> None:
                                   "`merge-kv` saved, or any model)"),
         teacher: str = typer.Option(..., "--teacher", help="the unedited model it came from (zoo name or path)"),
         out: Optional[Path] = typer.Option(None, "--out", help="directory to save the healed model to"),
-        steps: int = typer.Option(DEFAULT_STEPS, "--steps", help="optimizer steps (2 windows of 256 tokens each)"),
+        steps: int = typer.Option(DEFAULT_STEPS, "--steps",
+                                  help=f"optimizer steps ({BATCH_SIZE} window(s) of {WINDOW} tokens each)"),
         tokens: int = typer.Option(DEFAULT_TOKENS, "--tokens", help="distinct calibration tokens drawn (training + "
                                    "validation)"),
         params: str = typer.Option(DEFAULT_PARAMS, "--params", help="which weights move: attention (the edited "

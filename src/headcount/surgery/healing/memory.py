@@ -57,17 +57,22 @@ def activation_bytes_per_token(shape, dtype: str = "bf16") -> int:
 
 
 def heal_memory(shape, *, dtype: str = "bf16", edited_layers: int | None = None, teacher: str = "separate",
-                batch_windows: int = 2, window: int = 256, cached_windows: int = 384,
+                batch_windows: int | None = None, window: int | None = None, cached_windows: int | None = None,
                 checkpoint_layers: bool = False, device: str = "cpu") -> dict:
     """The heal's peak in bytes, by term (see the module doc); shape: a cost.ModelShape. edited_layers: how many
     layers' attention moves (None: every layer), counted from the first edited layer to the last layer for
     the activations. teacher: "separate" (a second full model) or "shared" (attention_copy). checkpoint_layers:
     heal's layer checkpointing (each layer's input kept, one layer's activations at a time). device: "cpu"
     (AdamW steps one tensor at a time: its temporaries are the largest moved tensor's) or "cuda" (foreach: a
-    temporary of every moved weight)."""
+    temporary of every moved weight). batch_windows / window / cached_windows: None = heal's defaults (BATCH_SIZE
+    windows of WINDOW tokens a step, DEFAULT_TOKENS // WINDOW windows cached)."""
     from headcount.cost.accounts import param_counts
     from headcount.models.decoder import LOGIT_ELEMENTS_GRAD
-    from headcount.surgery.healing.loop import CACHE_BYTES
+    from headcount.surgery.healing.loop import BATCH_SIZE, CACHE_BYTES, DEFAULT_TOKENS, WINDOW
+
+    batch_windows = BATCH_SIZE if batch_windows is None else batch_windows
+    window = WINDOW if window is None else window
+    cached_windows = DEFAULT_TOKENS // window if cached_windows is None else cached_windows
 
     if dtype not in BYTES:
         raise ValueError(f"dtype: expected one of {', '.join(BYTES)}, got {dtype!r}")

@@ -38,6 +38,8 @@ class HealResult:
     # loop.BACKOFF: [(step, the peak lr from then on)]
     backoffs: list[tuple[int, float]] = field(default_factory=list)
     calibration: str = "mixed"  # what was distilled on: "mixed" (the default corpus), "text" (a user's), "windows"
+    window: int | None = None  # tokens per training window
+    batch_size: int | None = None  # windows per optimizer step
 
     @property
     def val_first(self) -> float | None:
@@ -50,7 +52,7 @@ class HealResult:
     def metadata(self) -> dict:
         """What a saved healed model records (headcount.json's "healing")."""
         return {"teacher": self.teacher, "steps": self.steps, "tokens": self.tokens, "tokens_seen": self.tokens_seen,
-                "lr": self.lr, "calibration": self.calibration,
+                "lr": self.lr, "calibration": self.calibration, "window": self.window, "batch_size": self.batch_size,
                 "moved": {"params": self.params, "layers": self.layers, "trainable_params": self.trainable_params,
                           **({"lora_rank": self.lora_rank} if self.lora_rank else {})},
                 "objective": "KL(teacher || student) of next-token distributions"}
@@ -62,6 +64,7 @@ class HealResult:
             "tokens_seen": self.tokens_seen, "validation_tokens": self.validation_tokens, "lr": self.lr,
             "params": self.params, "layers": self.layers, "trainable_params": self.trainable_params,
             "lora_rank": self.lora_rank, "teacher": self.teacher, "calibration": self.calibration,
+            "window": self.window, "batch_size": self.batch_size,
             "val_kl_first": self.val_first, "val_kl_best": self.val_best, "best_step": self.best_step,
             "stopped_early": self.stopped_early,
             "val_losses": [[s, round(v, 6)] for s, v in self.val_losses],
