@@ -1,6 +1,7 @@
 """The default corpus: prose only, deterministic, calibration and held-out parts disjoint."""
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,24 @@ def test_read_text_errors(tmp_path):
         read_text(tmp_path)
     (tmp_path / "ok.txt").write_text("hello\n")
     assert read_text(tmp_path / "ok.txt") == "hello\n"
+
+
+def test_package_source_is_the_code_domains_files_verbatim_split_the_same_way():
+    """heal's "prose+source" stream reads whole torch / numpy files; a file the held-out "code" domain measures is
+    never in its calibration part, and no standard-library file is in it."""
+    import importlib.util
+
+    from headcount.data import _held_out, code_corpus, package_source_corpus, source_corpus
+
+    source = package_source_corpus()
+    assert source.calibration and all(not _held_out(d.name) for d in source.calibration)
+    assert all(_held_out(d.name) for d in source.held_out)
+    held_code = {d.name for d in code_corpus().held_out}
+    assert held_code and not held_code & {d.name for d in source.calibration}
+    doc = source.calibration[0]
+    package, rel = doc.name.split("/", 1)
+    root = Path(next(iter(importlib.util.find_spec(package).submodule_search_locations)))
+    assert doc.text == (root / rel).read_text(encoding="utf-8")  # verbatim: the file as it is on disk
+    assert "def " in doc.text
+    stdlib = {d.text for d in source_corpus().held_out}
+    assert not stdlib & {d.text for d in source.calibration}

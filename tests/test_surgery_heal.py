@@ -353,6 +353,39 @@ def test_prune_with_heal_steps_reports_after_heal(saved):
     assert data["heal"]["steps"] == 2 and data["heal"]["held_out"]["after_edit"] == data["ppl_by_domain_after"]
 
 
+def test_heal_on_prose_and_source_distils_verbatim_package_files(saved, monkeypatch):
+    """--calibration prose+source: windows alternate the default prose and the torch / numpy calibration files
+    verbatim (the independent truth: token_windows over package_source_corpus), recorded in the JSON and metadata;
+    an unknown stream, or one given with --text, is one clear line."""
+    from headcount.analysis.batches import token_windows
+    from headcount.data import default_corpus, package_source_corpus
+    from headcount.models import load
+    from headcount.surgery.healing import loop
+
+    model = load(saved / "teacher")
+    rows = loop._windows(model, "prose+source", 4, 64)
+    assert torch.equal(rows[0::2], token_windows(model, default_corpus().texts("calibration"), window=64,
+                                                 max_windows=2))
+    assert torch.equal(rows[1::2], token_windows(model, package_source_corpus().texts("calibration"), window=64,
+                                                 max_windows=2))
+    seen = []
+    windows_of = loop._windows
+    monkeypatch.setattr(loop, "_windows", lambda model, calibration, *a: seen.append(calibration) or
+                        windows_of(model, calibration, *a))
+    out = saved / "healed-source"
+    result = runner.invoke(app, ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"),
+                                 "--steps", "1", "--tokens", TOKENS_10, "--eval-windows", "1", "--calibration",
+                                 "prose+source", "--out", str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[result.stdout.index("{"):])
+    assert seen == ["prose+source"] and data["calibration"] == "prose+source"
+    assert load(out).healing["calibration"] == "prose+source"
+    child = ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"), "--out", str(saved / "x")]
+    bad([*child, "--calibration", "prose"], "--calibration: expected one of mixed, prose+source, got 'prose'")
+    bad([*child, "--calibration", "prose+source", "--text", str(saved / "mine.txt")], "--calibration:")
+    assert not (saved / "x").exists()
+
+
 def test_an_interrupted_heal_leaves_no_out(saved, monkeypatch):
     from headcount.surgery.healing import loop
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Corpus", "Document", "default_corpus", "corpus_from_text", "read_text", "clean_topic", "code_corpus",
-           "source_corpus", "held_out_domains"]
+           "source_corpus", "package_source_corpus", "held_out_domains"]
 
 HELD_OUT_MODULUS = 5  # one topic (or paragraph) in five is held out
 
@@ -285,12 +285,11 @@ def _docs_and_comments(source: str) -> str:
     return "\n\n".join(text for _, text in sorted(pieces))
 
 
-def code_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
-    """Code-like text from another domain than the default corpus: the docstrings and comments of the
-    installed torch and numpy sources (fixed sub-packages, files sorted by path), one document per
-    file, split like topics (``crc32(relative path) % 5 == 0`` held out), about `max_chars` in all
-    (half per package).
-    Deterministic for given installed versions. Found with importlib (the packages are not imported)."""
+def _package_files(max_chars: int, read) -> Corpus:
+    """One Document per .py file of CODE_PACKAGES' fixed sub-packages (files sorted by path, tests skipped),
+    text = read(the file's source), kept when >= 200 chars, about `max_chars` in all (half per package), split
+    like topics by ``crc32("package/relative path") % 5 == 0`` (held out), so every reader splits the same files
+    the same way."""
     import importlib.util
 
     docs: list[Document] = []
@@ -305,7 +304,7 @@ def code_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
                 if "test" in path.relative_to(root).as_posix():
                     continue
                 try:
-                    text = _docs_and_comments(path.read_text(encoding="utf-8"))
+                    text = read(path.read_text(encoding="utf-8"))
                 except (OSError, UnicodeDecodeError):
                     continue
                 if len(text) < 200:
@@ -320,6 +319,22 @@ def code_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
     if not docs:
         raise ValueError("code_corpus: neither torch nor numpy sources were found")
     return Corpus(tuple(d for d in docs if not _held_out(d.name)), tuple(d for d in docs if _held_out(d.name)))
+
+
+def code_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
+    """Code-like text from another domain than the default corpus: the docstrings and comments of the
+    installed torch and numpy sources (fixed sub-packages, files sorted by path), one document per
+    file, split like topics (``crc32(relative path) % 5 == 0`` held out), about `max_chars` in all
+    (half per package).
+    Deterministic for given installed versions. Found with importlib (the packages are not imported)."""
+    return _package_files(max_chars, _docs_and_comments)
+
+
+def package_source_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
+    """The same torch / numpy files as code_corpus, verbatim (code, docstrings and comments), split by the same
+    rule: a file held out of code_corpus is held out here, so calibrating on this corpus's calibration part never
+    reads a file the held-out "code" domain measures. No standard-library file is in it (the "source" domain)."""
+    return _package_files(max_chars, lambda source: source)
 
 
 # ------------------------------------------------------------------ a domain nothing calibrates on

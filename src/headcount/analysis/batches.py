@@ -23,10 +23,11 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
 def resolve_texts(texts: str | Sequence[str] | None, part: str = "calibration") -> list[str]:
     """texts as a list of strings; None = that part of the default corpus; "mixed" = that part of the
-    default corpus's prose followed by the code-like text (mixed_texts): the text half of the one
-    calibration path (calibration_batches), for steps that build their own probes from text (roles)."""
-    if isinstance(texts, str) and texts == "mixed":
-        return mixed_texts(part)
+    default corpus's prose followed by the code-like text (mixed_texts; "prose+source": the verbatim source, STREAMS):
+    the text half of the one calibration path (calibration_batches), for steps that build their own probes from
+    text (roles)."""
+    if isinstance(texts, str) and texts in STREAMS:
+        return mixed_texts(part, texts)
     if texts is None:
         if part not in PARTS:
             raise ValueError(f"part: expected one of {PARTS}, got {part!r}")
@@ -68,19 +69,31 @@ def token_windows(model, texts: str | Sequence[str] | None = None, *, window: in
     return torch.tensor(rows, dtype=torch.long)
 
 
-def mixed_texts(part: str = "calibration") -> list[str]:
-    """That part of the default corpus's prose followed by the code-like text of headcount.data.code_corpus()."""
-    from headcount.data import code_corpus, default_corpus
-    return default_corpus().texts(part) + code_corpus().texts(part)
+# the named calibration streams: half the default corpus's prose, half the second corpus of headcount.data
+STREAMS = {"mixed": "code_corpus",  # docstrings and comments of torch / numpy (the one calibration path's default)
+           "prose+source": "package_source_corpus"}  # the same files verbatim (healing's choice for code models)
 
 
-def mixed_token_windows(model, n_windows: int, *, window: int = 512, part: str = "calibration") -> Tensor:
-    """`n_windows` windows, half prose (default corpus) and half code-like text (code_corpus), interleaved
-    prose, code, prose, ... so that any prefix of the rows is mixed too."""
-    from headcount.data import code_corpus, default_corpus
+def _second(stream: str):
+    import headcount.data as data
+    return getattr(data, STREAMS[stream])()
+
+
+def mixed_texts(part: str = "calibration", stream: str = "mixed") -> list[str]:
+    """That part of the default corpus's prose followed by the stream's second text (code_corpus for "mixed")."""
+    from headcount.data import default_corpus
+    return default_corpus().texts(part) + _second(stream).texts(part)
+
+
+def mixed_token_windows(model, n_windows: int, *, window: int = 512, part: str = "calibration",
+                        stream: str = "mixed") -> Tensor:
+    """`n_windows` windows, half prose (default corpus) and half the stream's second text (STREAMS: code-like text
+    for "mixed", verbatim torch / numpy source for "prose+source"), interleaved prose, code, prose, ... so that
+    any prefix of the rows is mixed too."""
+    from headcount.data import default_corpus
     half = max(1, n_windows // 2)
     prose = token_windows(model, default_corpus().texts(part), window=window, max_windows=half)
-    code = token_windows(model, code_corpus().texts(part), window=window, max_windows=max(1, n_windows - half))
+    code = token_windows(model, _second(stream).texts(part), window=window, max_windows=max(1, n_windows - half))
     rows = [r for pair in zip(prose, code) for r in pair] + list(prose[len(code):]) + list(code[len(prose):])
     return torch.stack(rows[:max(1, n_windows)])
 
@@ -134,7 +147,8 @@ def calibration_batches(model, calibration=None, *, n_windows: int = 8, window: 
     chooses (importance, roles, prune, merge, gates, uptrain).
 
     calibration: None (that `part` of the default corpus), "mixed" (half prose, half code-like text,
-        interleaved: mixed_token_windows / mixed_texts), a string, a list of strings, a LongTensor [N, T]
+        interleaved: mixed_token_windows / mixed_texts), "prose+source" (half prose, half verbatim torch / numpy
+        source: STREAMS), a string, a list of strings, a LongTensor [N, T]
         of token windows, or a list of ready batches ((ids, mask) tuples or Batch).
     Decoders get `n_windows` windows of `window` tokens (clamped to the model's context); encoders get up to
     `n_sentences` sentences in batches of 32.
@@ -145,9 +159,9 @@ def calibration_batches(model, calibration=None, *, n_windows: int = 8, window: 
         return [b if isinstance(b, Batch) else Batch(*b) for b in calibration]
     device = model.embed.weight.device
     decoder = is_decoder(model)
-    if isinstance(calibration, str) and calibration == "mixed":
-        calibration = (mixed_token_windows(model, n_windows, window=min(window, model.config.max_position), part=part)
-                       if decoder else mixed_texts(part))
+    if isinstance(calibration, str) and calibration in STREAMS:
+        calibration = (mixed_token_windows(model, n_windows, window=min(window, model.config.max_position), part=part,
+                                           stream=calibration) if decoder else mixed_texts(part, calibration))
     if isinstance(calibration, Tensor):
         if calibration.dim() != 2 or calibration.dtype != torch.long:
             raise ValueError(f"calibration: expected token windows, a LongTensor [N, T]; got {calibration.dtype} "

@@ -66,9 +66,10 @@ def heal_after_edit(model, teacher, heal_steps: int, before: dict | None, after:
     return result.to_json()
 
 
-def text_args(calibration, held_out) -> dict:
-    """heal()'s calibration and held_out_texts for --text's two parts (None: the default "mixed" calibration)."""
-    return {"calibration": "mixed" if calibration is None else calibration,
+def text_args(calibration, held_out, stream: str = "mixed") -> dict:
+    """heal()'s calibration and held_out_texts for --text's two parts (None: the named `stream`, "mixed" by
+    default)."""
+    return {"calibration": stream if calibration is None else calibration,
             "held_out_texts": {"text": held_out} if held_out else None}
 
 
@@ -137,6 +138,9 @@ def register(app, bench_app) -> None:
         text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text to heal on: its paragraphs are split "
                                             "into calibration (distilled on) and held-out parts (measured as the "
                                             "domain 'text' beside the three); default: the mixed corpus"),
+        stream: str = typer.Option("mixed", "--calibration", help="the calibration stream without --text: mixed "
+                                   "(prose + torch/numpy docstrings and comments) or prose+source (prose + the "
+                                   "same files' verbatim source: for code models)"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
     ) -> None:
@@ -155,6 +159,11 @@ def register(app, bench_app) -> None:
                 raise ValueError(f"--eval-windows: expected a positive number, got {eval_windows}")
             if lr is not None and not lr > 0:
                 raise ValueError(f"--lr: expected a positive learning rate, got {lr}")
+            from headcount.analysis.batches import STREAMS
+            if stream not in STREAMS:
+                raise ValueError(f"--calibration: expected one of {', '.join(STREAMS)}, got {stream!r}")
+            if text is not None and stream != "mixed":
+                raise ValueError(f"--calibration: {stream!r} and --text both choose the calibration; give one")
             from headcount.models.options import parse_device, parse_dtype
             from headcount.surgery.cli_common import calibration_and_held_out, check_out_dir
 
@@ -174,7 +183,7 @@ def register(app, bench_app) -> None:
 
             try:
                 result = heal(student, original, steps=steps, tokens=tokens, params=params, lr=lr,
-                              eval_windows=eval_windows, group=group, **text_args(calibration, held_out))
+                              eval_windows=eval_windows, group=group, **text_args(calibration, held_out, stream))
             except ValueError as e:
                 if str(e).startswith("tokens:"):
                     raise ValueError(f"--{e}") from None

@@ -130,7 +130,8 @@ def _calibration_name(calibration) -> str:
     if calibration is None:
         return "prose"  # the default corpus's calibration part alone
     if isinstance(calibration, str):
-        return "mixed" if calibration == "mixed" else "text"
+        from headcount.analysis.batches import STREAMS
+        return calibration if calibration in STREAMS else "text"
     if isinstance(calibration, list) and all(isinstance(t, str) for t in calibration):
         return "text"
     return "windows"  # token windows or ready batches
@@ -293,7 +294,8 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     for bf16 / fp16 weights of heap.BOUND_FROM (1 GiB) or more (the 1.5B in bf16); fp32 heals (smollm2,
     qwen2.5-coder-0.5b by default) keep the faster path. held_out_texts: more held-out domains measured beside
     the three, {name: list of texts} (a user's text: `headcount heal --text` measures its held-out paragraphs).
-    calibration: anything analysis.batches.calibration_batches takes ("mixed", a list of texts, token windows).
+    calibration: anything analysis.batches.calibration_batches takes ("mixed", "prose+source": half prose, half
+    verbatim torch / numpy source, a list of texts, token windows).
     """
     from tqdm.auto import tqdm
 
