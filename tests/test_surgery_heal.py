@@ -316,6 +316,23 @@ def test_heal_cli_saves_metadata_and_reports_every_domain(saved):
     assert healed.healing["moved"]["params"] == "attention" and healed.healing["tokens"] == int(TOKENS_10)
 
 
+def calibrations_seen(monkeypatch) -> list:
+    """The `calibration` every heal draws its windows from, recorded (loop._windows still does the work)."""
+    from headcount.surgery.healing import loop
+
+    seen, windows_of = [], loop._windows
+    monkeypatch.setattr(loop, "_windows", lambda model, calibration, *a: seen.append(calibration) or
+                        windows_of(model, calibration, *a))
+    return seen
+
+
+def heal_cli(saved, out, *flags):
+    """`headcount heal` of the saved child from its teacher, 2 steps on ten windows, one held-out window, --json."""
+    return runner.invoke(app, ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"),
+                               "--steps", "2", "--tokens", TOKENS_10, "--eval-windows", "1", *flags,
+                               "--out", str(out), "--json"])
+
+
 def test_heal_on_a_users_text_distils_its_calibration_part_and_measures_its_held_out_part(saved, monkeypatch):
     from headcount.data import corpus_from_text, default_corpus
     from headcount.models import load
@@ -325,14 +342,9 @@ def test_heal_on_a_users_text_distils_its_calibration_part_and_measures_its_held
     text = saved / "mine.txt"
     text.write_text("\n\n".join(default_corpus().texts("calibration")[:30]), encoding="utf-8")
     corpus = corpus_from_text(text.read_text(encoding="utf-8"), name=text.name)
-    seen = []
-    windows_of = loop._windows
-    monkeypatch.setattr(loop, "_windows", lambda model, calibration, *a: seen.append(calibration) or
-                        windows_of(model, calibration, *a))
+    seen = calibrations_seen(monkeypatch)
     out = saved / "healed-text"
-    result = runner.invoke(app, ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"),
-                                 "--steps", "2", "--tokens", TOKENS_10, "--eval-windows", "1", "--text", str(text),
-                                 "--out", str(out), "--json"])
+    result = heal_cli(saved, out, "--text", str(text))
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
     assert seen == [corpus.texts("calibration")]  # distilled on the text's calibration paragraphs only
@@ -368,14 +380,9 @@ def test_heal_on_prose_and_source_distils_verbatim_package_files(saved, monkeypa
                                                  max_windows=2))
     assert torch.equal(rows[1::2], token_windows(model, package_source_corpus().texts("calibration"), window=64,
                                                  max_windows=2))
-    seen = []
-    windows_of = loop._windows
-    monkeypatch.setattr(loop, "_windows", lambda model, calibration, *a: seen.append(calibration) or
-                        windows_of(model, calibration, *a))
+    seen = calibrations_seen(monkeypatch)
     out = saved / "healed-source"
-    result = runner.invoke(app, ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"),
-                                 "--steps", "1", "--tokens", TOKENS_10, "--eval-windows", "1", "--calibration",
-                                 "prose+source", "--out", str(out), "--json"])
+    result = heal_cli(saved, out, "--calibration", "prose+source")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[result.stdout.index("{"):])
     assert seen == ["prose+source"] and data["calibration"] == "prose+source"

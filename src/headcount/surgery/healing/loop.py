@@ -303,9 +303,7 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     check_trainable_dtype(model)
     steps = DEFAULT_STEPS if steps is None else _check_int("steps", steps, 1)
     tokens = DEFAULT_TOKENS if tokens is None else _check_int("tokens", tokens, 1)
-    if batch_size is not None:
-        _check_int("batch_size", batch_size, 1)
-    _check_int("validation_windows", validation_windows, 1)
+    _check_int("batch_size", batch_size, 1), _check_int("validation_windows", validation_windows, 1)  # None passes
     _check_int("patience", patience, 1), _check_int("window", window, 2)
     if params not in DEFAULT_LR:
         raise ValueError(f"params: expected one of {', '.join(DEFAULT_LR)}, got {params!r}")
