@@ -99,6 +99,16 @@ class KVCache:
         k, v = self.append(k, v)
         return k, v, None
 
+    def select_rows(self, index: Tensor) -> None:
+        """Keep only the batch rows `index` (1-D long), in that order: batched generation drops the rows
+        that finished, so they cost no more compute. The storage is copied once, [len(index), ...]."""
+        if not isinstance(index, Tensor) or index.dim() != 1 or index.dtype != torch.long:
+            raise ValueError(f"index: expected a 1-D long tensor of batch rows, got {index!r}")
+        if index.numel() and not (0 <= int(index.min()) and int(index.max()) < self.batch_size):
+            raise ValueError(f"index: expected rows in 0..{self.batch_size - 1}, got {index.tolist()}")
+        self.k = self.k.index_select(0, index)
+        self.v = self.v.index_select(0, index)
+
     def reset(self) -> None:
         """Forget every cached token (the storage is kept and overwritten)."""
         self.length = 0

@@ -32,6 +32,8 @@ class GenerationResult:
     decode_s: float  # time for the remaining new tokens
     stopped_at_eos: bool = False
     extra: dict = field(default_factory=dict)
+    finish_reason: str = "length"  # "eos" | "stop" (a stop string; text cut before it) | "length"
+    stop_string: str | None = None
 
     @property
     def decode_tokens_per_s(self) -> float:
@@ -138,14 +140,25 @@ def _stream(model, ids, max_new_tokens, temperature, top_k, seed, stop_at_eos, t
             yield token
 
 
-def generate(model, prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 64, *, temperature: float = 0.0,
-             top_k: int | None = None, seed: int | None = None, stop_at_eos: bool = True,
-             on_token: Callable[[int], None] | None = None) -> GenerationResult:
+def generate(model, prompt, max_new_tokens: int = 64, *, temperature: float = 0.0, top_k: int | None = None,
+             seed: int | None = None, stop_at_eos: bool = True, stop: Sequence[str] | str | None = None,
+             on_token: Callable[[int], None] | None = None) -> GenerationResult | list[GenerationResult]:
     """Generate up to max_new_tokens after `prompt` (a string, token ids or a [T] / [1, T] tensor).
 
-    Stops early at the model's eos token when stop_at_eos (the eos token is included in new_ids).
-    on_token(id) is called as each token is produced.
+    A list of prompts (strings or id lists) gives a list of GenerationResult, one per prompt, generated
+    together (models/batched.py: left-padded, one KV cache, each row stopping on its own).
+    Stops early at the model's eos token when stop_at_eos (the eos token is included in new_ids), and at
+    any string of `stop` (the text is cut before it). on_token(id) is called as each token is produced
+    (one prompt only).
     """
+    from headcount.models.batched import generate_batch, is_batch
+
+    if is_batch(prompt) or stop:
+        if on_token is not None:
+            raise ValueError("on_token: streams one prompt without stop strings; a batch or stop= returns results")
+        results = generate_batch(model, list(prompt) if is_batch(prompt) else [prompt], max_new_tokens,
+                                 temperature=temperature, top_k=top_k, seed=seed, stop_at_eos=stop_at_eos, stop=stop)
+        return results if is_batch(prompt) else results[0]
     timings: dict = {}
     prompt_ids = _prompt_ids(model, prompt)
     new: list[int] = []
@@ -156,8 +169,9 @@ def generate(model, prompt: str | Sequence[int] | Tensor, max_new_tokens: int = 
             on_token(token)
     eos = model.config.eos_token_id
     text = model.tokenizer.decode(new) if model.tokenizer is not None else None
+    at_eos = bool(stop_at_eos and new and new[-1] == eos and len(new) < max_new_tokens)
     return GenerationResult(prompt_ids, new, text, timings.get("prefill_s", 0.0), timings.get("decode_s", 0.0),
-                            stopped_at_eos=bool(stop_at_eos and new and new[-1] == eos and len(new) < max_new_tokens))
+                            stopped_at_eos=at_eos, finish_reason="eos" if at_eos else "length")
 
 
 class TextStreamer:
