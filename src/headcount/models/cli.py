@@ -90,8 +90,11 @@ def register(app, bench_app) -> None:
 
     @app.command("generate")
     def generate_cmd(
-        prompt: str = typer.Argument(..., help="the text to continue"),
+        prompt: Optional[str] = typer.Argument(None, help="the text to continue (or --chat)"),
         model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
+        chat: Optional[str] = typer.Option(None, "--chat", help="a user message, through the model's own chat "
+                                           "template (GGUF tokenizer.chat_template or the checkpoint's)"),
+        system: Optional[str] = typer.Option(None, "--system", help="a system message before --chat's"),
         dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
         device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
         max_new_tokens: int = typer.Option(64, "--max-new-tokens", "-n", help="tokens to generate"),
@@ -107,8 +110,16 @@ def register(app, bench_app) -> None:
         with _one_line_errors("generate"):
             from headcount.models.generation import TextStreamer, stream_tokens
 
+            if (prompt is None) == (chat is None):
+                raise ValueError("generate: give either a PROMPT to continue or --chat MESSAGE (not both)")
+            if system is not None and chat is None:
+                raise ValueError("--system: goes with --chat MESSAGE")
             lm = _decoder(model, dtype, device)
-            if tp:  # issue 10: tensor parallel by heads; every rank generates the same tokens
+            if chat is not None:
+                messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+                    [{"role": "user", "content": chat}]
+                prompt = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            if tp:  # tensor parallel by heads; every rank generates the same tokens: tensor parallel by heads; every rank generates the same tokens
                 if TP_SETUP is None:
                     raise ValueError("--tp: tensor parallelism is not available (headcount.parallel is not registered)")
                 main, seed = TP_SETUP(lm, seed=seed, sample=temperature > 0, log=_log)
@@ -129,7 +140,8 @@ def register(app, bench_app) -> None:
                 return
             sys.stdout.write("\n")
             rate = (n - 1) / timings["decode_s"] if n > 1 and timings.get("decode_s") else float("nan")
-            _log(f"{n} tokens; prompt {len(lm.tokenizer.encode(prompt))} tokens in {timings.get('prefill_s', 0):.2f} s, "
+            prompt_tokens = len(prompt) if isinstance(prompt, list) else len(lm.tokenizer.encode(prompt))
+            _log(f"{n} tokens; prompt {prompt_tokens} tokens in {timings.get('prefill_s', 0):.2f} s, "
                  f"then {rate:.1f} tokens/s")
 
     @bench_app.command("exactness")

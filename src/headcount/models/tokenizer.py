@@ -35,6 +35,7 @@ class Tokenizer:
         self.bos_token_id, self.eos_token_id = bos_token_id, eos_token_id
         self.pad_token_id = pad_token_id if pad_token_id is not None else (eos_token_id or 0)
         self.add_special_tokens = add_special_tokens
+        self.chat_template: str | None = None  # Jinja text, set by the loaders (models/chat.py)
 
     def __repr__(self) -> str:
         return (f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token_id}, eos={self.eos_token_id}, "
@@ -85,6 +86,28 @@ class Tokenizer:
 
     def token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
+
+    @property
+    def special_tokens(self) -> dict[str, str | None]:
+        """bos_token / eos_token / pad_token as strings: what a chat template reads."""
+        def text(i):
+            return None if i is None else self.token(i)
+        return {"bos_token": text(self.bos_token_id), "eos_token": text(self.eos_token_id),
+                "pad_token": text(self.pad_token_id)}
+
+    def apply_chat_template(self, messages, *, add_generation_prompt: bool = True, tokenize: bool = True,
+                            **variables) -> list[int] | str:
+        """The checkpoint's chat template over `messages` ([{"role", "content"}, ...]): token ids, or the text
+        with tokenize=False, as transformers' apply_chat_template gives them (the template writes its own
+        special tokens, so encoding adds none)."""
+        from headcount.models.chat import ChatTemplateError, render
+
+        if self.chat_template is None:
+            raise ChatTemplateError("chat: this model's tokenizer has no chat template (none in its GGUF file or "
+                                    "checkpoint directory); give a plain prompt instead")
+        text = render(self.chat_template, messages, add_generation_prompt=add_generation_prompt,
+                      **{**self.special_tokens, **variables})
+        return self.encode(text, add_special_tokens=False) if tokenize else text
 
 
 def byte_level_bpe(tokens: Sequence[str], merges: Sequence[str], *, special_ids: Sequence[int] = (),

@@ -159,13 +159,18 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir
         return load_deci(path, dtype=dtype)
     directory = cached_checkpoint(path, root=cache_dir, log=_log, sha256=sha256)
     try:
-        return load_checkpoint(directory, dtype=dtype)
+        model = load_checkpoint(directory, dtype=dtype)
     except CheckpointError as e:
         if not _damaged(e):
             raise  # the checkpoint is whole, headcount cannot build it (an architecture it lacks): say so
         _log(f"the cache in {directory} is damaged ({e}); rebuilding it")
         directory = cached_checkpoint(path, root=cache_dir, rebuild=True, log=_log, sha256=sha256)
-        return load_checkpoint(directory, dtype=dtype)
+        model = load_checkpoint(directory, dtype=dtype)
+    if model.tokenizer is not None and model.tokenizer.chat_template is None:  # a cache written without it
+        from headcount.models.chat import read_chat_template
+
+        model.tokenizer.chat_template = read_chat_template(gguf=path)
+    return model
 
 
 def _damaged(e: CheckpointError) -> bool:
@@ -200,7 +205,10 @@ def load(name: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir: str
     path = Path(key).expanduser()
     if path.is_dir():
         from headcount.models.formats import native as saved  # a headcount save (pruned / merged layers) or transformers
-        return saved.read(path, dtype=dtype) if saved.is_saved(path) else load_checkpoint(path, dtype=dtype)
+        if saved.is_saved(path):
+            return saved.read(path, dtype=dtype)
+        from headcount.models.formats.vllm_deci import is_deci_dir, read_deci  # per-layer K/V: `export --to vllm`
+        return read_deci(path, dtype=dtype) if is_deci_dir(path) else load_checkpoint(path, dtype=dtype)
     if path.is_file() and path.suffix == ".gguf":
         model = load_gguf(path, dtype=dtype, cache_dir=cache_dir)
         model.name = str(path)

@@ -43,7 +43,7 @@ from headcount.models.encoder import BidirectionalEncoder, Encoder, EncoderConfi
 from headcount.models.formats import hf_moe
 from headcount.models.formats.errors import CheckpointError
 from headcount.models.formats.hf_config import MOE_FAMILIES, decoder_config, encoder_config, model_type, read_config
-from headcount.models.formats.native import check_out, tokenizer_writer, write_dir
+from headcount.models.formats.native import chat_template_writer, check_out, tokenizer_writer, write_dir
 from headcount.models.formats.tensors import SafetensorsFile, ShardedTensors, assign, check_finite, no_init
 
 Tensor = torch.Tensor
@@ -356,6 +356,9 @@ def load_checkpoint(directory: str | Path, *,
             model.tokenizer = Tokenizer.from_file(tok_path, bos_token_id=c.bos_token_id, eos_token_id=c.eos_token_id,
                                                   pad_token_id=c.pad_token_id,
                                                   add_special_tokens=_add_bos(directory, cfg))
+        from headcount.models.chat import read_chat_template
+
+        model.tokenizer.chat_template = read_chat_template(directory)
     model.name = str(directory)
     return model
 
@@ -834,4 +837,6 @@ def export_transformers(model, directory, *, force: bool = False) -> Path:
     writer = tokenizer_writer(model)
     if writer is not None:
         files["tokenizer.json"] = writer
+    if (template := chat_template_writer(model)) is not None:
+        files["chat_template.jinja"] = template
     return write_dir(directory, files)

@@ -33,6 +33,7 @@ from torch import nn
 from headcount.attention import MultiHeadAttention
 from headcount.models.formats.errors import CheckpointError
 from headcount.models.formats.tensors import SafetensorsFile, no_init
+from headcount.models.chat import CHAT_TEMPLATE_FILE, read_chat_template
 
 FORMAT, VERSION = "headcount", 1
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "headcount.json", "model.safetensors", "tokenizer.json"
@@ -156,6 +157,8 @@ def write(model, directory: str | Path, *, force: bool = False) -> Path:
         write_safetensors(tmp / WEIGHTS_FILE, tensors, metadata={"format": "pt"})
         if tok is not None:
             tok.backend.save(str(tmp / TOKENIZER_FILE))
+            if getattr(tok, "chat_template", None):
+                (tmp / CHAT_TEMPLATE_FILE).write_text(tok.chat_template, encoding="utf-8")
         (tmp / CONFIG_FILE).write_text(json.dumps(meta, indent=1) + "\n")
         replace_dir(tmp, directory)
     except BaseException:
@@ -246,6 +249,7 @@ def read(directory: str | Path, *, dtype: torch.dtype = torch.float32):
         if not tok_path.is_file():
             raise CheckpointError(f"{tok_path}: missing ({CONFIG_FILE} records a tokenizer)")
         model.tokenizer = Tokenizer.from_file(tok_path, **tok_meta)
+        model.tokenizer.chat_template = read_chat_template(directory, meta.get("source_gguf"))
     model.name = str(directory)
     if meta.get("source_gguf"):
         model.source_gguf = Path(meta["source_gguf"])
@@ -332,3 +336,9 @@ def write_dir(directory: Path, files: dict[str, object]) -> Path:
 def tokenizer_writer(model):
     tok = model.tokenizer
     return None if tok is None else (lambda path: tok.backend.save(str(path)))
+
+
+def chat_template_writer(model):
+    """A writer of the model's chat template (chat_template.jinja, as transformers 5 saves it), or None."""
+    template = getattr(model.tokenizer, "chat_template", None) if model.tokenizer is not None else None
+    return None if not template else (lambda path: Path(path).write_text(template, encoding="utf-8"))
