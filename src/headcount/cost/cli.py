@@ -25,6 +25,8 @@ HELP = """The three accounts of chapter 2.3.3 (parameters, FLOPs, score-matrix m
   headcount cost --d-model 4096 --heads 8,32,128 --seq 4096 --dtype fp16
   headcount cost llama-3-8b --kv-heads 32,8,1 --dtype fp16
   headcount cost llama-3-70b --fit 80GiB
+  headcount cost smollm2 --fit 1GiB --kv-only --dtype fp32 --seq 4096   (the cache's own budget, as vLLM's)
+  headcount cost path/to/edited-dir            (a prune / merge save: per-layer KV bytes and FLOPs, the saving)
   headcount cost --config path/to/config.json --json
   headcount cost path/to/checkpoint-dir          (a path in place of a preset: its config.json)
   headcount cost llama-3-70b --tp 8 --seq 8192 --dtype bf16   (per-rank accounts, heads split over 8 ranks)
@@ -80,6 +82,12 @@ def _as_path(name: str) -> Path | None:
         except CostError:
             return path
     return None
+
+
+def _edited_dir(path: Path) -> bool:
+    from headcount.cost.edited import is_edited_dir
+
+    return path.is_dir() and is_edited_dir(path)
 
 
 def _base_shape(model, config, d_model, heads, kv_heads, head_dim) -> tuple[ModelShape, str, str]:
@@ -182,6 +190,7 @@ def cost(
     dtype: Annotated[str, typer.Option("--dtype", help="fp32, fp16, bf16, fp8, int8.")] = "bf16",
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     fit: Annotated[Optional[str], typer.Option("--fit", help="A memory budget (80GiB, 80GB, 1.5TiB, 512MiB): the longest context and largest batch whose weights + KV cache fit.")] = None,
+    kv_only: Annotated[bool, typer.Option("--kv-only", help="With --fit: the budget is the KV cache's alone (what vLLM gives its cache), weights not taken from it.")] = False,
     tp: Annotated[Optional[str], typer.Option("--tp", metavar="INT", help="Tensor parallel by heads over N ranks: per-rank parameters, KV cache (replicated KV heads counted), score memory and all-reduce bytes.")] = None,
     measure: Annotated[bool, typer.Option("--measure", help="Check the formulas against a run of headcount.MultiHeadAttention (needs torch).")] = False,
     list_presets: Annotated[bool, typer.Option("--list", help="List the presets and exit.")] = False,
@@ -220,6 +229,14 @@ def cost(
         vocab, max_positions = _whole("--vocab", vocab, minimum=0), _whole("--max-positions", max_positions, minimum=0)
         dtype_name, _ = parse_dtype(dtype)
         budget = parse_budget(fit) if fit is not None else None
+        if kv_only and budget is None:
+            raise CostError("--kv-only: counts a --fit budget as the KV cache's alone; give --fit too (e.g. --fit 1GiB)")
+        if model is not None and _as_path(model) is not None and _edited_dir(_as_path(model)):
+            from headcount.cost.edited_cli import show_edited
+
+            show_edited(_as_path(model), console, seq=n, batch=batch, dtype=dtype_name, budget=budget, kv_only=kv_only,
+                        as_json=as_json)
+            return
         tp = _whole("--tp", tp)
         heads_list, kv_list = _int_list("--heads", heads), _int_list("--kv-heads", kv_heads)
         base, note, source = _base_shape(model, config, d_model, heads_list, kv_list, head_dim)
@@ -232,7 +249,8 @@ def cost(
         window, every = _window_flag(sliding_window), _whole("--global-every", global_every)
         shapes, labels = _variants(base, heads_list, kv_list, fields, window, every)
         reports = [report(s, batch=batch, seq=n, dtype=dtype_name) for s in shapes]
-        fits = [fit_budget(s, budget, batch=batch, seq=n, dtype=dtype_name) for s in shapes] if budget else None
+        fits = [fit_budget(s, budget, batch=batch, seq=n, dtype=dtype_name, kv_only=kv_only)
+                for s in shapes] if budget else None
         if tp is not None:
             from headcount.cost.parallel import per_rank
 

@@ -51,10 +51,13 @@ def parse_seq(text: str) -> int:
     return value
 
 
-def fit(shape: ModelShape, budget_bytes: int, *, batch: int = 1, seq: int = 2048, dtype: str = "bf16") -> dict:
+def fit(shape: ModelShape, budget_bytes: int, *, batch: int = 1, seq: int = 2048, dtype: str = "bf16",
+        kv_only: bool = False) -> dict:
     """Solve weights + batch x context x KV bytes per token <= budget, for the context and for the batch.
 
     Only the weights and the KV cache are counted (no activations, no score matrices, no allocator slack).
+    kv_only: the budget is the KV cache's alone (what vLLM gives its cache: VLLM_CPU_KVCACHE_SPACE on a CPU, what
+    gpu_memory_utilization leaves on a GPU), so the weights are not taken from it.
     """
     if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
         raise CostError(f"memory budget: expected a positive number of bytes, got {budget_bytes!r}")
@@ -62,7 +65,7 @@ def fit(shape: ModelShape, budget_bytes: int, *, batch: int = 1, seq: int = 2048
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise CostError(f"{name}: expected a positive whole number, got {value!r}")
     _, nbytes = parse_dtype(dtype)
-    weights = param_counts(shape)["total"] * nbytes
+    weights = 0 if kv_only else param_counts(shape)["total"] * nbytes
     per_token = kv_cache(shape, 1, 1, nbytes)["bytes_per_token"]
     left = max(budget_bytes - weights, 0)
     max_context = _max_context(shape, left, batch, nbytes)
@@ -80,12 +83,14 @@ def fit(shape: ModelShape, budget_bytes: int, *, batch: int = 1, seq: int = 2048
         "seq": seq,
         "max_batch": max_batch,
         "context_window": window,
-        "counts": "weights + KV cache only (no activations, no score matrices)",
+        "counts": ("the KV cache alone (the budget an engine gives its cache; weights and activations apart)"
+                   if kv_only else "weights + KV cache only (no activations, no score matrices)"),
+        "kv_only": kv_only,
     }
     if shape.sliding_window is not None:
         result["counts"] += (f"; local layers cache at most {shape.sliding_window} positions, so past the window "
                              f"only the {shape.global_layers} global layers grow")
-    if budget_bytes - weights <= 0:
+    if budget_bytes - weights <= 0 and not kv_only:
         result["note"] = "the weights alone do not fit the budget"
     elif max_context is None:
         result["note"] = (f"every layer is local: the KV cache stops growing at the {shape.sliding_window}-token "

@@ -162,7 +162,8 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
 
 
 def _fit_rows(table: Table, fit: dict, section) -> None:
-    section(f"fit in {human_bytes(fit['budget_bytes'])} ({fit['budget_bytes']:,} bytes): weights + KV cache")
+    what = "the KV cache alone" if fit.get("kv_only") else "weights + KV cache"
+    section(f"fit in {human_bytes(fit['budget_bytes'])} ({fit['budget_bytes']:,} bytes): {what}")
     table.add_row("  weights", f"{fit['weights_bytes']:,}", human_bytes(fit["weights_bytes"]), "")
     longest = "unbounded" if fit["max_context"] is None else f"{fit['max_context']:,}"
     table.add_row(f"  longest context at batch {fit['batch']}", longest, "tokens", fit.get("note", ""))

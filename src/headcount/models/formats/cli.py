@@ -12,7 +12,7 @@ from headcount.models.options import DTYPE_HELP, MODEL_HELP
 
 from headcount.paths import check_out_dir
 
-EXPORT_TARGETS = ("transformers", "gguf", "gguf-f16")
+EXPORT_TARGETS = ("transformers", "gguf", "gguf-f16", "vllm")
 
 
 def register(app) -> None:
@@ -25,7 +25,9 @@ def register(app) -> None:
         dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
         to: str = typer.Option("transformers", "--to", help="target format: transformers (a checkpoint directory), "
                                "gguf or gguf-f16 (a llama.cpp file: qwen2 / gemma3 as themselves where llama.cpp's "
-                               "graph holds the heads, else deci, per-layer head counts; it says which)"),
+                               "graph holds the heads, else deci, per-layer head counts; it says which), or vllm (a "
+                               "directory vLLM serves: the family's own checkpoint, or Nemotron-NAS / DeciLM with "
+                               "per-layer K/V head counts and its configuration code)"),
         out: Optional[Path] = typer.Option(None, "--out", help="directory (transformers) or FILE.gguf to write"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
     ) -> None:
@@ -35,7 +37,7 @@ def register(app) -> None:
         with _one_line_errors("export"):
             if to not in EXPORT_TARGETS:
                 raise ValueError(f"--to: expected one of {', '.join(EXPORT_TARGETS)}, got {to!r}")
-            if to == "transformers":
+            if to in ("transformers", "vllm"):
                 out = check_out_dir(out, force)
             else:
                 from headcount.models.formats.gguf_deci import check_gguf_path
@@ -43,7 +45,11 @@ def register(app) -> None:
             from headcount.models.options import load_model
 
             lm = load_model(model, dtype)
-            if to == "transformers":
+            if to == "vllm":
+                from headcount.models.formats.vllm_deci import export_vllm
+
+                summary = export_vllm(lm, out, force=force)
+            elif to == "transformers":
                 from headcount.models.formats.hf import export_transformers
 
                 export_transformers(lm, out, force=force)
@@ -80,6 +86,18 @@ def _transformers_summary(model, out: Path) -> dict:
 
 
 def _print_summary(to: str, out: Path, summary: dict) -> None:
+    if to == "vllm":
+        kv = summary["kv_heads"]
+        what = (f"{summary['family']} checkpoint" if summary["form"] == "family"
+                else "Nemotron-NAS DeciLMForCausalLM checkpoint")
+        typer.echo(f"wrote {out} (vLLM: {what}; {summary['query_heads']} query heads, K/V heads per layer "
+                   f"{min(kv)}..{max(kv)}, {summary['kv_bytes_per_token_fp32']:,} KV bytes per token in fp32)")
+        typer.echo(f"  why: {summary['reason']}")
+        if summary["form"] == "deci":
+            typer.echo("  serve it with trust_remote_code=True: vLLM runs the configuration code written beside the "
+                       "weights (configuration_decilm.py): `vllm serve DIR --trust-remote-code` / "
+                       "LLM(DIR, trust_remote_code=True)")
+        return
     if to == "transformers":
         typer.echo(f"wrote {out} (transformers from_pretrained): {summary['params_transformers']:,} parameters as "
                    f"transformers counts them (headcount: {summary['params_model']:,}), "
