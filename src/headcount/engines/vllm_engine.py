@@ -40,3 +40,24 @@ def run_worker(request: dict, *, timeout: float = 1800, threads: int | None = No
         return run_json([str(python), str(WORKER), f.name], timeout=timeout, what="vllm", env=env)
     finally:
         os.unlink(f.name)
+
+
+KV_DTYPE = "fp32"  # the fp32 export served in fp32: vLLM's cache takes the model's dtype
+WEIGHT_DTYPE = "fp32"
+CACHE_GIB = 1  # VLLM_CPU_KVCACHE_SPACE: vLLM's CPU backend takes whole GiB
+
+
+def export(model, directory: Path) -> dict:
+    """`export --to vllm`'s directory for `model` (reused when there: its name carries the weights' hash)."""
+    from headcount.models.formats.vllm_deci import export_vllm, plan_vllm_export
+
+    if directory.is_dir():
+        return plan_vllm_export(model)
+    return export_vllm(model, directory)
+
+
+def serve(directory: Path, jobs: list[dict], *, max_model_len: int, max_num_seqs: int, threads: int,
+          cache_gib: int = CACHE_GIB, timeout: float = 7200) -> dict:
+    """One vLLM engine for `directory`, every serve job (context x batch) on it; the engine's KV capacity."""
+    return run_worker({"model": str(directory), "max_model_len": max_model_len, "max_num_seqs": max_num_seqs,
+                       "kv_cache_bytes": cache_gib * 2**30, "jobs": jobs}, timeout=timeout, threads=threads)

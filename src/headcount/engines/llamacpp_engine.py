@@ -1,0 +1,58 @@
+"""llama.cpp as a measured peer: the GGUF `headcount export --to gguf` writes, served by node-llama-cpp (pinned
+in tools/llamacpp; `make llamacpp` installs it) through tools/llamacpp/serve.mjs, with llama.cpp's default f16
+KV cache."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from headcount.engines.processes import run_json
+from headcount.engines.rows import EngineUnavailable
+
+KV_DTYPE = "fp16"  # llama.cpp's default cache type, the one served here
+WEIGHT_DTYPE = "fp32"  # the f32 GGUF: the same weights as headcount's fp32 model
+
+
+def tools_dir() -> Path:
+    """tools/llamacpp of this checkout ($HEADCOUNT_LLAMACPP_DIR overrides)."""
+    env = os.environ.get("HEADCOUNT_LLAMACPP_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "tools" / "llamacpp"
+
+
+def check() -> Path:
+    """The serve.mjs to run, or EngineUnavailable naming what is missing."""
+    tools = tools_dir()
+    if shutil.which("node") is None:
+        raise EngineUnavailable("llamacpp: Node.js is not installed (node-llama-cpp needs node >= 20)")
+    if not (tools / "serve.mjs").is_file():
+        raise EngineUnavailable(f"llamacpp: {tools}/serve.mjs not found (run from a headcount checkout)")
+    if not (tools / "node_modules" / "node-llama-cpp").is_dir():
+        raise EngineUnavailable("llamacpp: node-llama-cpp is not installed (`make llamacpp`)")
+    return tools / "serve.mjs"
+
+
+def export(model, path: Path) -> dict:
+    """The f32 GGUF of `model` at `path` (reused when it is there: the name carries the weights' hash), and the
+    export's plan: the architecture llama.cpp gets and the heads it holds (zero heads included)."""
+    from headcount.models.formats.gguf_deci import export_gguf, plan_gguf_export
+
+    plan = plan_gguf_export(model, "f32")
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        export_gguf(model, path, dtype="f32")
+    return plan
+
+
+def serve(gguf: Path, prompt: list[int], *, batch: int, new_tokens: int, threads: int, timeout: float = 3600) -> dict:
+    """serve.mjs's answer (see its header) for one context x batch."""
+    script = check()
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"prompt": prompt, "batch": batch, "new_tokens": new_tokens, "threads": threads, "kv": "f16"}, f)
+    try:
+        return run_json(["node", str(script), str(gguf), f.name], timeout=timeout, what="llamacpp")
+    finally:
+        os.unlink(f.name)
