@@ -94,6 +94,7 @@ def run_serve(model_name: str, edited: list[str], engines: list[str], contexts: 
     from headcount.cost.edited import EditedShape, edited_fit, predict
     from headcount.engines import headcount_engine, llamacpp_engine, vllm_engine
     from headcount.engines.processes import cpu_name
+    from headcount.models.formats.vllm_deci import VllmExportError
     from headcount.models.options import load_model
 
     say = log or (lambda msg: None)
@@ -189,7 +190,13 @@ def run_serve(model_name: str, edited: list[str], engines: list[str], contexts: 
                 for v in variants:
                     directory = workdir / f"{_slug(v.source)}-{v.digest}-vllm"
                     bar.set_description(f"vllm: exporting {v.label}")
-                    plan = vllm_engine.export(models[v.edited], directory)
+                    try:
+                        plan = vllm_engine.export(models[v.edited], directory)
+                    except VllmExportError as e:  # this edit only: vLLM cannot hold it; the other models still run
+                        skipped[f"vllm {v.edited}"] = f"vllm: {e}"
+                        bar.update(len(contexts) * len(batches))
+                        planned -= len(contexts) * len(batches)
+                        continue
                     jobs = [{"kind": "serve", "prompt": prompt[:c], "batch": b, "new_tokens": new_tokens}
                             for c in contexts for b in batches]
                     bar.set_description(f"vllm {v.label}: {len(jobs)} rows on one engine")
