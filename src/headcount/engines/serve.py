@@ -218,6 +218,11 @@ def run_serve(model_name: str, edited: list[str], engines: list[str], contexts: 
                         "max_model_len": longest, "kv_cache_tokens": out.get("kv_cache_tokens"),
                         "max_concurrency": out.get("max_concurrency"), "kv_bytes_per_token": out.get("kv_bytes_per_token"),
                         "num_blocks": out.get("num_blocks"), "block_size": size,
+                        # every block of every layer: vLLM's capacity before a request's blocks are rounded up
+                        "kv_cache_tokens_in_blocks": (out["num_blocks"] * size) if out.get("num_blocks") else None,
+                        # requests of 4,096 tokens its blocks hold (vLLM's "Maximum concurrency" at max_model_len 4096)
+                        "max_concurrency_4096": (out["num_blocks"] / math.ceil(4096 / size))
+                        if out.get("num_blocks") else None,
                         "accounts_kv_tokens": fit["kv_tokens"], "accounts_max_concurrency": fit["max_concurrency"],
                         "accounts_kv_bytes_per_token": fit["kv_bytes_per_token"],
                         "command": f"headcount cost {v.edited or model_name} --fit {vllm_engine.CACHE_GIB}GiB --kv-only "

@@ -56,11 +56,12 @@ def render(result: ServeResult, console) -> None:
                       _x(q["decode"], r.predicted_decode_speedup))
     console.print(table)
     for c in result.capacity:
-        agree = (c["kv_cache_tokens"] / c["accounts_kv_tokens"]) if c["kv_cache_tokens"] and c["accounts_kv_tokens"] \
-            else None
-        console.print(f"vllm {c['edited'] or c['model']}: KV cache of {c['kv_cache_gib']} GiB holds "
-                      f"{c['kv_cache_tokens'] or 0:,} tokens ({c['max_concurrency'] or 0:.2f} requests of "
-                      f"{c['max_model_len']:,} at once); the accounts: {c['accounts_kv_tokens']:,} tokens"
+        raw = c.get("kv_cache_tokens_in_blocks")
+        agree = raw / c["accounts_kv_tokens"] if raw and c["accounts_kv_tokens"] else None
+        console.print(f"vllm {c['edited'] or c['model']}: its {c['kv_cache_gib']} GiB KV cache holds {raw or 0:,} tokens "
+                      f"in {c['num_blocks'] or 0:,} blocks ({c['max_concurrency_4096'] or 0:.2f} requests of 4,096 at "
+                      f"once; vLLM's own figure at {c['max_model_len']:,}: {c['kv_cache_tokens'] or 0:,} tokens, "
+                      f"{c['max_concurrency'] or 0:.2f}x); the accounts: {c['accounts_kv_tokens']:,} tokens"
                       + (f" ({agree:.3f}x)" if agree else "") + f"  [{c['command']}]")
     seen = set()
     for r in result.rows:
