@@ -178,16 +178,33 @@ def register(app, bench_app) -> None:
 
     @bench_app.command("decode")
     def bench_decode(
-        prompt_tokens: int = typer.Option(512, "--prompt-tokens", help="prompt length"),
-        new_tokens: int = typer.Option(64, "--new-tokens", help="decode steps timed"),
+        prompt_tokens: Optional[int] = typer.Option(None, "--prompt-tokens", help="prompt length (512; 128 with "
+                                                    "--batch)"),
+        new_tokens: Optional[int] = typer.Option(None, "--new-tokens", help="decode steps timed (64; 32 with --batch)"),
         repeats: int = typer.Option(3, "--repeats", help="paired repeats (medians)"),
+        batch: Optional[str] = typer.Option(None, "--batch", help="comma-separated batch sizes, e.g. 1,8,32: "
+                                            "batched generation's new tokens/s against transformers'"),
+        model: Optional[str] = typer.Option(None, "--model", "-m", help="smollm2 (default); with --batch "
+                                            "qwen2.5-coder-0.5b"),
         json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
     ) -> None:
-        """SmolLM2 fp32 prefill time and decode tokens/s: headcount vs transformers, same weights."""
+        """Prefill time and decode tokens/s, headcount vs transformers on the same weights (one prompt); with
+        --batch, new tokens/s of batched generation at each batch size."""
         with _one_line_errors("bench decode"):
-            from headcount.models import bench
+            if batch is not None:
+                from headcount.models import bench_batch as bench
 
-            result = bench.run(prompt_tokens, new_tokens, repeats, log=_log)
+                try:
+                    sizes = tuple(int(b) for b in batch.split(","))
+                except ValueError:
+                    raise ValueError(f"--batch: expected comma-separated whole numbers, got {batch!r}") from None
+                result = bench.run(model or "qwen2.5-coder-0.5b", sizes, prompt_tokens=prompt_tokens or 128,
+                                   new_tokens=new_tokens or 32, repeats=repeats, log=_log)
+            else:
+                from headcount.models import bench
+
+                result = bench.run(prompt_tokens or 512, new_tokens or 64, repeats, model_name=model or "smollm2",
+                                   log=_log)
         if json_out:
             typer.echo(json.dumps(result, indent=2))
         else:
