@@ -10,6 +10,27 @@ from typing import Optional
 from headcount.paths import check_out_dir  # noqa: F401 (the commands import it from here)
 
 
+EVAL_HELP = ("TASK[:N]: also judge the edit by pass@1 on a task (humaneval, or a JSONL file of problems; N = the "
+             "first N), before the edit, after it and after healing; repeatable")
+
+
+def task_scores(values, log=None):
+    """surgery.task_scores.TaskScores for --eval's values (empty: measures nothing), checked before any work."""
+    from headcount.surgery.task_scores import TaskScores, parse_eval
+
+    return TaskScores(parse_eval(values), log=log)
+
+
+def check_eval_model(evals, model) -> None:
+    """--eval needs a decoder with a tokenizer: said before the edit starts."""
+    if evals:
+        from headcount.tasks.harness import check_model
+        try:
+            check_model(model)
+        except ValueError as e:
+            raise ValueError(str(e).replace("--model:", "--eval:")) from None
+
+
 def calibration_and_held_out(text: Optional[Path]):
     """(calibration texts or None, held-out texts or None, source name) from --text FILE."""
     if text is None:

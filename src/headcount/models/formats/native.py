@@ -144,6 +144,8 @@ def write(model, directory: str | Path, *, force: bool = False) -> Path:
         "layers": [layer_layout(layer.attn) for layer in model.layers],
         # a healed model's record (surgery.healing): teacher, steps, tokens, what moved; kept through re-saves
         **({"healing": model.healing} if getattr(model, "healing", None) else {}),
+        # --eval's pass@1 per task: before the edit, after it, after healing (surgery/task_scores.py)
+        **({"tasks": model.task_scores} if getattr(model, "task_scores", None) else {}),
         "tokenizer": None if tok is None else {
             "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
             "pad_token_id": tok.pad_token_id, "add_special_tokens": tok.add_special_tokens},
@@ -255,6 +257,8 @@ def read(directory: str | Path, *, dtype: torch.dtype = torch.float32):
         model.source_gguf = Path(meta["source_gguf"])
     if meta.get("healing"):
         model.healing = meta["healing"]
+    if meta.get("tasks"):
+        model.task_scores = meta["tasks"]
     return model.eval()
 
 

@@ -20,6 +20,7 @@ from typing import Optional
 import typer
 
 from headcount.models.options import DEVICE_HELP, DTYPE_HELP
+from headcount.surgery.cli_common import EVAL_HELP
 
 
 def check_heal_steps(heal_steps: int) -> None:
@@ -143,6 +144,7 @@ def register(app, bench_app) -> None:
                                    "same files' verbatim source: for code models)"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
+        evals: Optional[list[str]] = typer.Option(None, "--eval", help=EVAL_HELP + " (before edit: the teacher)"),
     ) -> None:
         """Heal an edited model by distillation from the unedited one (KL of next-token distributions on
         calibration text, a validation split for early stopping); print the held-out domains before the edit,
@@ -165,10 +167,14 @@ def register(app, bench_app) -> None:
             if text is not None and stream != "mixed":
                 raise ValueError(f"--calibration: {stream!r} and --text both choose the calibration; give one")
             from headcount.models.options import parse_device, parse_dtype
-            from headcount.surgery.cli_common import calibration_and_held_out, check_out_dir
+            from headcount.surgery.cli_common import (calibration_and_held_out, check_eval_model, check_out_dir,
+                                                      task_scores)
+            from headcount.surgery.task_scores import check_not_calibrated_on
 
             parse_dtype(dtype), parse_device(device)
+            scores = task_scores(evals, log=lambda m: typer.echo(f"headcount: {m}", err=True))
             calibration, held_out, _ = calibration_and_held_out(text)
+            check_not_calibrated_on(scores.specs, calibration)
             out = check_out_dir(out, force)
             group, main = None, True
             if "WORLD_SIZE" in os.environ:  # under torchrun: data-parallel healing (DDP), rank 0 writes
@@ -176,6 +182,10 @@ def register(app, bench_app) -> None:
                 group = distributed.init()
                 main = distributed.is_main(group)
             student, original = _load_pair(model, teacher, dtype, device)
+            check_eval_model(scores, student)
+            if scores:  # the teacher is the model before the edit; the student, after it
+                scores.measure(original, "before_edit")
+                scores.measure(student, "after_edit")
             from headcount.models.fingerprint import weights_hash
             source_weights, edited_weights = weights_hash(original), weights_hash(student)
             from headcount.surgery.healing.loop import heal
@@ -188,6 +198,9 @@ def register(app, bench_app) -> None:
                 if str(e).startswith("tokens:"):
                     raise ValueError(f"--{e}") from None
                 raise
+            if scores:
+                scores.measure(student, "after_heal")
+                student.task_scores = scores.to_json()
             if not main:
                 return
             student.healing = {**result.metadata(), "teacher": teacher,
@@ -198,8 +211,13 @@ def register(app, bench_app) -> None:
         # keyed by); edited_weights_sha256: the student's before healing
         data = {**result.to_json(), "teacher": teacher, "out": str(out), "weights_sha256": source_weights,
                 "edited_weights_sha256": edited_weights, "command": command_line()}
+        if scores:
+            data["tasks"] = scores.to_json()
         if json_out:
             typer.echo(json.dumps(data, indent=2))
             return
         print_heal_table(data, f"{model} healed from {teacher}")
+        if scores:
+            from headcount.surgery.cli_common import before_after_table
+            before_after_table(scores.rows(), f"{model}: task scores")
         typer.echo(f"saved to {out} (headcount.models.load / --model {out})")

@@ -29,6 +29,7 @@ from typing import Optional
 import typer
 
 from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
+from headcount.surgery.cli_common import EVAL_HELP
 
 JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
              "kv_bytes_per_token_after", "ppl_before", "ppl_after")
@@ -72,21 +73,27 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
               force: bool = False, text: Optional[Path] = None,
               calibration_windows: int = CALIBRATION_WINDOWS, eval_windows: int = EVAL_WINDOWS,
               local_steps: int = LOCAL_STEPS, local_tokens: Optional[int] = LOCAL_TOKENS, dtype: str = "fp32",
-              device: str = "cpu", group=None, main: bool = True, heal_steps: int = 0) -> dict | None:
+              device: str = "cpu", group=None, main: bool = True, heal_steps: int = 0, evals=None) -> dict | None:
     """Load, validate, measure, merge, (uptrain), measure, save: the command's work, as data.
 
     uptrain_steps: None = UPTRAIN_STEPS for an aware merge of a decoder, 0 otherwise. The uptrain distils from
     the unmerged model on the merge's own calibration windows (decoders: cut into UPTRAIN_WINDOW-token pieces).
 
     group: a process group to split the calibration over (torchrun); only `main` (rank 0) saves, and the
-    other ranks return None. The uptrain is not split: every rank runs the same one (one process's steps)."""
+    other ranks return None. The uptrain is not split: every rank runs the same one (one process's steps).
+    evals: surgery.task_scores.TaskScores of --eval (pass@1 before the merge, after it and after healing)."""
     from headcount.models.options import check_finite, load_model
     from headcount.surgery.cli_common import calibration_and_held_out, held_out_report
     from headcount.surgery.merging.kv_merge import _targets, merge_kv
 
     calibration, held_out, source = calibration_and_held_out(text)
+    if evals:
+        from headcount.surgery.task_scores import check_not_calibrated_on
+        check_not_calibrated_on(evals.specs, calibration)
     model = load_model(model_name, dtype, device)
     _targets(model, kv_heads, layers, method)  # every check before any measurement or change
+    from headcount.surgery.cli_common import check_eval_model
+    check_eval_model(evals, model)
     from headcount.models.fingerprint import weights_hash
     source_weights = weights_hash(model)  # the weights before the edit: what a saved result is keyed by
     heads_before = sum(layer.attn.n_kv_heads for layer in model.layers)
@@ -97,6 +104,8 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
         from headcount.surgery.healing.cli import teacher_for
         teacher = teacher_for(model, heal_steps, dtype)
     quality_before, reference, by_domain_before = held_out_report(model, held_out, eval_windows, 512)
+    if evals:
+        evals.measure(model, "before_edit")
     # merge_kv's own defaults for everything not given as a flag (the uptrain included): one truth
     result = merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
                       n_windows=calibration_windows, local_steps=local_steps, local_tokens=local_tokens or None,
@@ -105,11 +114,17 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     quality_after, _, by_domain_after = held_out_report(model, held_out, eval_windows, 512, reference)
     for value in ([quality_after] if isinstance(quality_after, float) else list(quality_after)):
         check_finite(value, "the merged model's held-out quality", model.embed.weight.dtype)
+    if evals:
+        evals.measure(model, "after_edit")
     healed = None
     if heal_steps:  # every rank heals the same way (one process's steps), as the uptrain
         from headcount.surgery.healing.cli import heal_after_edit
         healed = heal_after_edit(model, teacher, heal_steps, by_domain_before, by_domain_after, progress=main,
                                  eval_windows=eval_windows, calibration=calibration, held_out=held_out)
+        if evals:
+            evals.measure(model, "after_heal")
+    if evals:
+        model.task_scores = evals.to_json()  # saved with the model (headcount.json "tasks")
     if not main:  # another rank under torchrun: rank 0 writes and prints
         return None
     if out is not None:
@@ -133,6 +148,8 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
     }
     if healed is not None:  # after healing: the held-out domains, and the heal's own cost
         data["ppl_by_domain_healed"], data["heal"] = healed["held_out"]["after_heal"], healed
+    if evals:
+        data["tasks"] = evals.to_json()
     extra = {"query_heads": q_heads, "source": source, "merge": result.to_json(),
              "uptrain": result.uptrain, "out": str(out) if out else None}
     if not decoder:
@@ -180,6 +197,7 @@ def register(app, bench_app) -> None:
                                        "unmerged one (headcount heal; 0 = none)"),
         timeout: float = typer.Option(120.0, "--timeout", help="under torchrun: seconds a collective waits for "
                                       "the other ranks before this rank gives up"),
+        evals: Optional[list[str]] = typer.Option(None, "--eval", help=EVAL_HELP),
     ) -> None:
         """Merge K/V heads (MHA -> GQA -> MQA); print before/after and optionally save.
 
@@ -203,6 +221,8 @@ def register(app, bench_app) -> None:
             if calibration_windows < 1 or eval_windows < 1:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
             layer_list = parse_layers(layers)
+            from headcount.surgery.cli_common import task_scores
+            scores = task_scores(evals, log=lambda m: typer.echo(f"headcount: {m}", err=True))
             if not timeout > 0:
                 raise ValueError(f"--timeout: expected a positive number of seconds, got {timeout}")
             world = _torchrun_world()
@@ -223,7 +243,7 @@ def register(app, bench_app) -> None:
                                uptrain_lr=uptrain_lr, out=out, force=force, text=text,
                                calibration_windows=calibration_windows, eval_windows=eval_windows,
                                local_steps=local_steps, local_tokens=local_tokens, dtype=dtype, device=device,
-                               group=group, main=main, heal_steps=heal_steps)
+                               group=group, main=main, heal_steps=heal_steps, evals=scores)
         if result is None:  # a rank other than 0
             return
         data, extra = result["json"], result["extra"]
@@ -245,6 +265,7 @@ def register(app, bench_app) -> None:
             rows.append((f"held-out perplexity ({extra['source']})", data["ppl_before"], data["ppl_after"]))
         else:
             rows.append(("held-out embedding cosine", 1.0, extra["fidelity_after"]["cosine"]))
+        rows += scores.rows()
         merged = extra["merge"]
         before_after_table(rows, f"{model}: K/V heads merged to {kv_heads} ({method}) in "
                      f"{len(merged['layers'])} layer(s)")

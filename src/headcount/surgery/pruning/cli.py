@@ -32,7 +32,7 @@ L0_LR = 0.1
 def register(app, bench_app) -> None:
     """Add `headcount prune`."""
     from headcount.cli_errors import rank_errors as _one_line_errors  # rank-prefixed under torchrun
-    from headcount.surgery.cli_common import (before_after_table, calibration_and_held_out, check_out_dir,
+    from headcount.surgery.cli_common import (EVAL_HELP, before_after_table, calibration_and_held_out, check_out_dir,
                                               domain_rows, held_out_report)
 
     @app.command("prune")
@@ -70,6 +70,7 @@ def register(app, bench_app) -> None:
                                                    "(attention, the default: q/k/v/o and their norms; or all)"),
         heal_steps: int = typer.Option(0, "--heal-steps", help="heal the pruned model: distillation steps from the "
                                        "unpruned one (headcount heal; 0 = none)"),
+        evals: Optional[list[str]] = typer.Option(None, "--eval", help=EVAL_HELP),
     ) -> None:
         """Remove attention heads (retraining-free order, or trained L0 gates; with compensation); print
         before/after and save. --force also prunes when the L0 gates missed their target."""
@@ -84,6 +85,10 @@ def register(app, bench_app) -> None:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
             from headcount.surgery.healing.cli import check_heal_steps
             check_heal_steps(heal_steps)
+            from headcount.surgery.cli_common import task_scores
+            scores = task_scores(evals, log=lambda m: typer.echo(f"headcount: {m}", err=True))
+            if scores and curve:
+                raise ValueError("--eval: judges one edit; --curve measures many (drop one of them)")
             if method == "l0":
                 steps = (JOINT_STEPS if joint else L0_STEPS) if steps is None else steps
                 if steps < 1:
@@ -108,9 +113,11 @@ def register(app, bench_app) -> None:
             parse_dtype(dtype), parse_device(device)
             out = check_out_dir(out, force)
             cal, held, source = calibration_and_held_out(text)
+            from headcount.surgery.task_scores import check_not_calibrated_on
+            check_not_calibrated_on(scores.specs, cal)
             result = _prune_one(model, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
                                 calibration_windows, eval_windows, method, steps, lr, dtype, device,
-                                (joint_params or "attention") if joint else None, heal_steps)
+                                (joint_params or "attention") if joint else None, heal_steps, scores)
         if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
             return
         from headcount.surgery.cli_common import command_line
@@ -133,6 +140,8 @@ def register(app, bench_app) -> None:
                if method == "l0" else f"order {result['prune']['order']}")
         before_after_table(rows, f"{model}: {result['prune']['heads_removed']} heads removed ({mode} mode, {how}, "
                                  f"compensate {compensate})")
+        if result.get("tasks"):
+            before_after_table(scores.rows(), f"{model}: task scores")
         if method == "l0":
             g = result["prune"]["gates"]
             typer.echo(f"gates: expected L0 {g['final_expected_l0']:.1f} (target {g['heads_to_keep']}); removed "
@@ -148,7 +157,7 @@ def register(app, bench_app) -> None:
 
     def _prune_one(model_name, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
                    calibration_windows, eval_windows, method="retraining-free", steps=None, lr=None, dtype="fp32",
-                   device="cpu", joint_params=None, heal_steps=0) -> dict | None:
+                   device="cpu", joint_params=None, heal_steps=0, evals=None) -> dict | None:
         import os
         import time
 
@@ -164,6 +173,8 @@ def register(app, bench_app) -> None:
             main = distributed.is_main(group)
         start = time.perf_counter()
         model = load_model(model_name, dtype, device)
+        from headcount.surgery.cli_common import check_eval_model
+        check_eval_model(evals, model)
         from headcount.models.fingerprint import weights_hash
         source_weights = weights_hash(model)  # the weights before the edit: what a saved result is keyed by
         from headcount.surgery.healing.cli import heal_after_edit, teacher_for
@@ -173,6 +184,8 @@ def register(app, bench_app) -> None:
         if joint_params:  # joint training changes the model: measure the unedited one first
             _l0_target(model, fraction, mode)
             before = held_out_report(model, held, eval_windows, 512)
+        if evals:  # the unedited model's pass@1, before gates or an order touch it
+            evals.measure(model, "before_edit")
         gates = _train_l0(model, fraction, mode, cal, steps, lr, force, joint_params) if method == "l0" else None
         if gates is None:  # the gates keep exactly their target (or refuse it, naming --fraction)
             _say_plan(model, fraction, mode, uniform, main)
@@ -187,9 +200,15 @@ def register(app, bench_app) -> None:
         ppl_after, _, by_domain_after = held_out_report(model, held, eval_windows, 512, reference)
         for value in ([ppl_after] if isinstance(ppl_after, float) else list(ppl_after)):
             check_finite(value, "the pruned model's held-out quality", model.embed.weight.dtype)
+        if evals:
+            evals.measure(model, "after_edit")
         healed = (heal_after_edit(model, teacher, heal_steps, by_domain_before, by_domain_after,
                                    eval_windows=eval_windows, group=group, calibration=cal, held_out=held)
                   if teacher else None)
+        if evals and healed is not None:
+            evals.measure(model, "after_heal")
+        if evals:
+            model.task_scores = evals.to_json()  # saved with the model (headcount.json "tasks")
         if not main:
             return None
         save(model, out, force=force)
@@ -211,6 +230,8 @@ def register(app, bench_app) -> None:
         if healed is not None:  # after healing: the held-out domains, and the heal's own cost
             data["ppl_by_domain_healed"] = healed["held_out"]["after_heal"]
             data["heal"] = healed
+        if evals:
+            data["tasks"] = evals.to_json()
         return data
 
     def _say_plan(model, fraction, mode, uniform, main) -> None:
