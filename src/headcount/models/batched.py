@@ -25,7 +25,7 @@ from typing import Callable, Sequence
 import torch
 
 from headcount.models.prompting import GenerationResult, _check_sampling, _prompt_ids
-from headcount.models.packing import packed
+from headcount.models.packing import packed, whole_when_memory_allows
 
 Tensor = torch.Tensor
 FINISH_REASONS = ("eos", "stop", "length")
@@ -126,7 +126,7 @@ def _generate(model, rows: list[list[int]], max_new_tokens: int, temperature, to
     live = torch.arange(batch, device=device)  # cache row -> prompt index
     padded = bool((lengths < prompt_len).any())
 
-    with torch.inference_mode(), packed(model):
+    with torch.inference_mode(), packed(model, max_bytes=whole_when_memory_allows(model)):
         t0 = time.perf_counter()
         cache = model.new_cache(batch, total)
         positions = (mask[:, :prompt_len].cumsum(1) - 1).clamp(min=0)  # (B, L)

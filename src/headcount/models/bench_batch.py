@@ -28,6 +28,7 @@ def run(model_name: str = "qwen2.5-coder-0.5b", batches=(1, 8, 32), *, prompt_to
     from headcount.models import generate, load, packed
     from headcount.models.decoder import Decoder
     from headcount.models.formats.hf import to_transformers
+    from headcount.models.packing import whole_when_memory_allows
 
     if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches) or not batches:
         raise ValueError(f"--batch: expected positive whole numbers, got {list(batches)}")
@@ -48,7 +49,7 @@ def run(model_name: str = "qwen2.5-coder-0.5b", batches=(1, 8, 32), *, prompt_to
                          f"tokens of text; the corpus has {len(stream)}")
     pad = model.config.pad_token_id or 0
     rows = []
-    with packed(model):  # packed once for the run, as a user holding packed(model) around many calls
+    with packed(model, max_bytes=whole_when_memory_allows(model)):  # packed once for the run, as a user holding packed(model) around many calls
         for batch in batches:
             prompts = [stream[i * prompt_tokens:(i + 1) * prompt_tokens] for i in range(batch)]
             ids = torch.tensor(prompts)

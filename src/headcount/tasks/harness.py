@@ -84,13 +84,14 @@ def generate_completions(model, problems: list[Problem], fmt: PromptFormat, sett
                          on_batch: Callable[[list[Completion]], None] | None = None) -> tuple[list[Completion], int, float]:
     """(completions in problem order, samples_per_task each; new tokens; seconds generating)."""
     from headcount.models import generate, packed
+    from headcount.models.packing import whole_when_memory_allows
 
     jobs = [(p, prompt_ids(model, p, fmt)) for p in problems for _ in range(settings.samples_per_task)]
     order = sorted(range(len(jobs)), key=lambda i: len(jobs[i][1]))  # similar lengths share a batch
     out: list[Completion | None] = [None] * len(jobs)
     stops, new_tokens, spent = fmt.stops(model.tokenizer), 0, 0.0
     context = model.config.max_position
-    with packed(model):
+    with packed(model, max_bytes=whole_when_memory_allows(model)):
         for b, start in enumerate(range(0, len(order), settings.batch_size)):
             chunk = order[start:start + settings.batch_size]
             longest = max(len(jobs[i][1]) for i in chunk)
