@@ -137,3 +137,31 @@ def test_sampled_rows_are_reproducible_with_a_seed_and_bad_input_names_the_argum
         generate(small, [[1] * 250, [1]], 10)
     with pytest.raises(ValueError, match="on_token"):
         generate(small, prompts, 4, on_token=print)
+
+
+CONTINUOUS = [f for f in DECODERS if f in ("llama", "olmoe", "granite", "gpt_neox", "olmo2", "llama rope dynamic")]
+
+
+@pytest.mark.parametrize("family", CONTINUOUS)
+def test_continuous_batching_gives_each_prompt_its_own_tokens(family, monkeypatch):
+    from headcount.models.continuous import generate_many, supports_continuous
+
+    ours = from_transformers(exactness.random_transformers_model(family))
+    assert supports_continuous(ours)
+    prompts = _prompts((24, 7, 15, 3, 30, 11, 19))
+    free = [generate(ours, p, 20, stop_at_eos=False).new_ids for p in prompts]
+    monkeypatch.setattr(ours.config, "eos_token_id", free[1][4])  # rows end at different steps
+    alone = [generate(ours, p, 20).new_ids for p in prompts]
+    assert len({len(a) for a in alone}) > 1
+    seen = []
+    rows = generate_many(ours, prompts, 20, batch_size=3, on_result=lambda i, r: seen.append(i))
+    assert [r.new_ids for r in rows] == alone
+    assert sorted(seen) == list(range(len(prompts))) and seen != list(range(len(prompts)))  # as each finished
+
+
+def test_continuous_batching_refuses_sliding_windows():
+    from headcount.models.continuous import generate_many
+
+    ours = from_transformers(exactness.random_transformers_model("mistral"))
+    with pytest.raises(ValueError, match="sliding-window"):
+        generate_many(ours, _prompts(), 4)

@@ -82,36 +82,49 @@ def check_model(model) -> None:
 
 def generate_completions(model, problems: list[Problem], fmt: PromptFormat, settings: Settings, *,
                          on_batch: Callable[[list[Completion]], None] | None = None) -> tuple[list[Completion], int, float]:
-    """(completions in problem order, samples_per_task each; new tokens; seconds generating)."""
+    """(completions in problem order, samples_per_task each; new tokens; seconds generating).
+
+    Continuous batching (models/continuous.py) where the model allows it: a finished row's place goes to the next
+    prompt at once; else fixed batches (models/batched.py). on_batch gets the completions batch_size at a time."""
     from headcount.models import generate, packed
+    from headcount.models.continuous import stream_many, supports_continuous
     from headcount.models.packing import whole_when_memory_allows
 
     jobs = [(p, prompt_ids(model, p, fmt)) for p in problems for _ in range(settings.samples_per_task)]
     order = sorted(range(len(jobs)), key=lambda i: len(jobs[i][1]))  # similar lengths share a batch
     out: list[Completion | None] = [None] * len(jobs)
-    stops, new_tokens, spent = fmt.stops(model.tokenizer), 0, 0.0
-    context = model.config.max_position
+    stops, context = fmt.stops(model.tokenizer), model.config.max_position
+    longest = max(len(ids) for _, ids in jobs)
+    budget = min(settings.max_new_tokens, context - longest)
+    if budget < 1:
+        raise ValueError(f"a prompt of {longest} tokens fills the model's context of {context}")
+    counts, done = {"new_tokens": 0}, []
+
+    def finished(i: int, row) -> None:
+        counts["new_tokens"] += len(row.new_ids)
+        out[i] = Completion(jobs[i][0].task_id, completion_of(row.text, fmt),
+                            {"finish_reason": row.finish_reason, "new_tokens": len(row.new_ids)})
+        done.append(out[i])
+        if on_batch is not None and len(done) >= settings.batch_size:
+            on_batch(done[:])
+            done.clear()
+
+    t0 = time.perf_counter()
     with packed(model, max_bytes=whole_when_memory_allows(model)):
-        for b, start in enumerate(range(0, len(order), settings.batch_size)):
-            chunk = order[start:start + settings.batch_size]
-            longest = max(len(jobs[i][1]) for i in chunk)
-            budget = min(settings.max_new_tokens, context - longest)
-            if budget < 1:
-                raise ValueError(f"{jobs[chunk[-1]][0].task_id}: its prompt of {longest} tokens fills the model's "
-                                 f"context of {context}")
-            t0 = time.perf_counter()
-            rows = generate(model, [jobs[i][1] for i in chunk], budget, temperature=settings.temperature,
-                            top_k=None, seed=settings.seed + b, stop=stops)
-            spent += time.perf_counter() - t0
-            done = []
-            for i, row in zip(chunk, rows):
-                new_tokens += len(row.new_ids)
-                out[i] = Completion(jobs[i][0].task_id, completion_of(row.text, fmt),
-                                    {"finish_reason": row.finish_reason, "new_tokens": len(row.new_ids)})
-                done.append(out[i])
-            if on_batch is not None:
-                on_batch(done)
-    return out, new_tokens, spent  # type: ignore[return-value]
+        if supports_continuous(model):
+            for k, row in stream_many(model, [jobs[i][1] for i in order], budget, batch_size=settings.batch_size,
+                                      temperature=settings.temperature, seed=settings.seed, stop=stops):
+                finished(order[k], row)
+        else:
+            for b, start in enumerate(range(0, len(order), settings.batch_size)):
+                chunk = order[start:start + settings.batch_size]
+                rows = generate(model, [jobs[i][1] for i in chunk], budget, temperature=settings.temperature,
+                                seed=settings.seed + b, stop=stops)
+                for i, row in zip(chunk, rows):
+                    finished(i, row)
+    if on_batch is not None and done:
+        on_batch(done[:])
+    return out, counts["new_tokens"], time.perf_counter() - t0  # type: ignore[return-value]
 
 
 def evaluate(model, task="humaneval", *, limit: int | None = None, prompt_format: str = "auto",
