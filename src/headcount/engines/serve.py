@@ -206,8 +206,8 @@ def run_serve(model_name: str, edited: list[str], engines: list[str], contexts: 
                     for job in out["jobs"]:
                         c, b = job["context"], job["batch"]
                         kv = per_block * math.ceil((c + new_tokens) / size) * b if per_block else None
-                        row("vllm", v, c, b, kv, job["peak_rss_bytes"], job["prefill_s"],
-                            job["generate_s"] - job["prefill_s"], vllm_engine.KV_DTYPE, vllm_engine.WEIGHT_DTYPE,
+                        row("vllm", v, c, b, kv, job["peak_rss_bytes"], job["prefill_s"], job["decode_s"],
+                            vllm_engine.KV_DTYPE, vllm_engine.WEIGHT_DTYPE,
                             [f"vLLM {plan['architecture'] or plan['family']}: {plan['reason']}"])
                         bar.update(1)
                         planned -= 1

@@ -6,7 +6,7 @@ own torch and transformers, so it never shares headcount's environment) and impo
 REQUEST: {"model": DIR, "dtype": "float32", "kv_cache_bytes": 1073741824, "max_model_len": N, "max_num_seqs": B,
           "threads": 2, "trust_remote_code": true,
           "jobs": [{"kind": "greedy", "prompts": [[ids]], "max_tokens": 32, "logprobs": 1},
-                   {"kind": "serve", "prompt": [ids], "batch": B, "new_tokens": 33, "repeats": 1}]}
+                   {"kind": "serve", "prompt": [ids], "batch": B, "new_tokens": 33}]}
 
 Prints one JSON line on stdout (vLLM's logs go to stderr):
   kv_cache_tokens   vLLM's own "KV cache size: N tokens" (cache_config.kv_cache_size_tokens: group-aware)
@@ -14,8 +14,8 @@ Prints one JSON line on stdout (vLLM's logs go to stderr):
   num_blocks, block_size, kv_bytes_per_block, kv_bytes_per_token, kv_cache_bytes
                     from the engine core's KV cache config (it runs in this process): the bytes of one block of
                     every layer (per-layer K/V heads show here), and of all blocks
-  jobs[i]           greedy: tokens and logprobs of each prompt; serve: prefill_s (one new token after the
-                    prompt in every row), generate_s (new_tokens in every row), peak_rss_bytes
+  jobs[i]           greedy: tokens and logprobs of each prompt; serve: prefill_s (until every row holds its first
+                    new token), decode_s (the rest), timed in one pass of the engine's step loop; peak_rss_bytes
   peak_rss_bytes    VmHWM of this process and every process it started (vLLM's engine core among them)
 Errors: one line on stderr naming what failed, exit 2.
 """
@@ -134,6 +134,30 @@ def main(argv: list[str]) -> int:
     os._exit(0)  # vLLM's shutdown can hang on 2 cores; the answer is out
 
 
+def _serve(llm, job, SamplingParams, TokensPrompt) -> dict:
+    """`batch` copies of the prompt through the engine's own step loop: prefill_s until every request holds its
+    first new token, decode_s from there to the last (one run: the two times never come from different calls)."""
+    engine, batch, n = llm.llm_engine, int(job["batch"]), int(job["new_tokens"])
+    params = SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True, detokenize=False)
+    ids = [f"serve-{len(job['prompt'])}-{batch}-{i}-{time.monotonic_ns()}" for i in range(batch)]
+    for rid in ids:
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=job["prompt"]), params)
+    counts = dict.fromkeys(ids, 0)
+    t0 = time.perf_counter()
+    first = None
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.request_id in counts:
+                counts[o.request_id] = max(counts[o.request_id], len(o.outputs[0].token_ids))
+        if first is None and all(counts.values()):
+            first = time.perf_counter()
+    end = time.perf_counter()
+    if first is None or min(counts.values()) != n:
+        raise RuntimeError(f"the engine returned {sorted(set(counts.values()))} tokens per request, not {n}")
+    return {"prefill_s": first - t0, "decode_s": end - first, "generate_s": end - t0, "batch": batch,
+            "new_tokens": n, "context": len(job["prompt"]), "peak_rss_bytes": peak_rss()}
+
+
 def _run_jobs(llm, jobs, out, SamplingParams, TokensPrompt) -> None:
     for job in jobs:
         if job["kind"] == "greedy":
@@ -147,20 +171,7 @@ def _run_jobs(llm, jobs, out, SamplingParams, TokensPrompt) -> None:
                 rows.append({"tokens": list(c.token_ids), "logprobs": lps})
             out["jobs"].append({"kind": "greedy", "rows": rows})
         elif job["kind"] == "serve":
-            prompts = [TokensPrompt(prompt_token_ids=job["prompt"])] * int(job["batch"])
-            times = {}
-            for n in (1, int(job["new_tokens"])):
-                params = SamplingParams(temperature=0.0, max_tokens=n, min_tokens=n, ignore_eos=True, detokenize=False)
-                best = None
-                for _ in range(int(job.get("repeats", 1))):
-                    t0 = time.perf_counter()
-                    llm.generate(prompts, params, use_tqdm=False)
-                    dt = time.perf_counter() - t0
-                    best = dt if best is None else min(best, dt)
-                times[n] = best
-            out["jobs"].append({"kind": "serve", "prefill_s": times[1], "generate_s": times[int(job["new_tokens"])],
-                                "batch": int(job["batch"]), "new_tokens": int(job["new_tokens"]),
-                                "context": len(job["prompt"]), "peak_rss_bytes": peak_rss()})
+            out["jobs"].append({"kind": "serve", **_serve(llm, job, SamplingParams, TokensPrompt)})
         else:
             _fail(f"job kind {job['kind']!r}: expected greedy or serve")
 
