@@ -20,7 +20,7 @@ def plot(result: ServeResult, path: Path) -> Path:
 
     edits = [r for r in result.rows if r.edited is not None]
     labels = [f"{r.engine}\n{r.edited.rstrip('/').split('/')[-1]}\n{r.context}x{r.batch}" for r in edits]
-    fig, axes = plt.subplots(1, 3, figsize=(max(9, 1.1 * len(edits) * 3), 4.2))
+    fig, axes = plt.subplots(3, 1, figsize=(max(8.0, 0.75 * len(edits)), 10))
     for ax, (key, pred, title) in zip(axes, PANELS):
         measured = [ratios(result, r)[key] for r in edits]
         predicted = [getattr(r, pred) for r in edits]
@@ -29,7 +29,7 @@ def plot(result: ServeResult, path: Path) -> Path:
         ax.bar([i + 0.2 for i in x], [p or 0 for p in predicted], width=0.4, label="accounts", alpha=0.6)
         ax.axhline(1.0, color="gray", linewidth=0.8)
         ax.set_xticks(list(x))
-        ax.set_xticklabels(labels, fontsize=7)
+        ax.set_xticklabels(labels if ax is axes[-1] else [], fontsize=7)
         ax.set_title(title, fontsize=10)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"what an edit buys where it is served ({result.cpu})", fontsize=10)

@@ -43,6 +43,14 @@ class ServeResult:
     cpu: str
     settings: dict
 
+    @classmethod
+    def from_json(cls, d: dict) -> "ServeResult":
+        """Back from `bench serve --json` (to redraw its table or PNG without measuring again)."""
+        notes = d.get("notes", {})
+        rows = [ServeRow(**r, notes=notes.get(f"{r['engine']} {r['edited'] or r['model']} {r['context']}x{r['batch']}", []))
+                for r in d["rows"]]
+        return cls(rows, d.get("skipped", {}), d.get("capacity", []), d.get("cpu", ""), d.get("settings", {}))
+
     def to_json(self) -> dict:
         return {"rows": [r.to_json() for r in self.rows], "skipped": self.skipped, "capacity": self.capacity,
                 "notes": {f"{r.engine} {r.edited or r.model} {r.context}x{r.batch}": r.notes
