@@ -53,6 +53,9 @@ def test_headcount_rows_and_a_missing_engine(pair, tmp_path, monkeypatch):
     rows = out["rows"]
     assert len(rows) == 4 and all(tuple(r) == ROW_KEYS for r in rows)
     assert "llamacpp" in out["skipped"] and "\n" not in out["skipped"]["llamacpp"]
+    from headcount.engines.rows import ServeResult
+
+    assert ServeResult.from_json(out).to_json() == out  # a saved run redraws its table and PNG
     by = {(r["edited"] is not None, r["batch"]): r for r in rows}
     for batch in (1, 2):
         base, mqa = by[(False, batch)], by[(True, batch)]
