@@ -72,7 +72,7 @@ def prompt_ids(model, length: int) -> list[int]:
     return (ids * (length // len(ids) + 1))[:length]
 
 
-def _variant(model, label: str, edited: str | None, source: str, workdir: Path) -> Variant:
+def _variant(model, label: str, edited: str | None, source: str) -> Variant:
     from headcount.models.fingerprint import weights_hash
 
     heads = tuple((layer.attn.n_heads, layer.attn.n_kv_heads) for layer in model.layers)
@@ -110,7 +110,7 @@ def run_serve(model_name: str, edited: list[str], engines: list[str], contexts: 
                          f"of {base.config.max_position} tokens")
     base_shape = _base_shape(base)
     prompt = prompt_ids(base, max(contexts))
-    variants = [_variant(base, model_name, None, model_name, workdir)]
+    variants = [_variant(base, model_name, None, model_name)]
     models = {None: base}
     for d in edited:
         if not Path(d).is_dir():
@@ -122,7 +122,7 @@ def run_serve(model_name: str, edited: list[str], engines: list[str], contexts: 
             if mine != theirs:
                 raise ValueError(f"--edited {d}: its {what} ({mine:,}) differs from --model {model_name}'s ({theirs:,}): "
                                  "not an edit of that model")
-        variants.append(_variant(m, Path(d).name, d, d, workdir))
+        variants.append(_variant(m, Path(d).name, d, d))
         models[d] = m
     shapes = {v.edited: EditedShape(base_shape.base, v.heads, v.edited or model_name) for v in variants}
 
