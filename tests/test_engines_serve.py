@@ -47,10 +47,12 @@ def serve(*args):
 def test_headcount_rows_and_a_missing_engine(pair, tmp_path, monkeypatch):
     monkeypatch.setenv("HEADCOUNT_LLAMACPP_DIR", str(tmp_path / "nowhere"))
     result = serve("--model", str(pair / "base"), "--edited", str(pair / "mqa"), "--engines", "headcount,llamacpp",
-                   "--context", "32", "--batch", "1,2", "--new-tokens", "4", "--workdir", str(tmp_path / "w"), "--json")
+                   "--context", "32", "--batch", "1,2", "--new-tokens", "4", "--repeats", "2",
+                   "--workdir", str(tmp_path / "w"), "--json")
     assert result.exit_code == 0, result.output
     out = json.loads(result.stdout[result.stdout.index("{"):])
     rows = out["rows"]
+    assert out["settings"]["repeats"] == 2
     assert len(rows) == 4 and all(tuple(r) == ROW_KEYS for r in rows)
     assert "llamacpp" in out["skipped"] and "\n" not in out["skipped"]["llamacpp"]
     from headcount.engines.rows import ServeResult
@@ -71,6 +73,7 @@ def test_headcount_rows_and_a_missing_engine(pair, tmp_path, monkeypatch):
     (["--context", "512"], ["--context 512", "context of 256"]),
     (["--context", "many"], ["--context"]),
     (["--png", "plot.svg"], ["--png", ".png"]),
+    (["--repeats", "0"], ["--repeats"]),
 ])
 def test_bad_input_exits_2_in_one_line(pair, args, words):
     result = serve("--model", str(pair / "base"), *args)

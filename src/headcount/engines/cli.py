@@ -23,6 +23,7 @@ def register(app, bench_app) -> None:
         batch: str = typer.Option("1,8", "--batch", help="sequences served at once"),
         new_tokens: int = typer.Option(33, "--new-tokens", help="new tokens per sequence: the first ends the prefill, "
                                        "the rest time the decode"),
+        repeats: int = typer.Option(1, "--repeats", help="runs of each row; the fastest prefill and decode are kept"),
         workdir: Path = typer.Option(Path("out/serve"), "--workdir", help="where the GGUF / vLLM exports are kept "
                                      "(reused: their names carry the weights' hash)"),
         png: Optional[Path] = typer.Option(None, "--png", help="write the measured and predicted ratios as a PNG"),
@@ -39,11 +40,13 @@ def register(app, bench_app) -> None:
 
             names = check_engines(engines)
             contexts, batches = check_ints("--context", context), check_ints("--batch", batch)
+            if repeats < 1:
+                raise ValueError(f"--repeats: expected a positive whole number, got {repeats}")
             if new_tokens < 2:
                 raise ValueError(f"--new-tokens: expected at least 2 (one for the prefill, one to time), got {new_tokens}")
             png_path = check_png(png) if png is not None else None
             result = run_serve(model, list(edited or []), names, contexts, batches, new_tokens=new_tokens,
-                               workdir=workdir, log=lambda m: typer.echo(m, err=True),
+                               workdir=workdir, repeats=repeats, log=lambda m: typer.echo(m, err=True),
                                progress=sys.stderr.isatty())
         if as_json:
             typer.echo(json.dumps(result.to_json(), indent=1))
