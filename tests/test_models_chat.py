@@ -90,9 +90,19 @@ def test_templates_are_sandboxed_and_bad_messages_are_named():
         render("{% for %}", CONVERSATIONS[0])
 
 
-def test_generate_chat_cli_and_a_model_without_a_template():
+def test_generate_chat_cli_and_a_model_without_a_template(tmp_path):
+    import copy
+
+    from headcount.models import Decoder, save
+    from headcount.models.decoder import DecoderConfig
+
+    tok = copy.copy(load("smollm2").tokenizer)
+    tok.chat_template = None  # a base model's tokenizer: no template anywhere
+    plain = Decoder(DecoderConfig(vocab_size=tok.vocab_size, d_model=16, n_layers=1, n_heads=2, d_ff=32)).eval()
+    plain.tokenizer = tok
+    save(plain, tmp_path / "plain")
     runner = CliRunner()
-    result = runner.invoke(app, ["generate", "--model", "gemma3-270m", "--chat", "hi", "-n", "2"])
+    result = runner.invoke(app, ["generate", "--model", str(tmp_path / "plain"), "--chat", "hi", "-n", "2"])
     assert result.exit_code == 2 and "no chat template" in result.output
     result = runner.invoke(app, ["generate", "--model", "smollm2", "--system", "x"])
     assert result.exit_code == 2 and "PROMPT" in result.output
