@@ -76,11 +76,10 @@ def _stopped_by(tokenizer, ids: list[int], stop: tuple[str, ...], tail: int) -> 
     return next((s for s in stop if s in text), None)
 
 
-def generate_batch(model, prompts: Sequence, max_new_tokens: int = 64, *, temperature: float = 0.0,
-                   top_k: int | None = None, seed: int | None = None, stop_at_eos: bool = True,
-                   stop: Sequence[str] | str | None = None) -> list[GenerationResult]:
-    """One GenerationResult per prompt, in order (see the module docstring). `stop`: strings that end a
-    row; its text is cut before the first of them (its new_ids keep the tokens that spelled it)."""
+def prepared(model, prompts, max_new_tokens: int, temperature: float, top_k: int | None, seed: int | None,
+             stop) -> tuple[list[list[int]], tuple[str, ...], torch.Generator | None]:
+    """(each prompt's ids, the stop strings, the sampling generator or None): every argument of a batched
+    generation checked, and the context checked for the longest prompt, before any work."""
     if not isinstance(prompts, (list, tuple)) or not prompts:
         raise ValueError(f"prompts: expected a non-empty list of prompts, got {prompts!r}")
     rows = [_prompt_ids(model, p) for p in prompts]
@@ -99,6 +98,15 @@ def generate_batch(model, prompts: Sequence, max_new_tokens: int = 64, *, temper
     if temperature > 0:
         generator = torch.Generator(device=model.embed.weight.device)
         generator.manual_seed(seed if seed is not None else torch.seed())
+    return rows, stop, generator
+
+
+def generate_batch(model, prompts: Sequence, max_new_tokens: int = 64, *, temperature: float = 0.0,
+                   top_k: int | None = None, seed: int | None = None, stop_at_eos: bool = True,
+                   stop: Sequence[str] | str | None = None) -> list[GenerationResult]:
+    """One GenerationResult per prompt, in order (see the module docstring). `stop`: strings that end a
+    row; its text is cut before the first of them (its new_ids keep the tokens that spelled it)."""
+    rows, stop, generator = prepared(model, prompts, max_new_tokens, temperature, top_k, seed, stop)
     rotary = getattr(model, "rotary", None)
     if len(rows) > 1 and rotary is not None and getattr(rotary, "_long_inv_freq", None) is not None:
         return [_generate(model, [r], max_new_tokens, temperature, top_k, generator, stop_at_eos, stop)[0]

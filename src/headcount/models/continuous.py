@@ -21,9 +21,9 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from headcount.models.batched import _check_stop, _picker, _stopped_by
+from headcount.models.batched import _picker, _stopped_by, prepared
 from headcount.models.packing import packed, whole_when_memory_allows
-from headcount.models.prompting import GenerationResult, _check_sampling, _prompt_ids
+from headcount.models.prompting import GenerationResult
 
 Tensor = torch.Tensor
 
@@ -72,29 +72,12 @@ def stream_many(model, prompts: Sequence, max_new_tokens: int = 64, *, batch_siz
                 temperature: float = 0.0, top_k: int | None = None, seed: int | None = None,
                 stop_at_eos: bool = True, stop=None) -> Iterator[tuple[int, GenerationResult]]:
     """(prompt index, GenerationResult) as each row finishes (see the module docstring)."""
-    if not isinstance(prompts, (list, tuple)) or not prompts:
-        raise ValueError(f"prompts: expected a non-empty list of prompts, got {prompts!r}")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: expected a positive int, got {max_new_tokens!r}")
-    _check_sampling(temperature, top_k)
-    stop = _check_stop(stop)
-    if stop and model.tokenizer is None:
-        raise ValueError("stop: stop strings need a model with a tokenizer")
     if not supports_continuous(model):
         raise ValueError("model: its sliding-window or LongRoPE layers need generate(model, [prompts]) "
                          "(models/batched.py), not continuous batching")
-    rows = [_prompt_ids(model, p) for p in prompts]
-    context = model.config.max_position
-    longest = max(len(r) for r in rows)
-    if longest + max_new_tokens > context:
-        raise ValueError(f"prompt of {longest} tokens + {max_new_tokens} new tokens is past the model's context "
-                         f"of {context} tokens")
-    generator = None
-    if temperature > 0:
-        generator = torch.Generator(device=model.embed.weight.device)
-        generator.manual_seed(seed if seed is not None else torch.seed())
+    rows, stop, generator = prepared(model, prompts, max_new_tokens, temperature, top_k, seed, stop)
     with torch.inference_mode(), packed(model, max_bytes=whole_when_memory_allows(model)):
         yield from _run(model, rows, max_new_tokens, batch_size, _picker(temperature, top_k, generator),
                         model.config.eos_token_id if stop_at_eos else None, stop)

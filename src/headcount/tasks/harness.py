@@ -98,10 +98,9 @@ def generate_completions(model, problems: list[Problem], fmt: PromptFormat, sett
     budget = min(settings.max_new_tokens, context - longest)
     if budget < 1:
         raise ValueError(f"a prompt of {longest} tokens fills the model's context of {context}")
-    counts, done = {"new_tokens": 0}, []
+    done: list[Completion] = []
 
     def finished(i: int, row) -> None:
-        counts["new_tokens"] += len(row.new_ids)
         out[i] = Completion(jobs[i][0].task_id, completion_of(row.text, fmt),
                             {"finish_reason": row.finish_reason, "new_tokens": len(row.new_ids)})
         done.append(out[i])
@@ -124,7 +123,8 @@ def generate_completions(model, problems: list[Problem], fmt: PromptFormat, sett
                     finished(i, row)
     if on_batch is not None and done:
         on_batch(done[:])
-    return out, counts["new_tokens"], time.perf_counter() - t0  # type: ignore[return-value]
+    new_tokens = sum(c.extra["new_tokens"] for c in out)  # type: ignore[union-attr]
+    return out, new_tokens, time.perf_counter() - t0  # type: ignore[return-value]
 
 
 def evaluate(model, task="humaneval", *, limit: int | None = None, prompt_format: str = "auto",
@@ -144,13 +144,7 @@ def evaluate(model, task="humaneval", *, limit: int | None = None, prompt_format
     way = check_isolation(settings.unsafe_exec)  # refuse before any generation
     t0 = time.perf_counter()
     total = len(problems) * settings.samples_per_task
-    counts = {"done": 0, "passed": 0}
-
-    def on_result(sample: ScoredSample) -> None:
-        counts["done"] += 1
-        counts["passed"] += bool(sample.passed)
-        if progress is not None:
-            progress(counts["done"], counts["passed"], total)
+    on_result = _tally(progress, total)
 
     pending = []
     with ThreadPoolExecutor(max_workers=1) as scorer:  # scoring one batch while the next generates
@@ -177,17 +171,24 @@ def evaluate_completions(completions: list[Completion], task="humaneval", *, pro
         raise ValueError(f"--timeout: expected seconds > 0, got {settings.timeout!r}")
     way = check_isolation(settings.unsafe_exec)
     t0 = time.perf_counter()
-    counts = {"done": 0, "passed": 0}
-
-    def on_result(sample):
-        counts["done"] += 1
-        counts["passed"] += bool(sample.passed)
-        if progress is not None:
-            progress(counts["done"], counts["passed"], len(completions))
+    on_result = _tally(progress, len(completions))
 
     samples = score(problems, completions, timeout=settings.timeout, memory_bytes=settings.memory_bytes,
                     unsafe_exec=settings.unsafe_exec, on_result=on_result)
     return _result(task, samples, time.perf_counter() - t0, None, isolation=way, settings=settings)
+
+
+def _tally(progress: Callable[[int, int, int], None] | None, total: int) -> Callable[[ScoredSample], None]:
+    """score()'s on_result: counts the programs scored and passed, and hands them to progress(done, passed, total)."""
+    counts = {"done": 0, "passed": 0}
+
+    def on_result(sample: ScoredSample) -> None:
+        counts["done"] += 1
+        counts["passed"] += bool(sample.passed)
+        if progress is not None:
+            progress(counts["done"], counts["passed"], total)
+
+    return on_result
 
 
 def _result(task, samples: list[ScoredSample], seconds: float, prompt_format, *, model=None, new_tokens=0,

@@ -36,9 +36,11 @@ class PromptFormat:
     name: str  # "chat" | "completion"
 
     def stops(self, tokenizer) -> list[str]:
-        special = [t for t in (tokenizer.special_tokens.values() if tokenizer is not None else ()) if t]
-        return sorted({FENCE_STOP if self.name == "chat" else None, *special, *(() if self.name == "chat"
-                                                                                 else COMPLETION_STOPS)} - {None})
+        """Where generation stops: the closing fence (chat) or the function's end (completion), and the
+        tokenizer's special tokens as text."""
+        special = {t for t in tokenizer.special_tokens.values() if t} if tokenizer is not None else set()
+        ends = {FENCE_STOP} if self.name == "chat" else set(COMPLETION_STOPS)
+        return sorted(ends | special)
 
 
 def choose_format(model, prompt_format: str = "auto") -> PromptFormat:
