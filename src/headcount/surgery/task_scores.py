@@ -70,7 +70,6 @@ class TaskScores:
     def __init__(self, specs: list[TaskSpec], *, batch_size: int = 8, max_new_tokens: int = 512, log=None):
         self.specs, self.batch_size, self.max_new_tokens, self.log = specs, batch_size, max_new_tokens, log
         self.scores: dict[str, dict[str, float]] = {s.label: {} for s in specs}
-        self.details: dict[str, dict[str, dict]] = {s.label: {} for s in specs}
 
     def __bool__(self) -> bool:
         return bool(self.specs)
@@ -84,8 +83,6 @@ class TaskScores:
             result = evaluate(model, spec.task, problems=list(spec.problems),
                               settings=Settings(batch_size=self.batch_size, max_new_tokens=self.max_new_tokens))
             self.scores[spec.label][stage] = result.pass_at_1
-            self.details[spec.label][stage] = {"passed": result.passed, "n_problems": result.n_problems,
-                                               "prompt_format": result.prompt_format, "seconds": result.seconds}
             if self.log is not None:
                 self.log(f"{spec.label} {stage.replace('_', ' ')}: pass@1 {result.pass_at_1:.3f} "
                          f"({result.passed}/{result.n_problems}, {result.seconds:.0f} s)")

@@ -95,7 +95,8 @@ def register(app, bench_app) -> None:
         with one_line_errors("eval"):
             from headcount.tasks.harness import Settings, check_model, check_settings, evaluate, evaluate_completions
             from headcount.tasks.problems import load_problems, read_completions
-            from headcount.tasks.sandbox import SandboxUnavailable
+            from headcount.tasks.prompts import check_prompt_format
+            from headcount.tasks.sandbox import SandboxUnavailable, check_isolation
 
             problems = load_problems(task, limit=limit)
             if model is not None and completions is not None:
@@ -107,8 +108,9 @@ def register(app, bench_app) -> None:
             settings = Settings(max_new_tokens=max_new_tokens, batch_size=batch_size,
                                 samples_per_task=samples_per_task, temperature=temperature, seed=seed,
                                 timeout=timeout, unsafe_exec=unsafe_exec)
-            check_settings(settings)  # before a model loads
             try:
+                check_settings(settings)  # before a model loads
+                check_isolation(unsafe_exec)  # no sandbox: refused before the model loads
                 if completions is not None:
                     rows = read_completions(completions, problems)
                     result = evaluate_completions(rows, task, problems=problems, settings=settings,
@@ -116,8 +118,7 @@ def register(app, bench_app) -> None:
                 else:
                     from headcount.models.options import load_model
 
-                    if prompt_format not in ("auto", "chat", "completion"):
-                        raise ValueError(f"--prompt-format: expected auto, chat or completion, got {prompt_format!r}")
+                    check_prompt_format(prompt_format)
                     lm = load_model(model, dtype, device)
                     check_model(lm)
                     result = evaluate(lm, task, prompt_format=prompt_format, settings=settings, problems=problems,

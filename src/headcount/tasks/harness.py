@@ -167,8 +167,7 @@ def evaluate_completions(completions: list[Completion], task="humaneval", *, pro
     from headcount.tasks.sandbox import check_isolation
 
     settings = settings or Settings()
-    if not settings.timeout > 0:
-        raise ValueError(f"--timeout: expected seconds > 0, got {settings.timeout!r}")
+    check_settings(settings)
     way = check_isolation(settings.unsafe_exec)
     t0 = time.perf_counter()
     on_result = _tally(progress, len(completions))

@@ -43,10 +43,15 @@ class PromptFormat:
         return sorted(ends | special)
 
 
-def choose_format(model, prompt_format: str = "auto") -> PromptFormat:
-    """auto: chat where the tokenizer carries a chat template, else completion."""
+def check_prompt_format(prompt_format: str) -> str:
     if prompt_format not in PROMPT_FORMATS:
         raise ValueError(f"--prompt-format: expected one of {', '.join(PROMPT_FORMATS)}, got {prompt_format!r}")
+    return prompt_format
+
+
+def choose_format(model, prompt_format: str = "auto") -> PromptFormat:
+    """auto: chat where the tokenizer carries a chat template, else completion."""
+    check_prompt_format(prompt_format)
     template = getattr(model.tokenizer, "chat_template", None)
     if prompt_format == "chat" and not template:
         raise ValueError("--prompt-format chat: this model's tokenizer has no chat template; use completion")
