@@ -17,7 +17,7 @@ before qk_transform (rotary), and a sliding window (sliding_window; Gemma 3's lo
 with a KV cache that keeps only the window. S always counts every token seen, cached or evicted.
 Per-head sink logits (sinks=True; GPT-OSS): `sinks` [n_heads] joins each head's softmax as a key with no
 value (kernels.py says how the fused path keeps it); pruning a head removes its sink with it.
-Issue 27: q/k norms over the whole projection instead of each head (qk_norm_full; OLMo 2) and
+Also optional: q/k norms over the whole projection instead of each head (qk_norm_full; OLMo 2) and
 attention-logit soft-capping (logit_softcap; Gemma 2), which runs the eager formula in query chunks
 (kernels.py: SDPA's fused kernel cannot cap the scores).
 """
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from headcount import head_surgery, kernels, masks
+from headcount.arguments import fraction, positive_float, positive_int
 from headcount.cache import KVCache, SlidingKVCache
 from headcount.norms import FullRMSNorm, HeadRMSNorm
 
@@ -44,35 +45,19 @@ class AttentionOutput(NamedTuple):
     weights: Tensor | None  # [B, n_heads, T, S] when need_weights, else None
 
 
+# A wrong type is a TypeError here, a wrong value a ValueError (the module's contract since its first tests).
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected a positive int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name}: expected a positive int, got {value}")
-    return value
+    return positive_int(name, value, type_error=TypeError)
 
 
 def _check_sliding_window(value) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"sliding_window: expected a positive int (tokens a query sees) or None, got {value!r} "
-                        f"({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"sliding_window: expected a positive int (tokens a query sees) or None, got {value}")
-    return value
+    return positive_int("sliding_window", value, none=True, type_error=TypeError,
+                        expected="a positive int (tokens a query sees) or None")
 
 
 def _check_qk_norm_eps(value) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"qk_norm_eps: expected a positive float (the q/k RMSNorm epsilon) or None, got {value!r} "
-                        f"({type(value).__name__})")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"qk_norm_eps: expected a positive finite float (the q/k RMSNorm epsilon) or None, "
-                         f"got {value!r}")
-    return float(value)
+    return positive_float("qk_norm_eps", value, none=True, type_error=TypeError,
+                          expected="a positive finite float (the q/k RMSNorm epsilon) or None")
 
 
 class MultiHeadAttention(nn.Module):
@@ -123,10 +108,8 @@ class MultiHeadAttention(nn.Module):
                                  f"got {n_heads} (pass head_dim= to decouple them)")
             head_dim = d_model // n_heads
         _positive_int("head_dim", head_dim)
-        if not isinstance(dropout, (int, float)) or not 0.0 <= dropout < 1.0:
-            raise ValueError(f"dropout: expected a probability in [0, 1), got {dropout!r}")
-        if softmax_scale is not None and (not isinstance(softmax_scale, (int, float)) or not softmax_scale > 0):
-            raise ValueError(f"softmax_scale: expected a positive float or None, got {softmax_scale!r}")
+        fraction("dropout", dropout, include_low=True, expected="a probability in [0, 1)")
+        positive_float("softmax_scale", softmax_scale, none=True)
         self.d_model, self.n_heads, self.n_kv_heads, self.head_dim = d_model, n_heads, n_kv_heads, head_dim
         self.dropout = float(dropout)
         self.softmax_scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(head_dim)
@@ -144,10 +127,7 @@ class MultiHeadAttention(nn.Module):
         else:
             self.q_norm = HeadRMSNorm(head_dim, eps=eps, **factory) if eps is not None else None
             self.k_norm = HeadRMSNorm(head_dim, eps=eps, **factory) if eps is not None else None
-        if logit_softcap is not None and (isinstance(logit_softcap, bool) or not isinstance(logit_softcap, (int, float))
-                                          or not math.isfinite(logit_softcap) or logit_softcap <= 0):
-            raise ValueError(f"logit_softcap: expected a positive float or None, got {logit_softcap!r}")
-        self.logit_softcap = None if logit_softcap is None else float(logit_softcap)
+        self.logit_softcap = positive_float("logit_softcap", logit_softcap, none=True)
         self.sliding_window = sliding_window
         self.sinks = nn.Parameter(torch.zeros(n_heads, **factory)) if sinks else None
 

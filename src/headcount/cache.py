@@ -14,6 +14,8 @@ import weakref
 
 import torch
 
+from headcount.arguments import positive_int
+
 Tensor = torch.Tensor
 
 
@@ -28,8 +30,7 @@ class KVCache:
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None, owner=None):
         for name, value in (("batch_size", batch_size), ("max_len", max_len), ("n_kv_heads", n_kv_heads),
                             ("head_dim", head_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+            positive_int(name, value)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype: expected a floating torch.dtype, got {dtype!r}")
         shape = (batch_size, n_kv_heads, max_len, head_dim)
@@ -141,10 +142,8 @@ class SlidingKVCache(KVCache):
 
     def __init__(self, batch_size: int, max_len: int, n_kv_heads: int, head_dim: int, *, window: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None, owner=None):
-        if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-            raise ValueError(f"window: expected a positive int, got {window!r}")
-        if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
-            raise ValueError(f"max_len: expected a positive int, got {max_len!r}")
+        positive_int("window", window)
+        positive_int("max_len", max_len)
         super().__init__(batch_size, min(max_len, window), n_kv_heads, head_dim, dtype=dtype, device=device,
                          owner=owner)
         self.window = window

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from headcount.arguments import positive_int
+
 
 def _uniform(kv_head_of: tuple[int, ...], n_kv_heads: int) -> bool:
     n_heads = len(kv_head_of)
@@ -95,8 +97,7 @@ def merge_kv_heads(attn, n_kv_heads: int) -> None:
     is not the mean of the normalised keys the heads attended with: one more approximation (still exact
     when the pooled heads are equal). k_norm, one weight shared by all heads, is kept as it is.
     """
-    if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int) or n_kv_heads <= 0:
-        raise ValueError(f"n_kv_heads: expected a positive int, got {n_kv_heads!r}")
+    positive_int("n_kv_heads", n_kv_heads)
     if not attn.is_uniform:
         raise ValueError("n_kv_heads: merging needs uniform groups; this module was pruned unevenly "
                          f"(kv_head_of={attn.kv_head_of})")

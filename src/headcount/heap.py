@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import os
 
+from headcount.arguments import positive_int
+
 MMAP_THRESHOLD = 4 << 20  # bytes
 BOUND_FROM = 1 << 30  # weights' bytes from which the commands fix the threshold
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
@@ -25,8 +27,7 @@ _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 def bound_heap(threshold: int = MMAP_THRESHOLD) -> bool:
     """Fix glibc's mmap threshold at `threshold` bytes; True when set (False: not glibc, or the user's env)."""
-    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
-        raise ValueError(f"threshold: expected bytes as an int >= 0, got {threshold!r}")
+    positive_int("threshold", threshold, 0, expected="bytes as an int >= 0")
     if "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
     try:

@@ -19,6 +19,7 @@ Conventions (stated in every output):
 
 from __future__ import annotations
 
+from headcount.arguments import positive_int
 from headcount.cost.shape import CostError, ModelShape, describe, parse_dtype
 
 FLOP_CONVENTION = ("a multiply-add is 2 FLOPs; matrix multiplications only (softmax, norms, activations, "
@@ -279,8 +280,7 @@ def kv_cache(shape: ModelShape, batch: int, seq: int, dtype_bytes: int) -> dict:
 # ---------------------------------------------------------------------------------------- report
 def _check_run(batch: int, seq: int) -> None:
     for name, value in (("batch", batch), ("seq", seq)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise CostError(f"{name}: expected a positive whole number, got {value!r}")
+        positive_int(name, value, expected="a positive whole number", error=CostError)
 
 
 def report(shape: ModelShape, *, batch: int = 1, seq: int = 2048, dtype: str = "bf16") -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from headcount.arguments import positive_int
 from headcount.cost.accounts import kv_cache, param_counts
 from headcount.cost.shape import CostError, ModelShape, parse_dtype
 
@@ -59,11 +60,9 @@ def fit(shape: ModelShape, budget_bytes: int, *, batch: int = 1, seq: int = 2048
     kv_only: the budget is the KV cache's alone (what vLLM gives its cache: VLLM_CPU_KVCACHE_SPACE on a CPU, what
     gpu_memory_utilization leaves on a GPU), so the weights are not taken from it.
     """
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0:
-        raise CostError(f"memory budget: expected a positive number of bytes, got {budget_bytes!r}")
+    positive_int("memory budget", budget_bytes, expected="a positive number of bytes", error=CostError)
     for name, value in (("batch", batch), ("seq", seq)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise CostError(f"{name}: expected a positive whole number, got {value!r}")
+        positive_int(name, value, expected="a positive whole number", error=CostError)
     _, nbytes = parse_dtype(dtype)
     weights = 0 if kv_only else param_counts(shape)["total"] * nbytes
     per_token = kv_cache(shape, 1, 1, nbytes)["bytes_per_token"]

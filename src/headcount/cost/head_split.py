@@ -16,13 +16,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from headcount.arguments import positive_int
+
 
 def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name}: expected a positive int, got {value!r} ({type(value).__name__})")
-    if value <= 0:
-        raise ValueError(f"{name}: expected a positive int, got {value}")
-    return value
+    return positive_int(name, value, type_error=TypeError)  # a wrong type is a TypeError, as in attention.py
 
 
 def split_even(n: int, world_size: int, *, what: str = "n_heads") -> list[range]:

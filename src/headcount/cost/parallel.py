@@ -18,6 +18,7 @@ payload each rank contributes; a ring all-reduce sends 2 (N - 1) / N of it from 
 
 from __future__ import annotations
 
+from headcount.arguments import positive_int
 from headcount.cost.accounts import _norm_params, norms_per_block, param_counts
 from headcount.cost.shape import CostError, ModelShape, parse_dtype
 from headcount.cost.head_split import head_plan, split_even, stored_kv_heads
@@ -27,8 +28,7 @@ ALLREDUCES_PER_BLOCK = 2  # after W_O and after the MLP's down projection (a cro
 
 
 def _check_tp(tp, shape: ModelShape) -> int:
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise CostError(f"--tp: expected a positive number of ranks, got {tp!r}")
+    positive_int("--tp", tp, expected="a positive number of ranks", error=CostError)
     if tp > shape.n_heads:
         raise CostError(f"--tp: {tp} ranks is more than the {shape.n_heads} query heads; every rank needs at least "
                         f"one (use at most {shape.n_heads})")

@@ -7,10 +7,13 @@ override any field (`override`). Pure Python: no torch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+
+from headcount.arguments import boolean, is_int, one_of, positive_int
 
 ARCHS = ("decoder", "encoder", "encoder-decoder")
 MLPS = ("gelu", "gated")  # gelu: up, down (2 matrices); gated: gate, up, down (3 matrices; SwiGLU)
@@ -47,24 +50,15 @@ def parse_dtype(name: str) -> tuple[str, int]:
 
 
 def _check_int(name: str, value, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    """A size field: the wrong type ("a whole number") and a value below `minimum` (a size) are told apart."""
+    if not is_int(value):
         raise CostError(f"{name}: expected a whole number, got {value!r}")
-    if value < minimum:
-        what = "a positive" if minimum == 1 else f"a number >= {minimum}, not a negative"
-        raise CostError(f"{name}: expected {what} size, got {value}")
-    return value
+    what = "a positive" if minimum == 1 else f"a number >= {minimum}, not a negative"
+    return positive_int(name, value, minimum, expected=f"{what} size", error=CostError)
 
 
-def _check_bool(name: str, value) -> bool:
-    if not isinstance(value, bool):
-        raise CostError(f"{name}: expected true or false, got {value!r}")
-    return value
-
-
-def _check_choice(name: str, value, choices) -> str:
-    if value not in choices:
-        raise CostError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
-    return value
+_check_bool = functools.partial(boolean, error=CostError)
+_check_choice = functools.partial(one_of, error=CostError)
 
 
 @dataclass(frozen=True)
@@ -186,7 +180,7 @@ class ModelShape:
         set_ = object.__setattr__
         w, types = self.sliding_window, self.layer_types
         if w is not None:
-            if isinstance(w, bool) or not isinstance(w, int):
+            if not is_int(w):
                 raise CostError(f"sliding_window: expected a whole number of keys (or none), got {w!r}")
             if w <= 0:
                 raise CostError(f"sliding_window: expected a positive number of keys each query of a local layer "
@@ -257,7 +251,7 @@ class ModelShape:
         """A copy with `changes`; a new n_layers keeps the local/global pattern (its shortest period repeats)
         and the share of MoE layers (every layer MoE stays every layer: a 1-layer Mixtral is one MoE layer)."""
         n = changes.get("n_layers")
-        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+        if is_int(n) and n > 0:
             if "layer_types" not in changes and self.layer_types is not None:
                 changes["layer_types"] = repeat_pattern(self.layer_types, n)
             if "moe_layers" not in changes and self.n_experts and "n_experts" not in changes:
@@ -284,8 +278,7 @@ def repeat_pattern(pattern, n_layers: int) -> tuple[str, ...]:
 
 def global_every(n_layers: int, every: int) -> tuple[str, ...]:
     """layer_types with layer i global when (i + 1) % every == 0 (Gemma 3: every=6; Gemma 2: every=2)."""
-    if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
-        raise CostError(f"global_every: expected a positive whole number (every k-th layer global), got {every!r}")
+    positive_int("global_every", every, expected="a positive whole number (every k-th layer global)", error=CostError)
     return tuple(FULL if (i + 1) % every == 0 else LOCAL for i in range(n_layers))
 
 
@@ -522,11 +515,11 @@ def _window(cfg: dict, family: dict, n_layers: int, where: str) -> tuple[int | N
         return window, None
     if kind == "qwen":
         first = cfg.get("max_window_layers", 28)
-        if isinstance(first, bool) or not isinstance(first, int) or first < 0:
+        if not is_int(first) or first < 0:
             raise CostError(f"{where}: max_window_layers should be a whole number >= 0, got {first!r}")
         return window, [LOCAL if i >= first else FULL for i in range(n_layers)]
     every = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", family["every"]))
-    if isinstance(every, bool) or not isinstance(every, int) or every <= 0:
+    if not is_int(every) or every <= 0:
         raise CostError(f"{where}: sliding_window_pattern should be a positive whole number, got {every!r}")
     return window, list(global_every(n_layers, every))
 
