@@ -322,9 +322,17 @@ class DecoderLayer(nn.Module):
                                approximate="tanh" if cfg.mlp == "gelu_tanh" else "none", **factory)
         self.post_mlp_norm = _norm(cfg, factory) if cfg.post_norms else None
 
-    def forward(self, x: Tensor, *, cache: KVCache | None, key_padding_mask: Tensor | None,
-                qk_transform, head_gates: Tensor | None, need_weights: bool,
-                qk_transform_local=None) -> tuple[Tensor, Tensor | None]:
+    # training: recompute this layer's activations in backward (headcount.training.layer_checkpointing sets it)
+    gradient_checkpointing = False
+
+    def forward(self, x: Tensor, **kwargs) -> tuple[Tensor, Tensor | None]:
+        if self.gradient_checkpointing and torch.is_grad_enabled():
+            return checkpoint(self.block, x, use_reentrant=False, **kwargs)
+        return self.block(x, **kwargs)
+
+    def block(self, x: Tensor, *, cache: KVCache | None, key_padding_mask: Tensor | None,
+              qk_transform, head_gates: Tensor | None, need_weights: bool,
+              qk_transform_local=None) -> tuple[Tensor, Tensor | None]:
         rope = qk_transform_local if self.layer_type == SLIDING and qk_transform_local is not None else qk_transform
         if not self.use_rope:
             rope = None
