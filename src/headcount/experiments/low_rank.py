@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from headcount.arguments import positive_ints
 from headcount.attention import MultiHeadAttention
 from headcount.experiments.results import ExperimentResult, RankRow, mean_std
 from headcount.experiments.small import check_heads
@@ -87,9 +88,7 @@ def run(*, quick: bool = False, seed: int = 0, steps: int | None = None, seeds: 
     n, d_model = cfg["n"], cfg["d_model"]
     if d_model < n:
         raise ValueError(f"d_model: expected at least n={n} so that head_dim is the binding constraint, got {d_model}")
-    head_dims = tuple(cfg["head_dims"])
-    if not head_dims or any(isinstance(h, bool) or not isinstance(h, int) or h < 1 for h in head_dims):
-        raise ValueError(f"head_dims: expected positive whole numbers, got {head_dims!r}")
+    head_dims = positive_ints("head_dims", tuple(cfg["head_dims"]))
     n_heads = check_heads((cfg["n_heads"],), d_model, name="n_heads")[0]
     torch.manual_seed(seed)
     x = torch.randn(1, n, d_model, generator=torch.Generator().manual_seed(seed))

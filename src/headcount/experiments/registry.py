@@ -17,6 +17,7 @@ import importlib
 import time
 from dataclasses import dataclass
 
+from headcount.arguments import positive_int
 from headcount.experiments.results import ExperimentResult
 
 
@@ -55,14 +56,10 @@ def run_experiment(name: str, *, quick: bool = False, seed: int = 0, steps: int 
     seeds: how many (seed, seed + 1, ...); steps: training steps per model (default: the experiment's).
     options: the experiment's own settings (e.g. heads=(1, 2, 4), d_model=64); unknown ones are an error."""
     experiment = get_experiment(name)
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed: expected a whole number >= 0, got {seed!r}")
-    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"steps: expected a positive number of training steps, got {steps!r}")
-    if seeds is not None and (isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1):
-        raise ValueError(f"seeds: expected a positive number of seeds, got {seeds!r}")
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads: expected a positive number of threads, got {threads!r}")
+    positive_int("seed", seed, 0, expected="a whole number >= 0")
+    positive_int("steps", steps, none=True, expected="a positive number of training steps")
+    positive_int("seeds", seeds, none=True, expected="a positive number of seeds")
+    positive_int("threads", threads, none=True, expected="a positive number of threads")
     from headcount.experiments.train import cpu_threads
 
     module = experiment.load()

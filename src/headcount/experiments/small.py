@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from headcount.arguments import positive_int
 from headcount.models.decoder import Decoder, DecoderConfig
 
 Tensor = torch.Tensor
@@ -35,8 +36,7 @@ def check_heads(heads, d_model: int, *, name: str = "heads") -> tuple[int, ...]:
     if not heads:
         raise ValueError(f"{name}: expected at least one head count, got none")
     for h in heads:
-        if isinstance(h, bool) or not isinstance(h, int) or h < 1:
-            raise ValueError(f"{name}: expected positive whole numbers, got {h!r}")
+        positive_int(name, h, expected="positive whole numbers")
         if d_model % h:
             divisors = ", ".join(str(i) for i in range(1, d_model + 1) if d_model % i == 0)
             raise ValueError(f"{name}: {h} heads do not divide d_model={d_model} (head_dim = d_model / n_heads); "

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from headcount.arguments import positive_int
 from headcount.models.prompting import GenerationResult, _check_sampling, _prompt_ids
 from headcount.models.packing import packed, whole_when_memory_allows
 
@@ -84,8 +85,7 @@ def prepared(model, prompts, max_new_tokens: int, temperature: float, top_k: int
         raise ValueError(f"prompts: expected a non-empty list of prompts, got {prompts!r}")
     rows = [_prompt_ids(model, p) for p in prompts]
     _check_sampling(temperature, top_k)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: expected a positive int, got {max_new_tokens!r}")
+    positive_int("max_new_tokens", max_new_tokens)
     stop = _check_stop(stop)
     if stop and model.tokenizer is None:
         raise ValueError("stop: stop strings need a model with a tokenizer")

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import statistics
 
+from headcount.arguments import positive_int, positive_ints
+
 TARGET_SPEEDUP = 1.5
 TARGET_SCALING = 8.0
 
@@ -30,11 +32,9 @@ def run(model_name: str = "qwen2.5-coder-0.5b", batches=(1, 8, 32), *, prompt_to
     from headcount.models.formats.hf import to_transformers
     from headcount.models.packing import whole_when_memory_allows
 
-    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in batches) or not batches:
-        raise ValueError(f"--batch: expected positive whole numbers, got {list(batches)}")
+    positive_ints("--batch", list(batches))
     for name, value in (("--prompt-tokens", prompt_tokens), ("--new-tokens", new_tokens), ("--repeats", repeats)):
-        if value < 1:
-            raise ValueError(f"{name}: expected a positive number, got {value}")
+        positive_int(name, value, expected="a positive number")
     say = log or (lambda msg: None)
     say(f"loading {model_name} (fp32) and building transformers' model on the same weights")
     model = load(model_name)

@@ -21,6 +21,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from headcount.arguments import positive_int
 from headcount.models.batched import _picker, _stopped_by, prepared
 from headcount.models.packing import packed, whole_when_memory_allows
 from headcount.models.prompting import GenerationResult
@@ -72,8 +73,7 @@ def stream_many(model, prompts: Sequence, max_new_tokens: int = 64, *, batch_siz
                 temperature: float = 0.0, top_k: int | None = None, seed: int | None = None,
                 stop_at_eos: bool = True, stop=None) -> Iterator[tuple[int, GenerationResult]]:
     """(prompt index, GenerationResult) as each row finishes (see the module docstring)."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
+    positive_int("batch_size", batch_size)
     if not supports_continuous(model):
         raise ValueError("model: its sliding-window or LongRoPE layers need generate(model, [prompts]) "
                          "(models/batched.py), not continuous batching")

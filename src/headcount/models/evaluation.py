@@ -31,6 +31,7 @@ from typing import Sequence
 
 import torch
 
+from headcount.arguments import positive_int
 from headcount.models.decoder import chunked_nll
 from headcount.models.packing import packed
 
@@ -98,8 +99,7 @@ def evaluate_perplexity(model, texts: str | Sequence[str] | Sequence[int] | Tens
     batch_size: full-length windows evaluated together (the result does not depend on it).
     progress: called with (windows done, windows total) after each batch.
     """
-    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-        raise ValueError(f"window: expected an int >= 2, got {window!r}")
+    positive_int("window", window, 2)
     if window > model.config.max_position:
         raise ValueError(f"window: {window} tokens is past the model's context of {model.config.max_position}")
     bos = None  # given ids are the windows' own tokens

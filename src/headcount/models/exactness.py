@@ -25,6 +25,8 @@ import json
 import math
 import os
 
+from headcount.arguments import positive_int
+
 TEXTS = ["Multi-head attention runs several heads in parallel.", "Short one.",
          "Each head writes to its own slice of the output, which W_O then mixes back together."]
 
@@ -402,8 +404,7 @@ def run(window: int = 1024, *, real: bool = True, families: bool = True, models=
     for name, value, low in (("window", window, 2), ("gguf_window", gguf_window, 2), ("gguf_windows", gguf_windows, 1)):
         if value is None and name == "gguf_windows":
             continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
+        positive_int(name, value, low, expected=f"an int >= {low}")
     explicit = models is not None
     if explicit:
         chosen = parse_models(models)

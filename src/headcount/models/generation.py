@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from headcount.arguments import positive_int
 from headcount.models.batched import generate_batch, is_batch
 from headcount.models.packing import packed
 from headcount.models.prompting import GenerationResult, _check_sampling, _prompt_ids  # noqa: F401 (exported here)
@@ -34,8 +35,7 @@ def stream_tokens(model, prompt: str | Sequence[int] | Tensor, max_new_tokens: i
     """
     ids = _prompt_ids(model, prompt)
     _check_sampling(temperature, top_k)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: expected a positive int, got {max_new_tokens!r}")
+    positive_int("max_new_tokens", max_new_tokens)
     context = model.config.max_position
     if len(ids) + max_new_tokens > context:
         raise ValueError(f"prompt of {len(ids)} token{'s' * (len(ids) != 1)} + {max_new_tokens} new tokens is past "

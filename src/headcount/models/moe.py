@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headcount.arguments import one_of, positive_int
+
 Tensor = torch.Tensor
 
 ROUTERS = ("softmax_topk", "topk_softmax")
@@ -51,15 +53,11 @@ class MoEConfig:
 
     def __post_init__(self):
         for name in ("n_experts", "top_k", "d_expert"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"moe.{name}: expected a positive int, got {value!r}")
+            positive_int(f"moe.{name}", getattr(self, name))
         if self.top_k > self.n_experts:
             raise ValueError(f"moe.top_k: expected at most n_experts={self.n_experts}, got {self.top_k}")
-        if self.router not in ROUTERS:
-            raise ValueError(f"moe.router: expected one of {ROUTERS}, got {self.router!r}")
-        if self.act not in ACTS:
-            raise ValueError(f"moe.act: expected one of {ACTS}, got {self.act!r}")
+        one_of("moe.router", self.router, ROUTERS, expected=f"one of {ROUTERS}")
+        one_of("moe.act", self.act, ACTS, expected=f"one of {ACTS}")
         self.dense_layers = tuple(int(i) for i in self.dense_layers)
 
     @classmethod

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from headcount.arguments import positive_int
+
 Tensor = torch.Tensor
 
 
@@ -52,7 +54,6 @@ def _prompt_ids(model, prompt) -> list[int]:
 def _check_sampling(temperature: float, top_k: int | None) -> None:
     if not isinstance(temperature, (int, float)) or temperature < 0:
         raise ValueError(f"temperature: expected a number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k: expected a positive int or None, got {top_k!r}")
+    positive_int("top_k", top_k, none=True)
 
 

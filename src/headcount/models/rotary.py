@@ -45,6 +45,8 @@ import math
 import torch
 from torch import nn
 
+from headcount.arguments import is_int, is_number, positive_float
+
 Tensor = torch.Tensor
 
 # rope types headcount computes (transformers' names); "linear" is DecoderConfig.rope_scaling
@@ -71,7 +73,7 @@ def inverse_frequencies(head_dim: int, theta: float) -> Tensor:
 
 def _number(params: dict, key: str, rope_type: str, *, positive: bool = True) -> float:
     value = params.get(key)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (positive and not value > 0):
+    if not is_number(value) or (positive and not value > 0):
         raise ValueError(f"rope_parameters.{key}: rope_type {rope_type!r} needs a {'positive ' if positive else ''}"
                          f"number, got {value!r}")
     return value
@@ -95,7 +97,7 @@ def check_rope(rope_type: str, params: dict, rotary_dim: int) -> None:
         if key in need:
             value = params[key]
             if (not isinstance(value, (list, tuple)) or len(value) != rotary_dim // 2
-                    or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value)):
+                    or not all(is_number(v) for v in value)):
                 got = f"{len(value)} entries" if isinstance(value, (list, tuple)) else repr(value)
                 raise ValueError(f"rope_parameters.{key}: expected a list of {rotary_dim // 2} numbers (rotary_dim / 2), "
                                  f"got {got}")
@@ -223,16 +225,13 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         full = rotary_dim is None or rotary_dim == head_dim
         rotary_dim = head_dim if rotary_dim is None else rotary_dim
-        if isinstance(rotary_dim, bool) or not isinstance(rotary_dim, int) or not 0 < rotary_dim <= head_dim \
-                or rotary_dim % 2:
+        if not is_int(rotary_dim) or not 0 < rotary_dim <= head_dim or rotary_dim % 2:
             if full:
                 raise ValueError(f"head_dim: rotary embedding needs an even head_dim, got {head_dim}")
             raise ValueError(f"rotary_dim: expected an even int in (0, head_dim={head_dim}], got {rotary_dim!r}")
-        if not linear_factor > 0:
-            raise ValueError(f"linear_factor: expected a positive float, got {linear_factor!r}")
+        self.linear_factor = positive_float("linear_factor", linear_factor)
         self.head_dim, self.max_position, self.theta = head_dim, max_position, float(theta)
         self.rotary_dim = rotary_dim
-        self.linear_factor = float(linear_factor)
         self.rope_type = rope_type
         self.rope_parameters = dict(rope_parameters or {})
         inv, self.attention_factor, long, self.switch_at = rope_frequencies(
