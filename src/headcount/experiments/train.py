@@ -1,4 +1,5 @@
-"""The one training loop every experiment uses: AdamW, linear warm-up then cosine decay, a tqdm bar.
+"""The one training loop every experiment uses: headcount.training's AdamW + clip and its warm-up + cosine schedule
+(to 10% of the peak, the warm-up ending at the peak), a tqdm bar.
 
     train(model, next_batch, loss_of, steps=..., lr=...) -> TrainLog(losses, seconds)
 
@@ -17,6 +18,9 @@ from typing import Callable, Iterator
 
 import torch
 from torch import nn
+
+from headcount.training.optimizer import Optimizer
+from headcount.training.schedule import WarmupCosine
 
 Tensor = torch.Tensor
 
@@ -64,17 +68,15 @@ def check_steps(steps) -> int:
     return steps
 
 
+def schedule(steps: int, warmup: int) -> WarmupCosine:
+    """The experiments' schedule: linear warm-up over `warmup` steps (clamped to [1, steps]) reaching the peak at its
+    last step, then cosine decay to 10% of the peak learning rate."""
+    return WarmupCosine(steps, warm=max(1, min(warmup, steps)), floor=0.1, peak_in_warmup=True)
+
+
 def warmup_cosine(optimizer: torch.optim.Optimizer, steps: int, warmup: int) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warm-up over `warmup` steps, then cosine decay to 10% of the peak learning rate."""
-    warmup = max(1, min(warmup, steps))
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        progress = (step - warmup) / max(1, steps - warmup)
-        return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    """schedule(steps, warmup) as torch's LambdaLR over `optimizer`."""
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule(steps, warmup))
 
 
 def train(model: nn.Module, next_batch: Callable[[int], object], loss_of: Callable[[nn.Module, object], Tensor], *,
@@ -82,9 +84,8 @@ def train(model: nn.Module, next_batch: Callable[[int], object], loss_of: Callab
           clip: float | None = 1.0, desc: str = "train", progress: bool = True) -> TrainLog:
     """Train `model` in place for `steps` steps; only parameters with requires_grad are optimised."""
     check_steps(steps)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    scheduler = warmup_cosine(optimizer, steps, steps // 20 if warmup is None else warmup)
+    optimizer = Optimizer([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=weight_decay,
+                          schedule=schedule(steps, steps // 20 if warmup is None else warmup), clip=clip)
     losses: list[float] = []
     running = None
     model.train()
@@ -93,12 +94,8 @@ def train(model: nn.Module, next_batch: Callable[[int], object], loss_of: Callab
     try:
         for step in range(steps):
             loss = loss_of(model, next_batch(step))
-            optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            if clip is not None:
-                torch.nn.utils.clip_grad_norm_(params, clip)
             optimizer.step()
-            scheduler.step()
             value = loss.item()
             if not math.isfinite(value):
                 raise FloatingPointError(f"{desc}: the loss became {value} at step {step}")

@@ -10,22 +10,25 @@ split, measured every `eval_every` steps: the weights with the lowest validation
 measurement with no new best sends the run back to the best weights so far with its learning rate scaled by
 BACKOFF (and the optimizer's moments reset): a model the edit barely hurt (qwen2.5-coder-0.5b at 20%, its
 validation KL 0.069) is pushed off by the default lr (measured: no new best in 36 steps at 3e-4). The run
-stops early after `patience` such measurements in a row. The held-out domains
+stops early after `patience` such measurements in a row (headcount.training's BestWeights). The held-out domains
 (headcount.data.held_out_domains) are only measured, never chosen on.
 
-The optimizer is uptraining's: AdamW, a linear warm-up then cosine decay to 0 (schedule()), gradients
-clipped at norm 1. The teacher's final hidden states are computed once per window and cached (exact: the
-teacher never changes), so a step costs the student's forward and backward plus the teacher's lm_head on
-its rows; a run whose cache would pass CACHE_BYTES recomputes the teacher's forward instead.
+The optimizer, schedule, time budget and layer checkpointing are headcount.training's: AdamW, a linear warm-up
+then cosine decay to 0, gradients clipped at norm 1; max_seconds re-sizes the schedule after three timed steps.
+A step (step.py: train_step) runs on the teacher's final hidden states, cached per window.
+
+heal() is a short function over _Healing, one run as a recipe: setup, step, validate, back_off, checkpoint
+(held-out figures on the weights of a moment), finish.
 
 Data-parallel (group="auto" under torchrun, or a process group): each step's windows are split over the ranks
 (rows[rank::world] of the same global batch), the student is wrapped in torch's DistributedDataParallel (its
-gradient all-reduce, nothing home-made) around a module computing the rank's share of the global mean KL,
-so every rank takes the single process's step; the validation split is sharded and its sums all-reduced.
+gradient all-reduce, nothing home-made) around a module computing the rank's share of the global mean KL
+(step.Share), so every rank takes the single process's step; the validation split is sharded and its sums
+all-reduced.
 
 Low-precision weights (bf16; fp16 on a GPU): the weights that move get fp32 master copies (and fp32 AdamW
-state) only for them: the gradient is cast to the master, the step taken in fp32, the model's weights copied
-back from the masters, so small updates are not lost to bf16 rounding (memory.py gives the peak).
+state) only for them (step.Masters): the gradient is cast to the master, the step taken in fp32, the model's
+weights copied back from the masters, so small updates are not lost to bf16 rounding (memory.py gives the peak).
 
 The defaults (DEFAULT_*) are the budget issue 26's targets are measured at: chosen on the validation split of
 smollm2's edits (docs/healing.md has the table and the commands).
@@ -37,13 +40,22 @@ import contextlib
 import functools
 import math
 import sys
-import time
 
 import torch
 
-from headcount.surgery.healing.loss import distill_kl
 from headcount.surgery.healing.result import HealResult
+from headcount.surgery.healing.step import CACHE_BYTES  # noqa: F401  (memory.py reads the cache's bound here)
+from headcount.surgery.healing.step import Masters as _Masters
+from headcount.surgery.healing.step import Share, distilled, train_step
+from headcount.surgery.healing.step import Teacher as _Teacher
 from headcount.surgery.healing.weights import Mover, check_teacher, check_trainable_dtype, edited_layers
+from headcount.training.best import BACK_OFF, STOP, BestWeights
+from headcount.training.budget import TimeBudget
+from headcount.training.checkpointing import layer_checkpointing
+from headcount.training.optimizer import Optimizer
+from headcount.training.schedule import WarmupCosine
+
+_kl = distilled  # the names the bench and the tests reach through this module
 
 DEFAULT_PARAMS = "attention"
 DEFAULT_STEPS = 200
@@ -67,15 +79,7 @@ EVALUATIONS = 8  # validation measurements over a run (eval_every = steps // EVA
 PATIENCE = 3
 BACKOFF = 0.5  # the lr's factor after a validation measurement with no new best (back to the best weights)
 WARMUP = 0.05
-CACHE_BYTES = 1 << 30
 EVAL_WINDOWS = 4  # held-out windows of 512 tokens per domain, as `headcount prune` measures
-
-
-def schedule(step: int, warm: int, total: int) -> float:
-    """The learning-rate factor at `step`: linear warm-up over `warm` steps, then cosine from 1 to 0 at `total`."""
-    if step < warm:
-        return (step + 1) / (warm + 1)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
 
 
 @functools.lru_cache(maxsize=1)
@@ -152,122 +156,210 @@ def _windows(model, calibration, n_windows: int, window: int) -> torch.Tensor:
     return torch.cat([b.ids for b in batches])[:n_windows]
 
 
-class _Teacher:
-    """The teacher's final hidden states per window [T - 1, d] (all but the last position), cached when they fit
-    (budget 0: never cached, a forward every time)."""
+class _Healing:
+    """One heal as a recipe: __init__ checks the settings and draws the windows; setup() builds what trains (the
+    weights that move, their fp32 masters, optimizer and schedule, data parallelism); running() is the block the
+    steps run in; step() one optimizer step, then the validation when one is due (validate(), which may
+    back_off()); checkpoint() the held-out figures of the moment; finish() the result's totals."""
 
-    def __init__(self, teacher, windows: torch.Tensor, budget: int = CACHE_BYTES):
-        self.teacher, self.windows = teacher, windows
-        n, t = windows.shape
-        per = (t - 1) * teacher.config.d_model * teacher.embed.weight.element_size()
-        self.cache = {} if 0 < budget and n * per <= budget else None
-        self.forwards = 0  # teacher tokens run
+    def __init__(self, model, teacher, *, steps, tokens, calibration, params, lr, progress, window, batch_size,
+                 validation_windows, eval_every, patience, max_seconds, seed, log, checkpoints, group):
+        check_teacher(model, teacher)
+        check_trainable_dtype(model)
+        self.model, self.teacher, self.params, self.calibration, self.seed = model, teacher, params, calibration, seed
+        self.steps = steps = DEFAULT_STEPS if steps is None else _check_int("steps", steps, 1)
+        tokens = DEFAULT_TOKENS if tokens is None else _check_int("tokens", tokens, 1)
+        _check_int("batch_size", batch_size, 1), _check_int("validation_windows", validation_windows, 1)  # None passes
+        self.patience = _check_int("patience", patience, 1)
+        _check_int("window", window, 2)
+        if params not in DEFAULT_LR:
+            raise ValueError(f"params: expected one of {', '.join(DEFAULT_LR)}, got {params!r}")
+        lr = default_lr(teacher, params) if lr is None else lr
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
+            raise ValueError(f"lr: expected a positive learning rate, got {lr!r}")
+        self.lr = lr
+        self.budget = TimeBudget(max_seconds)
+        self.checkpoints = sorted({_check_int("checkpoints", c, 0) for c in checkpoints})
+        self.eval_every = max(1, steps // EVALUATIONS) if eval_every is None else \
+            _check_int("eval_every", eval_every, 1)
+        from headcount.distributed import DataParallel
+        self.dp = dp = DataParallel(group)
+        self.batch_size = batch_size = max(BATCH_SIZE, dp.world) if batch_size is None else batch_size
+        if dp.world > batch_size:
+            raise ValueError(f"torchrun: {dp.world} ranks but a step of {batch_size} windows (batch_size); use at "
+                             f"most {batch_size} ranks")
+        window = min(window, model.config.max_position)
+        n_budget = tokens // window
+        if n_budget < validation_windows + 1:
+            raise ValueError(f"tokens: {tokens} tokens is {n_budget} windows of {window}; expected at least "
+                             f"{validation_windows + 1} (validation_windows + one to train on)")
+        n_train = min(n_budget - validation_windows, steps * batch_size)
+        self.windows = windows = _windows(model, calibration, n_train + validation_windows, window)
+        if windows.shape[0] < 2:
+            raise ValueError(f"calibration: {windows.shape[0]} window(s) of {window} tokens; expected at least 2")
+        self.n_val = n_val = min(validation_windows, windows.shape[0] // 2)  # a short text keeps half to train on
+        self.n_train = windows.shape[0] - n_val
+        if n_val < dp.world:
+            raise ValueError(f"torchrun: {dp.world} ranks but {n_val} validation windows; use at most {n_val} ranks")
+        self.progress = progress and dp.rank == 0
+        self.say = log or ((lambda m: print(m, file=sys.stderr, flush=True)) if self.progress else (lambda m: None))
 
-    @torch.no_grad()
-    def hidden(self, rows: list[int]) -> torch.Tensor:
-        if self.cache is not None and all(r in self.cache for r in rows):
-            return torch.stack([self.cache[r] for r in rows])
-        ids = self.windows[rows]
-        h = self.teacher(ids, compute_logits=False).hidden_states[:, :-1]
-        self.forwards += ids.numel()
-        if self.cache is not None:
-            for r, row in zip(rows, h):
-                self.cache[r] = row
-        return h
+    def setup(self, checkpoint_layers: bool | None) -> HealResult:
+        """What trains: the weights that move (Mover), their fp32 masters, AdamW + clip + warm-up/cosine, the
+        teacher's hidden-state cache, DistributedDataParallel over more ranks; the clock starts."""
+        model, teacher, dp, windows = self.model, self.teacher, self.dp, self.windows
+        self.budget.start()
+        layers = edited_layers(model, teacher)
+        if not layers or self.params == "all":
+            layers = list(range(len(model.layers)))  # nothing differs: heal every layer's attention
+        self.head_t = teacher.lm_head
+        self.mover = Mover(model, teacher, self.params, layers)
+        self.trainable = self.mover.trainable()
+        masters = _Masters(self.trainable)
+        self.masters = masters if masters.copied else None
+        if checkpoint_layers is None:  # bf16 / fp16 weights of 1 GiB or more: a run that must save memory
+            from headcount.heap import BOUND_FROM
+            seen = {id(p): p for p in model.parameters()}
+            checkpoint_layers = model.embed.weight.dtype in (torch.bfloat16, torch.float16) and \
+                sum(p.numel() * p.element_size() for p in seen.values()) >= BOUND_FROM
+        self.checkpoint_layers = bool(checkpoint_layers)
+        self.recomputed = list(model.layers[min(layers):]) if checkpoint_layers else []
+        self.result = HealResult(0, self.steps, int(windows.numel()), 0, self.n_val * windows.shape[1],
+                                 float(self.lr), self.params, layers, self.mover.n_trainable(),
+                                 teacher=getattr(teacher, "name", None),
+                                 lora_rank=self.mover.rank if self.params == "lora" else None,
+                                 calibration=_calibration_name(self.calibration), window=int(windows.shape[1]),
+                                 batch_size=self.batch_size)
+        self.source = _Teacher(teacher, windows)
+        self.val_rows = list(range(self.n_train, self.n_train + self.n_val))[dp.rank::dp.world]
+        self.schedule = WarmupCosine(self.steps, share=WARMUP)
+        self.opt = Optimizer(self.masters.params() if self.masters else self.trainable, lr=self.lr,
+                             schedule=self.schedule)
+        self.ddp = None
+        if dp.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
 
+            self.ddp = DistributedDataParallel(Share(model, self.source, self.head_t), process_group=dp.group)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        self.best = BestWeights(self.trainable, patience=self.patience)
+        self.order: list[int] = []
+        self.done = 0  # optimizer steps taken
+        self.validation_forwards = 0  # student tokens run to measure the validation KL
+        self.bar = None
+        return self.result
 
-def _kl(model, teacher: _Teacher, rows: list[int], head_t, head_gates=None) -> tuple[torch.Tensor, int]:
-    """(KL summed over the rows' positions, positions); head_gates: the student's (joint L0 gates)."""
-    h_t = teacher.hidden(rows)
-    h_s = model(teacher.windows[rows], compute_logits=False, head_gates=head_gates).hidden_states[:, :-1]
-    return distill_kl(h_s, h_t, model.lm_head, head_t), h_t.shape[0] * h_t.shape[1]
+    @contextlib.contextmanager
+    def running(self):
+        """Train mode, the layers from the first edited one recomputed in backward (checkpoint_layers), a progress
+        bar; after the block, whatever happened: eval mode, every requires_grad flag back, LoRA merged."""
+        from tqdm.auto import tqdm
 
+        self.model.train()
+        try:
+            with layer_checkpointing(self.recomputed):
+                self.bar = tqdm(total=self.steps, desc="heal", disable=None if self.progress else True, leave=False,
+                                file=sys.stderr)
+                yield
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+            self.model.eval()
+            self.mover.finish()
 
-class _Share(torch.nn.Module):
-    """This rank's share of the global mean KL: KL summed over its rows x world / the global positions, so that
-    DistributedDataParallel's gradient average is the gradient of the global mean. The student is a submodule
-    (DDP syncs and all-reduces its trainable parameters); the teacher is not (never registered)."""
+    def step(self) -> str | None:
+        """One optimizer step (before the fourth, the time budget may cut the plan), then the validation when one
+        is due: returns its decision (headcount.training.best), else None."""
+        dp, batch_size, t = self.dp, self.batch_size, self.windows.shape[1]
+        if self.budget.fit(self.done, self.schedule, agree=lambda s: dp.sum_float(s) / dp.world):  # ranks agree
+            self.bar.total = self.schedule.total
+        if len(self.order) < batch_size:
+            self.order = torch.randperm(self.n_train, generator=self.generator).tolist() + self.order
+        rows = [self.order.pop() for _ in range(min(batch_size, self.n_train))]
+        if self.ddp is None:
+            value = train_step(self.model, self.source, rows, self.head_t, self.opt.adamw, self.trainable,
+                               masters=self.masters)
+        else:
+            if len(rows) < dp.world:
+                raise ValueError(f"torchrun: {dp.world} ranks but {len(rows)} training windows a step")
+            value = train_step(self.model, self.source, rows[dp.rank::dp.world], self.head_t, self.opt.adamw,
+                               self.trainable, ddp=self.ddp, dp=dp, positions=len(rows) * (t - 1),
+                               masters=self.masters)
+        self.opt.advance()
+        self.done += 1
+        if not math.isfinite(value):
+            raise ValueError(f"lr: the distillation loss became {value} at step {self.done} (lr {self.lr}); try a "
+                             "smaller learning rate")
+        self.result.train_losses.append(value)
+        self.result.tokens_seen += len(rows) * t
+        self.bar.update(1)
+        if self.done % self.eval_every == 0 or self.done == self.schedule.total:
+            return self.validate()
+        return None
 
-    def __init__(self, model, source: _Teacher, head_t):
-        super().__init__()
-        self.model = model
-        self._side = (source, head_t)
+    def validate(self) -> str:
+        """The validation KL recorded and judged by the best-weights policy; a back-off is taken here."""
+        value = self.validation_kl()
+        self.result.val_losses.append((self.done, value))
+        decision = self.best.observe(self.done, value, final=self.done >= self.schedule.total)
+        if decision == BACK_OFF:
+            self.back_off()
+        self.bar.set_postfix(val=f"{value:.4f}", best=f"{self.best.value:.4f}")
+        return decision
 
-    def forward(self, rows: list[int], scale: float) -> tuple[torch.Tensor, torch.Tensor]:
-        source, head_t = self._side
-        kl, _ = _kl(self.model, source, rows, head_t)
-        return kl * scale, kl.detach()
+    def validation_kl(self) -> float:
+        """The mean KL per position on the validation split (every rank's share summed)."""
+        model, was = self.model, self.model.training
+        model.eval()
+        total, count = 0.0, 0
+        with torch.no_grad():
+            for i in range(0, len(self.val_rows), self.batch_size):
+                rows = self.val_rows[i:i + self.batch_size]
+                kl, n = distilled(model, self.source, rows, self.head_t)
+                total, count = total + float(kl), count + n
+                self.validation_forwards += len(rows) * self.windows.shape[1]
+        model.train(was)
+        if self.dp.world > 1:
+            total, count = self.dp.sum_many([torch.tensor([total, float(count)])])[0].tolist()
+        return total / count
 
+    def back_off(self) -> None:
+        """Back to the best weights so far (and their fp32 masters), the lr scaled by BACKOFF, fresh moments."""
+        self.best.restore()
+        if self.masters is not None:
+            self.masters.model_to_masters()
+        self.result.backoffs.append((self.done, self.opt.back_off(BACKOFF, self.done)))
 
-class _Masters:
-    """fp32 master copies of the trainable weights stored in a lower precision (bf16 / fp16), the optimizer's
-    parameters in their place; fp32 weights are their own masters (no copy)."""
+    def checkpoint(self, step: int, measure, figures: dict) -> None:
+        """The held-out domains measured on the weights of this moment (result.curve; not counted as healing)."""
+        model, result = self.model, self.result
+        with self.budget.paused():
+            if step == 0 and "after_edit" in figures:
+                figures_now = figures["after_edit"]  # already measured: the edit itself
+            else:
+                model.eval()
+                figures_now = measure(model)
+                model.train()
+        result.curve.append({"steps": step, "tokens_seen": result.tokens_seen,
+                             "seconds": round(self.budget.elapsed(), 1),
+                             "val_kl": result.val_losses[-1][1] if result.val_losses[-1][0] == step else None,
+                             "held_out": figures_now})
+        self.say(f"heal: step {step}: held-out {figures_now}")
 
-    def __init__(self, trainable: list):
-        low = (torch.bfloat16, torch.float16)
-        self.pairs = [(p, torch.nn.Parameter(p.detach().float().clone()) if p.dtype in low else p) for p in trainable]
-        self.copied = [(p, m) for p, m in self.pairs if m is not p]
-
-    def params(self) -> list:
-        return [m for _, m in self.pairs]
-
-    def grads_to_masters(self) -> None:
-        for p, m in self.copied:
-            m.grad = None if p.grad is None else p.grad.float()
-            p.grad = None
-
-    @torch.no_grad()
-    def masters_to_model(self) -> None:
-        for p, m in self.copied:
-            p.copy_(m)
-
-
-@contextlib.contextmanager
-def checkpointed(model, layers):
-    """Each layer in `layers` recomputed in backward (torch.utils.checkpoint, non-reentrant): autograd keeps only
-    its input, one layer's activations live at a time, at the price of one more forward of those layers."""
-    from torch.utils.checkpoint import checkpoint
-
-    patched = []
-    for i in layers:
-        layer = model.layers[i]
-
-        def run(*args, _forward=layer.forward, **kwargs):
-            if torch.is_grad_enabled():
-                return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
-            return _forward(*args, **kwargs)
-
-        layer.forward = run  # an instance attribute over the class's forward; removed below
-        patched.append(layer)
-    try:
-        yield
-    finally:
-        for layer in patched:
-            del layer.forward
-
-
-def train_step(model, source: "_Teacher", rows: list[int], head_t, optimizer, trainable, *, ddp=None,
-               dp=None, positions: int | None = None, masters: _Masters | None = None) -> float:
-    """One optimizer step on the windows `rows`: the mean KL per position, backward, clip at 1, AdamW.
-    Data-parallel: `rows` are this rank's share, `ddp` the DistributedDataParallel(_Share) wrapper, `dp` the
-    DataParallel of the group and `positions` the global batch's positions; returns the global mean KL.
-    masters: fp32 master weights (see _Masters): the step is taken on them, then copied into the model."""
-    if ddp is None:
-        kl, n = _kl(model, source, rows, head_t)
-        loss, value = kl / n, None
-    else:
-        loss, kl = ddp(rows, dp.world / positions)
-        value = dp.sum_float(float(kl)) / positions  # the same number on every rank (the NaN check agrees)
-    loss.backward()
-    if masters is not None:
-        masters.grads_to_masters()
-        trainable = masters.params()
-    torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)  # no gradients held through the next forward
-    if masters is not None:
-        masters.masters_to_model()
-    return float(loss.detach()) if value is None else value
+    def finish(self) -> HealResult:
+        """The totals: steps taken and planned, the step kept, seconds, forward-equivalents over every rank."""
+        result, dp = self.result, self.dp
+        result.steps = len(result.train_losses)
+        result.planned_steps = self.schedule.total
+        result.best_step = self.best.step
+        result.seconds = self.budget.elapsed()
+        # student: forward + backward (2 forwards) on each training token, a forward on validation tokens; teacher:
+        # one forward per distinct token it ran (cached afterwards); over every rank
+        ran = self.validation_forwards + self.source.forwards
+        ran = dp.sum_float(ran) if dp.world > 1 else ran
+        result.forward_equivalents = (3.0 * result.tokens_seen + ran) / result.tokens
+        result.world_size = dp.world
+        result.checkpoint_layers = self.checkpoint_layers
+        return result
 
 
 def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None, calibration="mixed",
@@ -285,7 +377,8 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     need fewer). params: "attention" (the edited layers' q/k/v/o and norms), "all", or "lora". lr: the peak
     learning rate (None = default_lr(teacher, params): DEFAULT_LR[params], scaled down for small weights).
     held_out: measure the three held-out domains before the edit (the teacher), after it and after healing
-    (`known` may hand in {"before_edit": ..., "after_edit": ...} already measured). max_seconds: after three timed steps the run is shortened to fit (schedule re-sized).
+    (`known` may hand in {"before_edit": ..., "after_edit": ...} already measured). max_seconds: after three timed
+    steps the run is shortened to fit (the schedule re-sized: training.TimeBudget).
     checkpoints: steps after which the held-out domains are measured on the weights of that moment (one run,
     one schedule: `result.curve`, the quality against healing tokens; the measuring time is not counted in
     `seconds`). group: None (one process), "auto" (data-parallel over torch.distributed's default group when
@@ -297,44 +390,10 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
     calibration: anything analysis.batches.calibration_batches takes ("mixed", "prose+source": half prose, half
     verbatim torch / numpy source, a list of texts, token windows).
     """
-    from tqdm.auto import tqdm
-
-    check_teacher(model, teacher)
-    check_trainable_dtype(model)
-    steps = DEFAULT_STEPS if steps is None else _check_int("steps", steps, 1)
-    tokens = DEFAULT_TOKENS if tokens is None else _check_int("tokens", tokens, 1)
-    _check_int("batch_size", batch_size, 1), _check_int("validation_windows", validation_windows, 1)  # None passes
-    _check_int("patience", patience, 1), _check_int("window", window, 2)
-    if params not in DEFAULT_LR:
-        raise ValueError(f"params: expected one of {', '.join(DEFAULT_LR)}, got {params!r}")
-    lr = default_lr(teacher, params) if lr is None else lr
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
-        raise ValueError(f"lr: expected a positive learning rate, got {lr!r}")
-    if max_seconds is not None and not max_seconds > 0:
-        raise ValueError(f"max_seconds: expected a positive number of seconds or None, got {max_seconds!r}")
-    checkpoints = sorted({_check_int("checkpoints", c, 0) for c in checkpoints})
-    from headcount.distributed import DataParallel
-    dp = DataParallel(group)
-    batch_size = max(BATCH_SIZE, dp.world) if batch_size is None else batch_size
-    if dp.world > batch_size:
-        raise ValueError(f"torchrun: {dp.world} ranks but a step of {batch_size} windows (batch_size); use at most "
-                         f"{batch_size} ranks")
-    window = min(window, model.config.max_position)
-    n_budget = tokens // window
-    if n_budget < validation_windows + 1:
-        raise ValueError(f"tokens: {tokens} tokens is {n_budget} windows of {window}; expected at least "
-                         f"{validation_windows + 1} (validation_windows + one to train on)")
-    n_train = min(n_budget - validation_windows, steps * batch_size)
-    windows = _windows(model, calibration, n_train + validation_windows, window)
-    if windows.shape[0] < 2:
-        raise ValueError(f"calibration: {windows.shape[0]} window(s) of {window} tokens; expected at least 2")
-    n_val = min(validation_windows, windows.shape[0] // 2)  # a short calibration text keeps half to train on
-    n_train = windows.shape[0] - n_val
-    if n_val < dp.world:
-        raise ValueError(f"torchrun: {dp.world} ranks but {n_val} validation windows; use at most {n_val} ranks")
-    main = dp.rank == 0
-    progress = progress and main
-    say = log or ((lambda m: print(m, file=sys.stderr, flush=True)) if progress else (lambda m: None))
+    run = _Healing(model, teacher, steps=steps, tokens=tokens, calibration=calibration, params=params, lr=lr,
+                   progress=progress, window=window, batch_size=batch_size, validation_windows=validation_windows,
+                   eval_every=eval_every, patience=patience, max_seconds=max_seconds, seed=seed, log=log,
+                   checkpoints=checkpoints, group=group)
 
     known = dict(known or {})
     figures = {}
@@ -353,170 +412,23 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
                     if held_out_texts else {}
                 figures[key] = {**known[key], **extra}
 
-    start = time.perf_counter()
-    layers = edited_layers(model, teacher)
-    if not layers:
-        layers = list(range(len(model.layers)))  # nothing differs: heal every layer's attention
-    if params == "all":
-        layers = list(range(len(model.layers)))
-    head_t = teacher.lm_head
-    mover = Mover(model, teacher, params, layers)
-    trainable = mover.trainable()
-    masters = _Masters(trainable)
-    masters = masters if masters.copied else None
-    if checkpoint_layers is None:  # bf16 / fp16 weights of 1 GiB or more: a run that must save memory
-        from headcount.heap import BOUND_FROM
-        seen = {id(p): p for p in model.parameters()}
-        checkpoint_layers = model.embed.weight.dtype in (torch.bfloat16, torch.float16) and \
-            sum(p.numel() * p.element_size() for p in seen.values()) >= BOUND_FROM
-    saving = checkpointed(model, range(min(layers), len(model.layers))) if checkpoint_layers else \
-        contextlib.nullcontext()
-    result = HealResult(0, steps, int(windows.numel()), 0, n_val * windows.shape[1], float(lr), params, layers,
-                        mover.n_trainable(), teacher=getattr(teacher, "name", None),
-                        lora_rank=mover.rank if params == "lora" else None,
-                        calibration=_calibration_name(calibration), window=int(windows.shape[1]),
-                        batch_size=batch_size)
-    source = _Teacher(teacher, windows)
-    val_rows = list(range(n_train, n_train + n_val))[dp.rank::dp.world]
-    train_rows = list(range(n_train))
-    eval_every = max(1, steps // EVALUATIONS) if eval_every is None else _check_int("eval_every", eval_every, 1)
-    plan = {"steps": steps, "warm": int(WARMUP * steps)}
-    optimizer = torch.optim.AdamW(masters.params() if masters else trainable, lr=lr, weight_decay=0.0)
-    ddp = None
-    if dp.world > 1:
-        from torch.nn.parallel import DistributedDataParallel
-
-        ddp = DistributedDataParallel(_Share(model, source, head_t), process_group=dp.group)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: schedule(s, plan["warm"], plan["steps"]))
-    generator = torch.Generator().manual_seed(seed)
-    validation_forwards = 0  # student tokens run to measure the validation KL
-
-    def validate() -> float:
-        nonlocal validation_forwards
-        was = model.training
-        model.eval()
-        total, count = 0.0, 0
-        with torch.no_grad():
-            for i in range(0, len(val_rows), batch_size):
-                kl, n = _kl(model, source, val_rows[i:i + batch_size], head_t)
-                total, count = total + float(kl), count + n
-                validation_forwards += len(val_rows[i:i + batch_size]) * windows.shape[1]
-        model.train(was)
-        if dp.world > 1:
-            total, count = dp.sum_many([torch.tensor([total, float(count)])])[0].tolist()
-        return total / count
-
-    measured = 0.0  # seconds spent measuring checkpoints (not healing)
-
-    def checkpoint(step: int) -> None:
-        nonlocal measured
-        t0 = time.perf_counter()
-        if step == 0 and "after_edit" in figures:
-            figures_now = figures["after_edit"]  # already measured: the edit itself
-        else:
-            model.eval()
-            figures_now = measure(model)
-            model.train()
-        measured += time.perf_counter() - t0
-        result.curve.append({"steps": step, "tokens_seen": result.tokens_seen,
-                             "seconds": round(time.perf_counter() - start - measured, 1),
-                             "val_kl": result.val_losses[-1][1] if result.val_losses[-1][0] == step else None,
-                             "held_out": figures_now})
-        say(f"heal: step {step}: held-out {figures_now}")
-
-    best = {"value": math.inf, "state": None, "step": 0}
-
-    def remember(step: int, value: float) -> bool:
-        result.val_losses.append((step, value))
-        if value < best["value"]:
-            best.update(value=value, step=step, state=[p.detach().clone() for p in trainable])
-            return True
-        return False
-
-    def back_off(step: int) -> None:
-        """Back to the best weights so far (and their fp32 masters), the lr scaled by BACKOFF, fresh moments."""
-        with torch.no_grad():
-            for p, saved in zip(trainable, best["state"]):
-                p.copy_(saved)
-            if masters is not None:
-                for p, m in masters.copied:
-                    m.copy_(p.float())
-        optimizer.state.clear()
-        scheduler.base_lrs = [b * BACKOFF for b in scheduler.base_lrs]
-        for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
-            group["lr"] = base * schedule(step, plan["warm"], plan["steps"])
-        result.backoffs.append((step, scheduler.base_lrs[0]))
-
-    model.train()
-    order: list[int] = []
-    since_best = 0
-    bar = None
-    saving.__enter__()
-    try:
-        remember(0, validate())
-        bar = tqdm(total=steps, desc="heal", disable=None if progress else True, leave=False, file=sys.stderr)
-        if 0 in checkpoints:
-            checkpoint(0)
-        bar.set_postfix(val=f"{best['value']:.4f}")
-        step = 0
-        while step < plan["steps"]:
-            if max_seconds is not None and step == 3:
-                per_step = (time.perf_counter() - start - measured) / 3
-                per_step = dp.sum_float(per_step) / dp.world  # every rank plans the same number of steps
-                fit = max(4, int(max_seconds / per_step))
-                if fit < plan["steps"]:
-                    plan["steps"], plan["warm"] = fit, min(plan["warm"], int(WARMUP * fit))
-                    bar.total = fit
-            if len(order) < batch_size:
-                order = torch.randperm(n_train, generator=generator).tolist() + order
-            rows = [train_rows[order.pop()] for _ in range(min(batch_size, n_train))]
-            if ddp is None:
-                value = train_step(model, source, rows, head_t, optimizer, trainable, masters=masters)
-            else:
-                if len(rows) < dp.world:
-                    raise ValueError(f"torchrun: {dp.world} ranks but {len(rows)} training windows a step")
-                value = train_step(model, source, rows[dp.rank::dp.world], head_t, optimizer, trainable, ddp=ddp,
-                                   dp=dp, positions=len(rows) * (windows.shape[1] - 1), masters=masters)
-            scheduler.step()
-            step += 1
-            if not math.isfinite(value):
-                raise ValueError(f"lr: the distillation loss became {value} at step {step} (lr {lr}); try a smaller "
-                                 "learning rate")
-            result.train_losses.append(value)
-            result.tokens_seen += len(rows) * windows.shape[1]
-            bar.update(1)
-            if step % eval_every == 0 or step == plan["steps"]:
-                since_best = 0 if remember(step, validate()) else since_best + 1
-                if 0 < since_best < patience and step < plan["steps"]:
-                    back_off(step)
-                bar.set_postfix(val=f"{result.val_losses[-1][1]:.4f}", best=f"{best['value']:.4f}")
-            if step in checkpoints:
-                checkpoint(step)
-            if since_best >= patience:
+    result = run.setup(checkpoint_layers)
+    with run.running():
+        run.validate()
+        if 0 in run.checkpoints:
+            run.checkpoint(0, measure, figures)
+        while run.done < run.schedule.total:
+            decision = run.step()
+            if run.done in run.checkpoints:
+                run.checkpoint(run.done, measure, figures)
+            if decision == STOP:
                 result.stopped_early = True
                 break
-        with torch.no_grad():  # keep the weights of the best validation step
-            for p, saved in zip(trainable, best["state"]):
-                p.copy_(saved)
-    finally:
-        saving.__exit__(None, None, None)
-        if bar is not None:
-            bar.close()
-        model.eval()
-        mover.finish()
-    result.steps = len(result.train_losses)
-    result.planned_steps = plan["steps"]
-    result.best_step = best["step"]
-    result.seconds = time.perf_counter() - start - measured
-    # student: forward + backward (2 forwards) on each training token, a forward on validation tokens; teacher:
-    # one forward per distinct token it ran (cached afterwards); over every rank
-    run = dp.sum_float(validation_forwards + source.forwards) if dp.world > 1 else validation_forwards + source.forwards
-    result.forward_equivalents = (3.0 * result.tokens_seen + run) / result.tokens
-    result.world_size = dp.world
-    result.checkpoint_layers = bool(checkpoint_layers)
+        run.best.restore()  # keep the weights of the best validation step
+    run.finish()
     if held_out:
         figures["after_heal"] = measure(model)
         result.held_out = figures
-    say(f"heal: {result.steps} steps ({params}, lr {lr:g}), {result.tokens:,} calibration tokens, validation KL "
-        f"{result.val_first:.4f} -> {best['value']:.4f} (step {best['step']}) in {result.seconds:.0f} s")
+    run.say(f"heal: {result.steps} steps ({params}, lr {run.lr:g}), {result.tokens:,} calibration tokens, validation "
+            f"KL {result.val_first:.4f} -> {run.best.value:.4f} (step {run.best.step}) in {result.seconds:.0f} s")
     return result

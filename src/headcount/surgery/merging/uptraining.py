@@ -3,7 +3,7 @@
     uptrain(model, steps, *, lr=1e-4, trainable="attention", calibration=None, batch_size=1, window=256,
             teacher=None) -> UptrainResult
 
-AdamW with a linear warm-up then cosine decay (torch.optim.lr_scheduler), a progress bar on stderr
+headcount.training's AdamW + clip with its linear warm-up then cosine decay to 0, a progress bar on stderr
 with the running loss, and the first / last losses logged. Decoders: next-token cross-entropy on
 calibration windows, or, with `teacher` (the unmodified model), the KL divergence from the teacher's
 next-token distribution (distillation: every position carries a full distribution, not one token, so
@@ -18,13 +18,15 @@ frozen for the run and restored afterwards; the model is left in eval mode.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from headcount.surgery.merging.stream import calibration_batches, is_decoder
+from headcount.training.budget import TimeBudget
+from headcount.training.optimizer import Optimizer
+from headcount.training.schedule import WarmupCosine
 
 TRAINABLE = ("attention", "qkv", "o_proj", "all")
 
@@ -128,6 +130,7 @@ def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calib
         raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
     if not 0.0 <= warmup < 1.0:
         raise ValueError(f"warmup: expected a fraction of the steps in [0, 1), got {warmup!r}")
+    budget = TimeBudget(max_seconds)
     decoder = is_decoder(model)
     if not decoder and teacher is None:
         raise ValueError("teacher: an encoder has no language-model loss; pass the unmodified model as teacher=")
@@ -147,23 +150,12 @@ def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calib
     for p in params:
         p.requires_grad_(True)
     n_trainable = sum(p.numel() for p in {id(p): p for p in params}.values())
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    if max_seconds is not None and not max_seconds > 0:
-        raise ValueError(f"max_seconds: expected a positive number of seconds or None, got {max_seconds!r}")
-    plan = {"steps": steps, "warm": int(warmup * steps)}
-
-    def factor(step: int) -> float:
-        n_warm, total = plan["warm"], plan["steps"]
-        if step < n_warm:
-            return (step + 1) / (n_warm + 1)
-        progress_frac = min(1.0, (step - n_warm) / max(1, total - n_warm))
-        return 0.5 * (1.0 + math.cos(math.pi * progress_frac))
-
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    schedule = WarmupCosine(steps, share=warmup)
+    optimizer = Optimizer(params, lr=lr, schedule=schedule, weight_decay=weight_decay)
     result = UptrainResult(steps, float(lr), trainable if isinstance(trainable, str) else "layers",
                            n_trainable, 0, 0.0, objective="cross_entropy" if decoder and teacher is None else
                            ("kl_to_teacher" if decoder else "cosine_to_teacher"))
-    start = time.perf_counter()
+    budget.start()
     was_training = model.training
     order: list[int] = []
     model.train()
@@ -171,15 +163,10 @@ def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calib
         bar = tqdm(range(steps), desc="uptrain", disable=None if progress else True, leave=False)
         running = None
         for step in bar:
-            if step >= plan["steps"]:
+            if step >= schedule.total:
                 break
-            if max_seconds is not None and step == 3:  # time three steps, then fit the run to the budget
-                per_step = (time.perf_counter() - start) / 3
-                fit = max(4, int(max_seconds / per_step))
-                if fit < plan["steps"]:
-                    plan["steps"] = fit
-                    plan["warm"] = min(plan["warm"], int(warmup * fit))
-                    bar.total = fit
+            if budget.fit(step, schedule):  # three steps timed, then the run fitted to the budget
+                bar.total = schedule.total
             if not order:
                 n = pool.shape[0] if decoder else len(batches)
                 order = torch.randperm(n, generator=generator).tolist()
@@ -192,11 +179,8 @@ def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calib
                 batch = batches[order.pop()]
                 loss = _encoder_loss(model, batch, teacher)
                 result.tokens += int(batch.mask.sum())
-            optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
-            schedule.step()
             value = float(loss.detach())
             result.losses.append(value)
             running = value if running is None else 0.9 * running + 0.1 * value
@@ -206,7 +190,7 @@ def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calib
             p.requires_grad_(flag)
         model.train(was_training)
         model.eval()
-    result.seconds = time.perf_counter() - start
+    result.seconds = budget.elapsed()
     result.steps = len(result.losses)
     message = (f"uptrain: {result.steps} steps, {result.tokens:,} tokens, {result.objective} "
                f"{result.loss_first:.4f} -> {result.loss_last:.4f} in {result.seconds:.0f} s")

@@ -80,7 +80,6 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from headcount.surgery.pruning import plan as _plan
 
@@ -268,29 +267,6 @@ def resolve_target(n_gates: int, n_layers: int, heads_to_keep=None, fraction=Non
 
 
 # ------------------------------------------------------------------------------------------- train
-def _distill(model, batch, decoder: bool, gates: list[Tensor]) -> tuple[Tensor, int]:
-    """(distillation loss of the gated model against the same model without gates on this batch, positions
-    scored): the frozen variant's teacher (the joint run has its own, gates_joint.JointRun)."""
-    from headcount.analysis import objectives
-
-    ids, mask = batch
-    if decoder:
-        with torch.no_grad():
-            teacher = F.log_softmax(model(ids, attention_mask=mask).logits.float(), dim=-1)
-        student = F.log_softmax(model(ids, attention_mask=mask, head_gates=gates).logits.float(), dim=-1)
-        if mask is not None:
-            keep = mask.bool()
-            teacher, student = teacher[keep], student[keep]
-        v = teacher.shape[-1]
-        teacher, student = teacher.reshape(-1, v), student.reshape(-1, v)
-        kl = F.kl_div(student, teacher, log_target=True, reduction="sum") / teacher.shape[0]
-        return kl, teacher.shape[0]
-    with torch.no_grad():
-        ref = objectives.pooled(model, ids, mask)
-    emb = objectives.pooled(model, ids, mask, head_gates=gates)
-    return objectives.fidelity(emb, ref).mean().float(), ids.shape[0]
-
-
 def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | None = None, steps: int,
                 lr: float = 0.1, calibration=None, mode: str = "query", progress: bool = True,
                 n_windows: int = N_WINDOWS, window: int = WINDOW, batch_size: int = BATCH_SIZE,
@@ -315,7 +291,10 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     """
     from tqdm.auto import tqdm
 
-    from headcount.analysis.batches import calibration_batches, is_decoder
+    from headcount.analysis.batches import is_decoder
+    from headcount.surgery.pruning import gates_joint as _joint
+    from headcount.surgery.pruning.gates_frozen import FrozenRun
+    from headcount.training.optimizer import Optimizer
 
     _plan.check_mode(mode)
     steps = _check_int("steps", steps, 1)
@@ -335,7 +314,6 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     if not isinstance(joint, bool):
         raise ValueError(f"joint: expected True or False, got {joint!r}")
     if joint:
-        from headcount.surgery.pruning import gates_joint as _joint
         params = _joint.check_params(_joint.DEFAULT_PARAMS if params is None else params)
         from headcount.surgery.healing.loop import default_lr  # healing's: scaled down for a decoder's small weights
         weight_lr = _check_positive("weight_lr", default_lr(model, params) if weight_lr is None else weight_lr)
@@ -350,11 +328,6 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     from headcount.surgery.pruning.removal import resolve_default
 
     calibration = resolve_default(model, calibration)
-    if joint:
-        batches = None  # the joint run draws its own distinct windows (gates_joint.JointRun)
-    else:
-        batches = calibration_batches(model, calibration, n_windows=n_windows, window=window, batch_size=batch_size,
-                                      n_sentences=32 * n_windows)
     device = model.embed.weight.device
 
     start = time.perf_counter()
@@ -362,9 +335,9 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     was_training = model.training
     log_alpha = torch.full((n_gates,), float(init), device=device, requires_grad=True)
     lambdas = torch.zeros(2, device=device, requires_grad=True)
-    opt = torch.optim.Adam([log_alpha], lr=lr, betas=(0.5, 0.99))
-    run = None
-    opt_lambda = torch.optim.Adam([lambdas], lr=lambda_lr, betas=(0.0, 0.99), maximize=True)
+    # Adam on the gates, Adam ascent on the multipliers (the module doc says why these betas), constant lrs
+    opt = Optimizer([log_alpha], lr=lr, betas=(0.5, 0.99), clip=None)
+    opt_lambda = Optimizer([lambdas], lr=lambda_lr, betas=(0.0, 0.99), maximize=True, clip=None)
     offsets = [0]
     for n, _, _ in units:
         offsets.append(offsets[-1] + n)
@@ -376,7 +349,6 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     hard_from = steps - round(hard * steps)  # from this step on: gates fixed at the heads kept (joint only)
     fixed = None  # the fixed gates [n_gates]: 1 kept, 0 removed
     expected, targets, losses, history = [], [], [], []
-    tokens_used = 0
     dtype = model.embed.weight.dtype
 
     def per_layer(values: Tensor) -> list[Tensor]:
@@ -387,17 +359,18 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
         with torch.no_grad():
             return [g.tolist() for g in per_layer(deterministic_gates(log_alpha))]
 
+    run = None
     bar = tqdm(total=steps, desc=f"gates ({mode})", disable=None if progress else True, leave=False)
     try:
         for p in model.parameters():
             p.requires_grad_(False)
         model.eval()
-        if joint:  # the teacher (the unedited weights, frozen) copied before the first step
-            run = _joint.JointRun(model, params=params, weight_lr=weight_lr, steps=steps, calibration=calibration,
-                                  window=window, batch_size=batch_size)
+        # joint: the teacher (the unedited weights, frozen) copied before the first step
+        run = _joint.JointRun(model, params=params, weight_lr=weight_lr, steps=steps, calibration=calibration,
+                              window=window, batch_size=batch_size) if joint else \
+            FrozenRun(model, calibration=calibration, n_windows=n_windows, window=window, batch_size=batch_size)
         for step in range(steps):
-            batch = None if run else batches[step % len(batches)]
-            rows = run.batch_rows(step) if run else batch.ids.shape[0]
+            rows = run.batch_rows(step)
             if step >= hard_from:  # joint's last phase: the kept heads open, the others closed, the gates fixed
                 if fixed is None:
                     chosen_now = _choose(log_alpha.detach().cpu(), offsets, keep)
@@ -407,25 +380,19 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
             else:
                 z = sample_gates(log_alpha.expand(rows, n_gates), generator=gen)  # [B, n_gates]: one draw each
             head_gates = [g.to(dtype) for g in per_layer(z)]
-            distill = run.loss(step, head_gates)[0] if run else _distill(model, batch, decoder, head_gates)[0]
+            distill = run.loss(step, head_gates)[0]
             t = density_target if step >= n_warm else density0 + (density_target - density0) * (step + 1) / n_warm
             if fixed is None:
                 gap = open_probability(log_alpha).mean() - t
                 lagrangian = lambdas[0] * gap + lambdas[1] * gap * gap
-                opt.zero_grad(set_to_none=True)
-                opt_lambda.zero_grad(set_to_none=True)
                 (distill + lagrangian).backward()
                 opt.step()
                 opt_lambda.step()
             else:
                 distill.backward()
-            if run is not None:
-                run.step()
+            run.step()  # the weights' step (joint); nothing for frozen gates
             with torch.no_grad():
                 log_alpha.clamp_(-LOG_ALPHA_LIMIT, LOG_ALPHA_LIMIT)
-            if batch is not None:
-                tokens_used += batch.n_tokens
-            with torch.no_grad():
                 expected.append(float(expected_l0(log_alpha)))
             targets.append(t * n_gates)
             losses.append(float(distill.detach()))
@@ -441,17 +408,9 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
         if run is not None:
             run.close()
 
-    if run is not None:
-        # student forward + backward (3 forwards) on every token seen; the teacher's forward once per distinct
-        # window (cached), or every batch for an encoder
-        calibration_tokens, tokens_used = run.calibration_tokens, run.tokens_seen
-        teacher_tokens = run.teacher_tokens
-        forward_equivalents = (3.0 * tokens_used + teacher_tokens) / max(calibration_tokens, 1)
-        trained_params = sum(p.numel() for p in run.trained)
-    else:
-        calibration_tokens = sum(b.n_tokens for b in batches)
-        forward_equivalents = 4.0 * tokens_used / max(calibration_tokens, 1)
-        trained_params = 0
+    # student forward + backward (3 forwards) on every token seen, plus the teacher's forwards: every batch for
+    # frozen gates and an encoder's joint run, once per distinct window for a decoder's joint run (cached)
+    forward_equivalents = (3.0 * run.tokens_seen + run.teacher_tokens) / max(run.calibration_tokens, 1)
     with torch.no_grad():
         la = log_alpha.detach().cpu()
         det = deterministic_gates(la)
@@ -473,11 +432,11 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
         lambdas=tuple(float(v) for v in lambdas.detach().cpu()), n_closed=int(closed.sum()),
         n_removed_closed=n_removed_closed, n_removed_ranked=n_gates - keep - n_removed_closed,
         n_kept_closed=sum(1 for i in chosen if bool(closed[i])), n_forced=n_forced,
-        calibration_tokens=calibration_tokens, forward_equivalents=forward_equivalents,
+        calibration_tokens=run.calibration_tokens, forward_equivalents=forward_equivalents,
         seconds=time.perf_counter() - start,
         objective="KL(teacher || gated) of next-token distributions" if decoder else
         "1 - cos of mean-pooled sentence embeddings (gated vs unmodified)",
-        joint=joint, params=params, weight_lr=weight_lr, trained_params=trained_params,
+        joint=joint, params=params, weight_lr=weight_lr, trained_params=sum(p.numel() for p in run.trained),
         hard_steps=steps - hard_from if joint else 0)
     return result
 

@@ -1,5 +1,5 @@
 """Gates trained WITH the model (Voita et al. 2019's setup): what train_gates(joint=True) adds to the frozen
-variant in gates.py, which runs the loop.
+variant (gates_frozen.FrozenRun, the same face); gates.py runs the loop over either.
 
     trained_parameters(model, params) -> [Parameter]   the weights that move with the gates
     teacher_copy(model, trained) -> model              a frozen copy of the unedited model for the distillation
@@ -19,7 +19,7 @@ The run is healing's (surgery/healing/loop.py), with the gates in the student's 
   - the teacher's final hidden states cached per window and the fused chunked KL (healing/loss.py);
   - the weights: AdamW at healing's default lr for those params (healing.loop.default_lr: DEFAULT_LR, scaled
     down for a decoder's small attention weights; an encoder's unscaled, relative_lr says why),
-    warm-up then cosine, gradients clipped at 1;
+    warm-up then cosine, gradients clipped at 1 (headcount.training's Optimizer and WarmupCosine, as healing's);
   - the last `hard` share of the steps (JOINT_HARD, a quarter) fixes the gates at the heads that will be kept
     (exactly 1) and removed (exactly 0) and trains the weights alone: the weights then learn the model that
     removal leaves, rather than an average over sampled gates whose deterministic value (what removal keeps)
@@ -96,10 +96,11 @@ class JointRun:
 
     def __init__(self, model, *, params: str, weight_lr: float, steps: int, calibration, window: int,
                  batch_size: int, tokens: int | None = None):
-        import torch
-
         from headcount.analysis.batches import calibration_batches, is_decoder
         from headcount.surgery.healing import loop
+        from headcount.surgery.healing.step import Teacher
+        from headcount.training.optimizer import Optimizer
+        from headcount.training.schedule import WarmupCosine
 
         self.model, self.decoder = model, is_decoder(model)
         self.trained = trained_parameters(model, params)
@@ -115,12 +116,10 @@ class JointRun:
             self.batches = calibration_batches(model, calibration, n_sentences=32 * steps)
             self.calibration_tokens = sum(b.n_tokens for b in self.batches)
         self.teacher_model = teacher_copy(model, self.trained)
-        self.source = loop._Teacher(self.teacher_model, windows) if self.decoder else None
+        self.source = Teacher(self.teacher_model, windows) if self.decoder else None
         for p in self.trained:
             p.requires_grad_(True)
-        self.optimizer = torch.optim.AdamW(self.trained, lr=weight_lr, weight_decay=0.0)
-        warm = int(loop.WARMUP * steps)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: loop.schedule(s, warm, steps))
+        self.optimizer = Optimizer(self.trained, lr=weight_lr, schedule=WarmupCosine(steps, share=loop.WARMUP))
         self.tokens_seen = 0
         self.teacher_tokens = 0  # tokens the teacher ran (a decoder's once per window: cached)
 
@@ -134,11 +133,11 @@ class JointRun:
         import torch
 
         from headcount.analysis import objectives
-        from headcount.surgery.healing import loop
+        from headcount.surgery.healing.step import distilled
 
         if self.decoder:
             rows = self.rows[step % len(self.rows)]
-            kl, n = loop._kl(self.model, self.source, rows, self.teacher_model.lm_head, head_gates=head_gates)
+            kl, n = distilled(self.model, self.source, rows, self.teacher_model.lm_head, head_gates=head_gates)
             self.tokens_seen += len(rows) * self.source.windows.shape[1]
             return kl / n, n
         batch = self.batches[step % len(self.batches)]
@@ -150,12 +149,7 @@ class JointRun:
         return objectives.fidelity(emb, ref).mean().float(), batch.ids.shape[0]
 
     def step(self) -> None:
-        import torch
-
-        torch.nn.utils.clip_grad_norm_(self.trained, 1.0)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.step()  # clip at 1, AdamW, the schedule
 
     def close(self) -> None:
         if self.source is not None:
