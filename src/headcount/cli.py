@@ -1,6 +1,7 @@
 """The `headcount` command.
 
-Each room registers its own commands (``register(app)``) so this file stays a switchboard.
+Each room registers its own commands (``register(app)``) so this file stays a switchboard. A command that needs
+a room above its own gets it here, as an argument of register (`generate --tp`: models.cli.register(tp_setup=)).
 Nothing here imports torch at module level: `headcount cost` must answer instantly.
 """
 
@@ -31,7 +32,8 @@ def _register_all() -> None:
     from headcount.tasks import cli as tasks_cli
 
     cost_cli.register(app)
-    models_cli.register(app, bench_app)
+    # the one hook across rooms: models sits below parallel, so `generate --tp` gets parallel's setup from here
+    models_cli.register(app, bench_app, tp_setup=parallel_cli.tp_setup)
     demo_cli.register(app, bench_app)
     for room in (analysis_cli, tasks_cli, surgery_cli, report_cli, experiments_cli, parallel_cli, engines_cli):
         room.register(app, bench_app)

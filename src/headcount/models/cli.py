@@ -1,4 +1,4 @@
-"""`headcount perplexity`, `headcount generate`, `headcount bench decode` (issue 4).
+"""`headcount perplexity`, `headcount generate`, `headcount bench decode`, `headcount bench exactness`.
 
 torch and the models are imported inside the commands: the CLI itself must start fast.
 Bad input (unknown model, missing package, unreadable file, a prompt past the context...) prints one
@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from headcount.arguments import one_of, positive_int
 from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
 
 # the one-line error handler every room's CLI uses (headcount/cli_errors.py), under its old name too
@@ -36,13 +37,10 @@ def _decoder(name: str, dtype: str = "fp32", device: str = "cpu"):
     return model
 
 
-# `generate --tp` is provided by the parallel room, which sits above models: headcount.parallel.cli's
-# register() sets this to (model, *, seed, sample, log) -> (is rank 0, the seed every rank shares), so
-# this room never imports one above it.
-TP_SETUP = None
-
-
-def register(app, bench_app) -> None:
+def register(app, bench_app, *, tp_setup=None) -> None:
+    """Add the commands. tp_setup: what `generate --tp` calls, (model, *, seed, sample, log) -> (is rank 0,
+    the seed every rank shares); the switchboard passes the parallel room's, which sits above models, so this
+    room never imports it. None: `--tp` says tensor parallelism is not available."""
     from headcount.models.formats import cli as formats_cli
 
     formats_cli.register(app)
@@ -66,12 +64,9 @@ def register(app, bench_app) -> None:
             from headcount.data import default_corpus, read_text
             from headcount.models.evaluation import evaluate_perplexity
 
-            if part not in ("held_out", "calibration"):
-                raise ValueError(f"--part: expected held_out or calibration, got {part!r}")
-            if max_tokens is not None and max_tokens < 2:
-                raise ValueError(f"--max-tokens: expected at least 2, got {max_tokens}")
-            if batch_size < 1:
-                raise ValueError(f"--batch-size: expected a positive number, got {batch_size}")
+            one_of("--part", part, ("held_out", "calibration"), expected="held_out or calibration")
+            positive_int("--max-tokens", max_tokens, 2, none=True, expected="at least 2")
+            positive_int("--batch-size", batch_size, expected="a positive number")
             if text is not None:
                 source, texts = str(text), read_text(text)
             else:
@@ -119,10 +114,10 @@ def register(app, bench_app) -> None:
                 messages = ([{"role": "system", "content": system}] if system is not None else []) + \
                     [{"role": "user", "content": chat}]
                 prompt = lm.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-            if tp:  # tensor parallel by heads; every rank generates the same tokens: tensor parallel by heads; every rank generates the same tokens
-                if TP_SETUP is None:
+            if tp:  # tensor parallel by heads; every rank generates the same tokens, only rank 0 prints them
+                if tp_setup is None:
                     raise ValueError("--tp: tensor parallelism is not available (headcount.parallel is not registered)")
-                main, seed = TP_SETUP(lm, seed=seed, sample=temperature > 0, log=_log)
+                main, seed = tp_setup(lm, seed=seed, sample=temperature > 0, log=_log)
             timings: dict = {}
             tokens = stream_tokens(lm, prompt, max_new_tokens, temperature=temperature, top_k=top_k, seed=seed,
                                    stop_at_eos=not no_stop, timings=timings)
@@ -167,8 +162,7 @@ def register(app, bench_app) -> None:
                     raise ValueError("--families: give either it or --models, not both")
                 models = exactness.FAMILIES
 
-            if gguf_windows < 0:
-                raise ValueError(f"--gguf-windows: expected >= 0, got {gguf_windows}")
+            positive_int("--gguf-windows", gguf_windows, 0, expected=">= 0")
             result = exactness.run(window, models=models, gguf_window=gguf_window,
                                    gguf_windows=gguf_windows or None, log=_log)
         if json_out:

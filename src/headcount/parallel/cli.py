@@ -1,6 +1,7 @@
 """Commands of headcount.parallel (registered by headcount.cli; no torch import at module level).
 
     headcount bench parallel       one process with 2 threads vs 2 ranks with 1 thread each (bench.py)
+    tp_setup                       `headcount generate --tp`: handed to models.cli.register by headcount/cli.py
 
 `rank_errors(command)` (headcount/cli_errors.py) is what every multi-rank command wraps itself in.
 """
@@ -11,11 +12,13 @@ import json
 
 import typer
 
+from headcount.arguments import positive_int
 from headcount.cli_errors import rank_errors  # noqa: F401 (moved low: surgery and analysis commands use it too)
 
 
-def _tp_setup(model, *, seed, sample: bool, log):
-    """`headcount generate --tp`: shard `model` over the torchrun ranks; (is rank 0, the shared seed)."""
+def tp_setup(model, *, seed, sample: bool, log):
+    """`headcount generate --tp`: shard `model` over the torchrun ranks; (is rank 0, the shared seed). The
+    switchboard (headcount/cli.py) hands it to models.cli.register, since models may not import this room."""
     from headcount.parallel.model import shared_seed, tensor_parallel_from_env
 
     main = tensor_parallel_from_env(model, log=log)
@@ -23,11 +26,7 @@ def _tp_setup(model, *, seed, sample: bool, log):
 
 
 def register(app, bench_app) -> None:
-    """Add `headcount bench parallel`, and `--tp` to `headcount generate` (models/cli.py's TP_SETUP)."""
-    from headcount.models import cli as models_cli
-
-    models_cli.TP_SETUP = _tp_setup
-
+    """Add `headcount bench parallel` (`generate --tp` is `tp_setup`, passed to models' register)."""
     @bench_app.command("parallel")
     def bench_parallel(
         prompt_tokens: int = typer.Option(256, "--prompt-tokens", help="prompt length (prefill)"),
@@ -43,8 +42,7 @@ def register(app, bench_app) -> None:
 
             for name, value, low in (("--prompt-tokens", prompt_tokens, 2), ("--new-tokens", new_tokens, 2),
                                      ("--repeats", repeats, 1)):
-                if value < low:
-                    raise ValueError(f"{name}: expected at least {low}, got {value}")
+                positive_int(name, value, low, expected=f"at least {low}")
             result = bench.run(prompt_tokens, new_tokens, repeats,
                                log=lambda m: typer.echo(f"headcount: {m}", err=True))
         if json_out:
