@@ -341,7 +341,7 @@ def package_source_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
 # Python source code (code, comments and docstrings verbatim) of standard-library modules that no other
 # corpus here reads. The WHOLE domain is held out: no calibration part, and no default, order, ridge or
 # fraction in the project is chosen on it. It answers "does an edit calibrated on our text hold on text
-# nobody calibrated on?" (issue 16).
+# nobody calibrated on?"
 SOURCE_MODULES = ("argparse", "configparser", "csv", "difflib", "email._header_value_parser", "http.client",
                   "logging.__init__", "shutil", "tarfile", "textwrap", "zipfile.__init__", "fractions")
 SOURCE_MAX_CHARS = 600_000

@@ -4,13 +4,11 @@ glibc serves a block above its mmap threshold with its own mmap and unmaps it on
 dynamic: each freed mapped block RAISES it (up to 32 MiB), after which blocks of that size come from the heap
 and stay in the process when freed. A dissection allocates and frees activations of a few MiB to tens of MiB
 batch after batch, so the resident size climbs past what is live. A fixed threshold (setting it turns the
-dynamic one off) keeps every block above it returned: measured on qwen2.5-coder-1.5b in bf16, the
-reconstruction order's peak went from 6.17 to 5.69 GiB at 4 MiB, at the same speed (186 s against 189 s).
+dynamic one off) keeps every block above it returned, which lowers a large model's peak at the same speed.
 
-The price is a page fault per fresh page of every large block: on smollm2 (0.54 GB of weights) `merge-kv
---kv-heads 1` took 228 s with it against 220 s without (system time 31 s against 10 s) for the same peak (2.17 /
-2.20 GB), so the commands set it only for a model of BOUND_FROM bytes of weights or more
-(models.options.load_model, once the model is loaded). Importing headcount as a library changes no allocator.
+The price is a page fault per fresh page of every large block, which on a small model costs time and saves no
+memory, so the commands set it only for a model of BOUND_FROM bytes of weights or more
+(models.options.load_model, once the model is loaded). docs/scale.md ("Memory") has both measurements. Importing headcount as a library changes no allocator.
 MALLOC_MMAP_THRESHOLD_ in the environment (glibc's own knob) wins: then nothing is set here.
 """
 

@@ -107,7 +107,7 @@ class ModelShape:
     layer_types: tuple[str, ...] | None = None  # per layer: "full_attention" | "sliding_attention"
     arch: str = "decoder"
     name: str = "custom"
-    # mixture of experts (issue 27): n_experts gated experts of width d_expert per MoE layer, experts_per_token
+    # mixture of experts: n_experts gated experts of width d_expert per MoE layer, experts_per_token
     # of them active; a router Linear(d_model, n_experts). moe_layers: how many layers have experts (None =
     # all); the others keep the dense MLP of d_ff. attn_sinks: one learned logit per query head (GPT-OSS).
     n_experts: int = 0
@@ -320,7 +320,7 @@ GEMMA3_TEXT_DEFAULTS = {
 _FAMILIES: dict[str, dict] = {
     "llama": _DECODER_GATED,
     "mistral": dict(_DECODER_GATED, window="all"),  # sliding_window set: every layer local (v0.1); null: none
-    # mixture of experts (issue 27): "experts" names the config keys of the expert count and width
+    # mixture of experts: "experts" names the config keys of the expert count and width
     "mixtral": dict(_DECODER_GATED, window="all", experts=("num_local_experts", "intermediate_size")),
     "qwen3_moe": dict(_DECODER_GATED, qk_norm=True, window="qwen_all", defaults={"head_dim": 128},
                       experts=("num_experts", "moe_intermediate_size")),

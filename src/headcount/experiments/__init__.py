@@ -1,4 +1,4 @@
-"""The chapter's experiments (issue 9): small models trained from scratch on 2 cores.
+"""The chapter's experiments: small models trained from scratch on 2 cores.
 
     multi-relation, heads-sweep, low-rank, write-address     one file each; registry.py lists them
 """

@@ -1,4 +1,4 @@
-"""`headcount experiment NAME` (issue 9). Registered by headcount.cli; no torch import at module level.
+"""`headcount experiment NAME`. Registered by headcount.cli; no torch import at module level.
 
 Bad input (an unknown experiment, head counts that do not divide d_model, --steps 0, an unwritable
 --png path) prints one line to stderr and exits with status 2, no traceback.

@@ -3,7 +3,7 @@
     ExperimentResult.to_json() -> {"experiment", "claim", "quick", "config", "results": [...], "details",
                                    "notes", "seconds"}
 
-`results` holds one entry per setting with the keys the issue fixes (multi-relation: n_heads, accuracy;
+`results` holds one entry per setting with fixed keys, which report/trained.py and the tests read (multi-relation: n_heads, accuracy;
 heads-sweep: n_heads, head_dim, ppl_mean, ppl_std; low-rank: head_dim, n, error; write-address:
 variant, loss), plus the spread over seeds and anything else worth keeping.
 """

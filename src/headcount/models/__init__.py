@@ -1,4 +1,4 @@
-"""Real pretrained models on headcount.MultiHeadAttention (issue 4).
+"""Real pretrained models on headcount.MultiHeadAttention.
 
     load("minilm") / load("smollm2") / load(path)      the zoo (zoo.py)
     Decoder, DecoderConfig                             Llama / Qwen2 / Qwen3 / Mistral / Gemma 3 / GPT-2 (decoder.py)

@@ -2,8 +2,8 @@
 
 Both run in this process on the same fp32 weights (transformers' LlamaForCausalLM is built from
 headcount's weights, attn_implementation="sdpa"), on the same prompt: the first 512 tokens of the
-default corpus's held-out part. Measured as the issue defines it, with paired repeats (each repeat
-runs every contender once, in turn, so drift hits them alike):
+default corpus's held-out part. Measured with paired repeats (each repeat runs every contender once, in
+turn, so drift hits them alike):
 
     prefill   = time of generating 1 token after the prompt (prefill + the first token)
     decode    = 64 / (time of generating 65 tokens - time of generating 1), in tokens per second

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 PACK_BATCH_HINT = 512  # oneDNN's blocked layout chosen for ~512 rows; measured as fast for 1 row too
-# The packed copies are bounded (the scale issue's peak-memory target is 1.3 x the weights + 1 GiB): a model
+# The packed copies are bounded (so a command's peak stays under 1.3 x the weights + 1 GiB): a model
 # of at most PACK_WHOLE bytes of weights packs whole (smollm2's 540 MB); a larger one packs its first Linears up
 # to PACK_FIXED + PACK_OF_WEIGHTS x its weights' bytes and runs the rest through MKL (slower on AMD CPUs).
 PACK_WHOLE = 768 << 20

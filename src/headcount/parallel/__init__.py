@@ -1,4 +1,4 @@
-"""Heads sharded over processes with torch.distributed (issue 10): a plan applied to an unchanged model.
+"""Heads sharded over processes with torch.distributed: a plan applied to an unchanged model.
 
     shard_heads(attn, group=None)      this rank's shard of one MultiHeadAttention (shard.py)
     tensor_parallel(model, group=None) the same for a whole model (model.py: a module name that never
