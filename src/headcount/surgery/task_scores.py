@@ -1,8 +1,10 @@
 """`--eval TASK[:N]` of every edit command: a task's pass@1 before the edit, after it and after healing.
 
     parse_eval(["humaneval:20", "mine.jsonl"])  -> [TaskSpec]   checked (and the problems read) before any work
-    scores = TaskScores(specs); scores.measure(model, "before_edit") ... scores.to_json()
-        -> {"humaneval:20": {"before_edit": 0.65, "after_edit": 0.6, "after_heal": 0.63}}
+
+The specs go to surgery.quality.QualityMeter(tasks=specs), which measures greedy pass@1 at every stage of an
+edit; EditReport.tasks() gives the JSON block {"humaneval:20": {"before_edit": 0.65, "after_edit": 0.6,
+"after_heal": 0.63}}.
 
 The problems an edit is judged on are never what it chooses or heals on: `check_not_calibrated_on` refuses
 a calibration text that contains any of them (a user's --text holding the eval problems), and the test
@@ -12,9 +14,6 @@ suite checks that the default calibration streams hold none of HumanEval.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-STAGES = ("before_edit", "after_edit", "after_heal")
-
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -62,39 +61,3 @@ def check_not_calibrated_on(specs: list[TaskSpec], calibration_texts, flag: str 
             if any(line in joined for line in _signature_lines(problem)):
                 raise ValueError(f"{flag}: its calibration part contains {problem.task_id} of --eval {spec.label}; "
                                  "an edit is never chosen or healed on the problems it is judged on")
-
-
-class TaskScores:
-    """pass@1 per task and stage, greedy, in the format the model's tokenizer calls for (tasks.prompts)."""
-
-    def __init__(self, specs: list[TaskSpec], *, batch_size: int = 8, max_new_tokens: int = 512, log=None):
-        self.specs, self.batch_size, self.max_new_tokens, self.log = specs, batch_size, max_new_tokens, log
-        self.scores: dict[str, dict[str, float]] = {s.label: {} for s in specs}
-
-    def __bool__(self) -> bool:
-        return bool(self.specs)
-
-    def measure(self, model, stage: str) -> None:
-        from headcount.tasks.harness import Settings, evaluate
-
-        if stage not in STAGES:
-            raise ValueError(f"stage: expected one of {', '.join(STAGES)}, got {stage!r}")
-        for spec in self.specs:
-            result = evaluate(model, spec.task, problems=list(spec.problems),
-                              settings=Settings(batch_size=self.batch_size, max_new_tokens=self.max_new_tokens))
-            self.scores[spec.label][stage] = result.pass_at_1
-            if self.log is not None:
-                self.log(f"{spec.label} {stage.replace('_', ' ')}: pass@1 {result.pass_at_1:.3f} "
-                         f"({result.passed}/{result.n_problems}, {result.seconds:.0f} s)")
-
-    def to_json(self) -> dict:
-        return {label: dict(stages) for label, stages in self.scores.items()}
-
-    def rows(self) -> list[tuple[str, float, float]]:
-        """(name, before, after) rows for a before/after table: the latest stage against before_edit."""
-        out = []
-        for label, stages in self.scores.items():
-            if "before_edit" in stages and len(stages) > 1:
-                last = "after_heal" if "after_heal" in stages else "after_edit"
-                out.append((f"pass@1: {label} ({last.replace('_', ' ')})", stages["before_edit"], stages[last]))
-        return out

@@ -3,7 +3,7 @@ Registered through headcount.surgery.cli; no torch import at module level.
 
     check_heal_steps(n)                     the flag's check, before anything is loaded
     teacher_for(model, n)                   the unedited copy to distil from (None when n == 0), taken BEFORE the edit
-    heal_after_edit(model, teacher, n, before, after)   heal, record the metadata; the JSON block
+    healer(teacher, n)                      run_edit's heal step: heal, record the metadata; the JSON block
     print_heal_table(block)                 before the edit / after the edit / after healing, every domain
 
 Bad input: one line on stderr naming the flag, exit 2, nothing written (every check before --out is touched;
@@ -50,21 +50,27 @@ def teacher_for(model, heal_steps: int, dtype: str = "fp32", deep: bool = False)
     return attention_copy(model)
 
 
-def heal_after_edit(model, teacher, heal_steps: int, before: dict | None, after: dict | None,
-                    progress: bool = True, eval_windows: int = 4, group=None, calibration=None,
-                    held_out=None) -> dict:
-    """Heal the edited `model` from `teacher` for `heal_steps` steps; `before` / `after`: the edit command's
-    held-out perplexities per domain (None: measured here); group: the torchrun group the edit ran on (the
-    heal runs data-parallel over it, DDP); calibration / held_out: the calibration and held-out parts of the
-    edit's --text (None: the default "mixed" calibration; the text's held-out part is measured as a fourth
-    domain, "text", beside the three). Returns HealResult.to_json()."""
-    from headcount.surgery.healing.loop import heal
+def healer(teacher, heal_steps: int, *, progress: bool = True, eval_windows: int = 4, group=None, calibration=None,
+           held_out=None):
+    """run_edit's heal step for --heal-steps (None when there is no teacher): heal the edited model from `teacher`
+    for `heal_steps` steps, reusing the edit's held-out figures before and after the edit. group: the torchrun
+    group the edit ran on (the heal runs data-parallel over it, DDP); calibration / held_out: the calibration
+    and held-out parts of the edit's --text (None: the default "mixed" calibration; the text's held-out part is
+    measured as a fourth domain, "text", beside the three). The step returns HealResult.to_json()."""
+    if teacher is None:
+        return None
 
-    known = {"before_edit": before, "after_edit": after} if before and after else None
-    result = heal(model, teacher, steps=heal_steps, known=known, progress=progress, eval_windows=eval_windows,
-                  group=group, **text_args(calibration, held_out))
-    model.healing = result.metadata()
-    return result.to_json()
+    def step(model, before, after) -> dict:
+        from headcount.surgery.healing.loop import heal
+
+        known = ({"before_edit": dict(before.perplexity), "after_edit": dict(after.perplexity)}
+                 if len(before.perplexity) > 1 else None)
+        result = heal(model, teacher, steps=heal_steps, known=known, progress=progress, eval_windows=eval_windows,
+                      group=group, **text_args(calibration, held_out))
+        model.healing = result.metadata()
+        return result.to_json()
+
+    return step
 
 
 def text_args(calibration, held_out, stream: str = "mixed") -> dict:
@@ -168,13 +174,13 @@ def register(app, bench_app) -> None:
                 raise ValueError(f"--calibration: {stream!r} and --text both choose the calibration; give one")
             from headcount.models.options import parse_device, parse_dtype
             from headcount.surgery.cli_common import (calibration_and_held_out, check_eval_model, check_out_dir,
-                                                      task_scores)
+                                                      quality_meter, task_specs)
             from headcount.surgery.task_scores import check_not_calibrated_on
 
             parse_dtype(dtype), parse_device(device)
-            scores = task_scores(evals, log=lambda m: typer.echo(f"headcount: {m}", err=True))
+            specs = task_specs(evals)
             calibration, held_out, _ = calibration_and_held_out(text)
-            check_not_calibrated_on(scores.specs, calibration)
+            check_not_calibrated_on(specs, calibration)
             out = check_out_dir(out, force)
             group, main = None, True
             if "WORLD_SIZE" in os.environ:  # under torchrun: data-parallel healing (DDP), rank 0 writes
@@ -182,42 +188,46 @@ def register(app, bench_app) -> None:
                 group = distributed.init()
                 main = distributed.is_main(group)
             student, original = _load_pair(model, teacher, dtype, device)
-            check_eval_model(scores, student)
-            if scores:  # the teacher is the model before the edit; the student, after it
-                scores.measure(original, "before_edit")
-                scores.measure(student, "after_edit")
-            from headcount.models.fingerprint import weights_hash
-            source_weights, edited_weights = weights_hash(original), weights_hash(student)
-            from headcount.surgery.healing.loop import heal
+            check_eval_model(specs, student)
             from headcount.surgery import save
+            from headcount.surgery.editing import run_edit
 
-            try:
-                result = heal(student, original, steps=steps, tokens=tokens, params=params, lr=lr,
-                              eval_windows=eval_windows, group=group, **text_args(calibration, held_out, stream))
-            except ValueError as e:
-                if str(e).startswith("tokens:"):
-                    raise ValueError(f"--{e}") from None
-                raise
-            if scores:
-                scores.measure(student, "after_heal")
-                student.task_scores = scores.to_json()
+            def heal_step(model, before, after) -> dict:
+                from headcount.surgery.healing.loop import heal
+
+                known = {"before_edit": dict(before.perplexity), "after_edit": dict(after.perplexity)}
+                try:
+                    result = heal(model, original, steps=steps, tokens=tokens, params=params, lr=lr, known=known,
+                                  eval_windows=eval_windows, group=group, **text_args(calibration, held_out, stream))
+                except ValueError as e:
+                    if str(e).startswith("tokens:"):
+                        raise ValueError(f"--{e}") from None
+                    raise
+                model.healing = {**result.metadata(), "teacher": teacher,
+                                 **({"calibration": str(text)} if text else {})}
+                return result.to_json()
+
+            # the teacher is the model before the edit, the student after it: the three held-out domains, with
+            # --text's held-out part as a fourth, "text"
+            meter = quality_meter(None, eval_windows, specs, extra={"text": held_out} if held_out else None)
+            report = run_edit(student, None, unedited=original, meter=meter, heal=heal_step)
+            if specs:
+                student.task_scores = report.tasks()
             if not main:
                 return
-            student.healing = {**result.metadata(), "teacher": teacher,
-                               **({"calibration": str(text)} if text else {})}
             save(student, out, force=force)
         from headcount.surgery.cli_common import command_line
         # weights_sha256: the unedited model's (the teacher: the weights before the edit, what a saved result is
         # keyed by); edited_weights_sha256: the student's before healing
-        data = {**result.to_json(), "teacher": teacher, "out": str(out), "weights_sha256": source_weights,
-                "edited_weights_sha256": edited_weights, "command": command_line()}
-        if scores:
-            data["tasks"] = scores.to_json()
+        data = {**report.healing, "teacher": teacher, "out": str(out), "weights_sha256": report.weights_sha256,
+                "edited_weights_sha256": report.edited_weights_sha256, "command": command_line()}
+        if specs:
+            data["tasks"] = report.tasks()
         if json_out:
             typer.echo(json.dumps(data, indent=2))
             return
         print_heal_table(data, f"{model} healed from {teacher}")
-        if scores:
-            from headcount.surgery.cli_common import before_after_table
-            before_after_table(scores.rows(), f"{model}: task scores")
+        if specs:
+            from headcount.surgery.cli_common import before_after_table, task_rows
+            before_after_table(task_rows(data["tasks"]), f"{model}: task scores")
         typer.echo(f"saved to {out} (headcount.models.load / --model {out})")

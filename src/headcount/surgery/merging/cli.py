@@ -81,79 +81,54 @@ def run_merge(model_name: str, kv_heads: int, *, method: str = "aware", layers=N
 
     group: a process group to split the calibration over (torchrun); only `main` (rank 0) saves, and the
     other ranks return None. The uptrain is not split: every rank runs the same one (one process's steps).
-    evals: surgery.task_scores.TaskScores of --eval (pass@1 before the merge, after it and after healing)."""
-    from headcount.models.options import check_finite, load_model
-    from headcount.surgery.cli_common import calibration_and_held_out, held_out_report
+    evals: surgery.task_scores.TaskSpec list of --eval (pass@1 before the merge, after it and after healing)."""
+    from headcount.models.options import load_model
+    from headcount.surgery.cli_common import calibration_and_held_out, quality_meter
     from headcount.surgery.merging.kv_merge import _targets, merge_kv
 
+    specs = list(evals or ())
     calibration, held_out, source = calibration_and_held_out(text)
-    if evals:
+    if specs:
         from headcount.surgery.task_scores import check_not_calibrated_on
-        check_not_calibrated_on(evals.specs, calibration)
+        check_not_calibrated_on(specs, calibration)
     model = load_model(model_name, dtype, device)
     _targets(model, kv_heads, layers, method)  # every check before any measurement or change
     from headcount.surgery.cli_common import check_eval_model
-    check_eval_model(evals, model)
-    from headcount.models.fingerprint import weights_hash
-    source_weights = weights_hash(model)  # the weights before the edit: what a saved result is keyed by
-    heads_before = sum(layer.attn.n_kv_heads for layer in model.layers)
-    q_heads = sum(layer.attn.n_heads for layer in model.layers)
-    params_before = sum(p.numel() for p in model.parameters())
-    teacher = None
-    if heal_steps:
-        from headcount.surgery.healing.cli import teacher_for
-        teacher = teacher_for(model, heal_steps, dtype)
-    quality_before, reference, by_domain_before = held_out_report(model, held_out, eval_windows, 512)
-    if evals:
-        evals.measure(model, "before_edit")
-    # merge_kv's own defaults for everything not given as a flag (the uptrain included): one truth
-    result = merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
-                      n_windows=calibration_windows, local_steps=local_steps, local_tokens=local_tokens or None,
-                      uptrain_steps=uptrain_steps, uptrain_lr=uptrain_lr, group=group, progress=main)
-    seconds, forward_equivalents = result.seconds, result.forward_equivalents
-    quality_after, _, by_domain_after = held_out_report(model, held_out, eval_windows, 512, reference)
-    for value in ([quality_after] if isinstance(quality_after, float) else list(quality_after)):
-        check_finite(value, "the merged model's held-out quality", model.embed.weight.dtype)
-    if evals:
-        evals.measure(model, "after_edit")
-    healed = None
-    if heal_steps:  # every rank heals the same way (one process's steps), as the uptrain
-        from headcount.surgery.healing.cli import heal_after_edit
-        healed = heal_after_edit(model, teacher, heal_steps, by_domain_before, by_domain_after, progress=main,
-                                 eval_windows=eval_windows, calibration=calibration, held_out=held_out)
-        if evals:
-            evals.measure(model, "after_heal")
-    if evals:
-        model.task_scores = evals.to_json()  # saved with the model (headcount.json "tasks")
+    check_eval_model(specs, model)
+    from headcount.surgery.editing import run_edit
+    from headcount.surgery.healing.cli import healer, teacher_for
+
+    teacher = teacher_for(model, heal_steps, dtype)
+
+    def edit(model):
+        # merge_kv's own defaults for everything not given as a flag (the uptrain included): one truth
+        return merge_kv(model, kv_heads, layers=layers, method=method, calibration=calibration,
+                        n_windows=calibration_windows, local_steps=local_steps, local_tokens=local_tokens or None,
+                        uptrain_steps=uptrain_steps, uptrain_lr=uptrain_lr, group=group, progress=main)
+
+    # every rank heals the same way (one process's steps), as the uptrain
+    report = run_edit(model, edit, meter=quality_meter(held_out, eval_windows, specs),
+                      check_dtype=model.embed.weight.dtype, what="the merged model's held-out quality",
+                      heal=healer(teacher, heal_steps, progress=main, eval_windows=eval_windows,
+                                  calibration=calibration, held_out=held_out))
+    if specs:
+        model.task_scores = report.tasks()  # saved with the model (headcount.json "tasks")
     if not main:  # another rank under torchrun: rank 0 writes and prints
         return None
     if out is not None:
         from headcount.surgery import save
         save(model, out, force=force)
-    decoder = isinstance(quality_before, float)
-    data = {
-        "heads_before": heads_before,
-        "heads_after": sum(layer.attn.n_kv_heads for layer in model.layers),
-        "params_before": params_before,
-        "params_after": sum(p.numel() for p in model.parameters()),
-        "kv_bytes_per_token_before": result.kv_bytes_per_token_before,
-        "kv_bytes_per_token_after": result.kv_bytes_per_token_after,
-        "ppl_before": quality_before if decoder else None,
-        "ppl_after": quality_after if decoder else None,
-        "ppl_by_domain_before": by_domain_before, "ppl_by_domain_after": by_domain_after,
-        "forward_equivalents": round(forward_equivalents, 2), "seconds": round(seconds, 1),
-        "weights_sha256": source_weights, "method": method, "merge_options": result.options,
-        "uptrain": ({k: result.uptrain.get(k) for k in ("steps", "lr", "tokens", "objective", "loss_first", "loss_last")}
-                    if result.uptrain else None),
-    }
-    if healed is not None:  # after healing: the held-out domains, and the heal's own cost
-        data["ppl_by_domain_healed"], data["heal"] = healed["held_out"]["after_heal"], healed
-    if evals:
-        data["tasks"] = evals.to_json()
-    extra = {"query_heads": q_heads, "source": source, "merge": result.to_json(),
-             "uptrain": result.uptrain, "out": str(out) if out else None}
-    if not decoder:
-        extra["fidelity_after"] = {"cosine": quality_after[0], "spearman": quality_after[1]}
+    merged = report.edit
+    data = report.to_json()
+    # merge-kv's heads_* count KV heads (what the merge changes); the query heads stay as they were
+    q_heads = data["heads_before"]
+    data["heads_before"], data["heads_after"] = data["kv_heads_before"], data["kv_heads_after"]
+    data |= {"forward_equivalents": round(merged["forward_equivalents"], 2), "seconds": round(merged["seconds"], 1),
+             "method": method, "merge_options": merged.get("options"),
+             "uptrain": ({k: merged["uptrain"].get(k) for k in ("steps", "lr", "tokens", "objective", "loss_first",
+                                                                  "loss_last")} if merged.get("uptrain") else None)}
+    extra = {"query_heads": q_heads, "source": source, "merge": merged, "uptrain": merged.get("uptrain"),
+             "out": str(out) if out else None, "fidelity_after": data.get("fidelity_after")}
     return {"json": data, "extra": extra}
 
 
@@ -221,8 +196,8 @@ def register(app, bench_app) -> None:
             if calibration_windows < 1 or eval_windows < 1:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
             layer_list = parse_layers(layers)
-            from headcount.surgery.cli_common import task_scores
-            scores = task_scores(evals, log=lambda m: typer.echo(f"headcount: {m}", err=True))
+            from headcount.surgery.cli_common import task_specs
+            specs = task_specs(evals)
             if not timeout > 0:
                 raise ValueError(f"--timeout: expected a positive number of seconds, got {timeout}")
             world = _torchrun_world()
@@ -243,7 +218,7 @@ def register(app, bench_app) -> None:
                                uptrain_lr=uptrain_lr, out=out, force=force, text=text,
                                calibration_windows=calibration_windows, eval_windows=eval_windows,
                                local_steps=local_steps, local_tokens=local_tokens, dtype=dtype, device=device,
-                               group=group, main=main, heal_steps=heal_steps, evals=scores)
+                               group=group, main=main, heal_steps=heal_steps, evals=specs)
         if result is None:  # a rank other than 0
             return
         data, extra = result["json"], result["extra"]
@@ -265,7 +240,8 @@ def register(app, bench_app) -> None:
             rows.append((f"held-out perplexity ({extra['source']})", data["ppl_before"], data["ppl_after"]))
         else:
             rows.append(("held-out embedding cosine", 1.0, extra["fidelity_after"]["cosine"]))
-        rows += scores.rows()
+        from headcount.surgery.cli_common import task_rows
+        rows += task_rows(data.get("tasks") or {})
         merged = extra["merge"]
         before_after_table(rows, f"{model}: K/V heads merged to {kv_heads} ({method}) in "
                      f"{len(merged['layers'])} layer(s)")

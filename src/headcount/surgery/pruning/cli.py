@@ -33,7 +33,7 @@ def register(app, bench_app) -> None:
     """Add `headcount prune`."""
     from headcount.cli_errors import rank_errors as _one_line_errors  # rank-prefixed under torchrun
     from headcount.surgery.cli_common import (EVAL_HELP, before_after_table, calibration_and_held_out, check_out_dir,
-                                              domain_rows, held_out_report)
+                                              domain_rows, task_rows)
 
     @app.command("prune")
     def prune_cmd(
@@ -85,9 +85,9 @@ def register(app, bench_app) -> None:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
             from headcount.surgery.healing.cli import check_heal_steps
             check_heal_steps(heal_steps)
-            from headcount.surgery.cli_common import task_scores
-            scores = task_scores(evals, log=lambda m: typer.echo(f"headcount: {m}", err=True))
-            if scores and curve:
+            from headcount.surgery.cli_common import task_specs
+            specs = task_specs(evals)
+            if specs and curve:
                 raise ValueError("--eval: judges one edit; --curve measures many (drop one of them)")
             if method == "l0":
                 steps = (JOINT_STEPS if joint else L0_STEPS) if steps is None else steps
@@ -114,14 +114,15 @@ def register(app, bench_app) -> None:
             out = check_out_dir(out, force)
             cal, held, source = calibration_and_held_out(text)
             from headcount.surgery.task_scores import check_not_calibrated_on
-            check_not_calibrated_on(scores.specs, cal)
+            check_not_calibrated_on(specs, cal)
             result = _prune_one(model, fraction, mode, compensate, order, uniform, out, force, cal, held, seed,
                                 calibration_windows, eval_windows, method, steps, lr, dtype, device,
-                                (joint_params or "attention") if joint else None, heal_steps, scores)
+                                (joint_params or "attention") if joint else None, heal_steps, specs)
         if result is None:  # a rank other than 0 under torchrun: rank 0 prints and writes
             return
         from headcount.surgery.cli_common import command_line
         result["command"] = command_line()  # what produced this result (a saved --json is keyed and quoted by it)
+        scores = result.get("tasks") or {}
         if json_out:
             typer.echo(json.dumps(result, indent=2))
             return
@@ -140,8 +141,8 @@ def register(app, bench_app) -> None:
                if method == "l0" else f"order {result['prune']['order']}")
         before_after_table(rows, f"{model}: {result['prune']['heads_removed']} heads removed ({mode} mode, {how}, "
                                  f"compensate {compensate})")
-        if result.get("tasks"):
-            before_after_table(scores.rows(), f"{model}: task scores")
+        if scores:
+            before_after_table(task_rows(scores), f"{model}: task scores")
         if method == "l0":
             g = result["prune"]["gates"]
             typer.echo(f"gates: expected L0 {g['final_expected_l0']:.1f} (target {g['heads_to_keep']}); removed "
@@ -173,65 +174,45 @@ def register(app, bench_app) -> None:
             main = distributed.is_main(group)
         start = time.perf_counter()
         model = load_model(model_name, dtype, device)
-        from headcount.surgery.cli_common import check_eval_model
+        from headcount.surgery.cli_common import check_eval_model, quality_meter
         check_eval_model(evals, model)
-        from headcount.models.fingerprint import weights_hash
-        source_weights = weights_hash(model)  # the weights before the edit: what a saved result is keyed by
-        from headcount.surgery.healing.cli import heal_after_edit, teacher_for
+        from headcount.surgery.editing import run_edit
+        from headcount.surgery.healing.cli import healer, teacher_for
         # the unpruned model, before any change (--joint trains norms too, in place: it needs a full copy)
         teacher = teacher_for(model, heal_steps, dtype, deep=bool(joint_params))
+        meter = quality_meter(held, eval_windows, evals)
         before = None
         if joint_params:  # joint training changes the model: measure the unedited one first
             _l0_target(model, fraction, mode)
-            before = held_out_report(model, held, eval_windows, 512)
-        if evals:  # the unedited model's pass@1, before gates or an order touch it
-            evals.measure(model, "before_edit")
-        gates = _train_l0(model, fraction, mode, cal, steps, lr, force, joint_params) if method == "l0" else None
-        if gates is None:  # the gates keep exactly their target (or refuse it, naming --fraction)
+            before = meter.measure(model)
+
+        def edit(model):
+            gates = _train_l0(model, fraction, mode, cal, steps, lr, force, joint_params) if method == "l0" else None
+            if gates is not None:  # the gates keep exactly their target (or refuse it, naming --fraction)
+                from headcount.surgery import apply_gates
+                return apply_gates(model, gates, compensate=compensate, calibration=cal, force=True,
+                                   calibration_windows=calibration_windows)
             _say_plan(model, fraction, mode, uniform, main)
-        ppl_before, reference, by_domain_before = before or held_out_report(model, held, eval_windows, 512)
-        if gates is not None:
-            from headcount.surgery import apply_gates
-            result = apply_gates(model, gates, compensate=compensate, calibration=cal, force=True,
-                                 calibration_windows=calibration_windows)
-        else:
-            result = prune_to(model, fraction, order=order, mode=mode, compensate=compensate, uniform=uniform,
-                              calibration=cal, seed=seed, calibration_windows=calibration_windows, group=group)
-        ppl_after, _, by_domain_after = held_out_report(model, held, eval_windows, 512, reference)
-        for value in ([ppl_after] if isinstance(ppl_after, float) else list(ppl_after)):
-            check_finite(value, "the pruned model's held-out quality", model.embed.weight.dtype)
+            return prune_to(model, fraction, order=order, mode=mode, compensate=compensate, uniform=uniform,
+                            calibration=cal, seed=seed, calibration_windows=calibration_windows, group=group)
+
+        report = run_edit(model, edit, meter=meter, before=before, check_dtype=model.embed.weight.dtype,
+                          what="the pruned model's held-out quality",
+                          heal=healer(teacher, heal_steps, eval_windows=eval_windows, group=group, calibration=cal,
+                                      held_out=held))
         if evals:
-            evals.measure(model, "after_edit")
-        healed = (heal_after_edit(model, teacher, heal_steps, by_domain_before, by_domain_after,
-                                   eval_windows=eval_windows, group=group, calibration=cal, held_out=held)
-                  if teacher else None)
-        if evals and healed is not None:
-            evals.measure(model, "after_heal")
-        if evals:
-            model.task_scores = evals.to_json()  # saved with the model (headcount.json "tasks")
+            model.task_scores = report.tasks()  # saved with the model (headcount.json "tasks")
         if not main:
             return None
         save(model, out, force=force)
-        data = {k: getattr(result, k) for k in PRUNE_JSON_KEYS if k.startswith(("heads", "params", "kv_bytes"))}
-        data["kv_heads_before"], data["kv_heads_after"] = result.kv_heads_before, result.kv_heads_after
-        if isinstance(ppl_before, float):
-            data["ppl_before"], data["ppl_after"] = ppl_before, ppl_after
-        else:
-            data["ppl_before"] = data["ppl_after"] = None
-            data["fidelity_after"] = {"cosine": ppl_after[0], "spearman": ppl_after[1]}
-        data["ppl_by_domain_before"], data["ppl_by_domain_after"] = by_domain_before, by_domain_after
-        data["fraction_removed"] = round((result.heads_before - result.heads_after) / result.heads_before, 4)
-        data["forward_equivalents"] = round(result.forward_equivalents, 2)
+        result = report.edit
+        data = report.to_json()
+        data["fraction_removed"] = round((data["heads_before"] - data["heads_after"]) / data["heads_before"], 4)
+        data["forward_equivalents"] = round(result["forward_equivalents"], 2)
         data["seconds"] = round(time.perf_counter() - start, 1)
         data["out"] = str(out)
-        data["method"] = result.method or method
-        data["weights_sha256"] = source_weights
-        data["prune"] = result.to_json()
-        if healed is not None:  # after healing: the held-out domains, and the heal's own cost
-            data["ppl_by_domain_healed"] = healed["held_out"]["after_heal"]
-            data["heal"] = healed
-        if evals:
-            data["tasks"] = evals.to_json()
+        data["method"] = result.get("method") or method
+        data["prune"] = result
         return data
 
     def _say_plan(model, fraction, mode, uniform, main) -> None:

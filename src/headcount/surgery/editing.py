@@ -1,0 +1,136 @@
+"""One edit pipeline for prune, prune --method l0, merge-kv, heal and the report.
+
+    report = run_edit(model, lambda m: prune_to(m, 0.2), meter=QualityMeter(), heal=healer)
+    report.quality["before_edit"], report.quality["after_edit"], report.quality["after_heal"]   Quality
+    report.to_json()   {"held_out": {stage: {domain: ppl}}, "tasks": {label: {stage: pass@1}}, "accounts": ...,
+                        "ppl_before", "ppl_after", "ppl_by_domain_before", ... (the commands' keys)}
+
+Every stage is measured by the same QualityMeter (same held-out tokens, same tasks), so a new measure added
+to the meter reaches every command and the report at once.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from headcount.surgery.quality import Quality, QualityMeter
+
+STAGES = ("before_edit", "after_edit", "after_heal")
+
+
+def accounts(model) -> dict:
+    """What the edit changes in the model's shape: head counts, parameters, KV cache bytes per token."""
+    from headcount.surgery.pruning.removal import count_heads, kv_bytes_per_token, n_params
+
+    heads, kv_heads = count_heads(model)
+    return {"heads": heads, "kv_heads": kv_heads, "params": n_params(model),
+            "kv_bytes_per_token": kv_bytes_per_token(model)}
+
+
+@dataclass
+class EditReport:
+    """One edit, measured: quality at each stage, the accounts before and after, the weights' hashes."""
+
+    quality: dict  # {stage: Quality}, stages in STAGES order ("after_heal" only when healed)
+    accounts_before: dict
+    accounts_after: dict
+    weights_sha256: str  # the unedited weights: what a saved result is keyed by
+    edited_weights_sha256: str  # after the edit, before any healing
+    edit: dict | None = None  # the edit's own result (PruneResult / MergeResult .to_json())
+    healing: dict | None = None  # HealResult.to_json() when healed
+    seconds: float = 0.0
+    command: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def decoder(self) -> bool:
+        return bool(self.quality["before_edit"].perplexity)
+
+    def held_out(self) -> dict:
+        """{stage: {domain: perplexity}} (decoder) or {stage: {domain: {cosine, spearman}}} (encoder)."""
+        return {s: (q.perplexity or q.fidelity) for s, q in self.quality.items()}
+
+    def tasks(self) -> dict:
+        """{task label: {stage: pass@1}}: the --eval JSON block."""
+        out: dict = {}
+        for stage, q in self.quality.items():
+            for label, value in q.tasks.items():
+                out.setdefault(label, {})[stage] = value
+        return out
+
+    def legacy_quality(self) -> dict:
+        """The quality keys the edit commands' JSON carries: ppl_before / ppl_after (the first domain),
+        ppl_by_domain_* (the three domains of the default corpus, else None), fidelity_after (an encoder),
+        ppl_by_domain_healed."""
+        before, after = self.quality["before_edit"], self.quality["after_edit"]
+        if not self.decoder:
+            cos, rho = after.headline
+            return {"ppl_before": None, "ppl_after": None, "fidelity_after": {"cosine": cos, "spearman": rho},
+                    "ppl_by_domain_before": None, "ppl_by_domain_after": None}
+        by_domain = len(before.perplexity) > 1
+        out = {"ppl_before": before.headline, "ppl_after": after.headline,
+               "ppl_by_domain_before": dict(before.perplexity) if by_domain else None,
+               "ppl_by_domain_after": dict(after.perplexity) if by_domain else None}
+        if "after_heal" in self.quality:
+            out["ppl_by_domain_healed"] = dict(self.quality["after_heal"].perplexity)
+        return out
+
+    def to_json(self) -> dict:
+        data = {f"{k}_before": v for k, v in self.accounts_before.items()}
+        data |= {f"{k}_after": v for k, v in self.accounts_after.items()}
+        data |= self.legacy_quality()
+        data |= {"held_out": self.held_out(), "quality": {s: q.to_json() for s, q in self.quality.items()},
+                 "weights_sha256": self.weights_sha256, "edited_weights_sha256": self.edited_weights_sha256,
+                 "seconds": round(self.seconds, 1)}
+        if self.healing is not None:
+            data["heal"] = self.healing
+        if self.tasks():
+            data["tasks"] = self.tasks()
+        if self.command:
+            data["command"] = self.command
+        return data | self.extra
+
+    @classmethod
+    def from_json(cls, data: dict) -> "EditReport":
+        """Back from to_json (a saved result): quality, accounts and hashes; the commands' extra keys dropped."""
+        quality = {s: Quality.from_json(q) for s, q in data["quality"].items()}
+        keys = ("heads", "kv_heads", "params", "kv_bytes_per_token")
+        return cls(quality, {k: data[f"{k}_before"] for k in keys}, {k: data[f"{k}_after"] for k in keys},
+                   data["weights_sha256"], data["edited_weights_sha256"], healing=data.get("heal"),
+                   seconds=data.get("seconds", 0.0), command=data.get("command", ""))
+
+
+def run_edit(model, edit, *, meter: QualityMeter, heal=None, unedited=None, before: Quality | None = None,
+             check_dtype=None, what: str = "the edited model's held-out quality") -> EditReport:
+    """Measure, edit, measure, heal, measure.
+
+    model: edited in place. edit: callable(model) -> the edit's result (anything with to_json(), or None); or
+    None when `model` arrives edited (`headcount heal`), with `unedited` the model before the edit.
+    heal: callable(model, before: Quality, after: Quality) -> HealResult-like dict (with "held_out":
+    {"after_heal": {domain: perplexity}}) or None for no healing; its after-heal figures are reused, not
+    measured twice. before: the unedited model's Quality already measured (prune --joint measures before its
+    gates train the model). check_dtype: the model's dtype, named when a perplexity comes out NaN / inf.
+    """
+    from headcount.models.fingerprint import weights_hash
+
+    start = time.perf_counter()
+    source = unedited if edit is None else model
+    if source is None:
+        raise ValueError("run_edit: edit=None means the model arrives edited; pass unedited= (the model before)")
+    weights = weights_hash(source)
+    accounts_before = accounts(source)
+    quality = {"before_edit": before if before is not None else meter.measure(source)}
+    result = edit(model) if edit is not None else None
+    quality["after_edit"] = meter.measure(model)
+    quality["after_edit"].check_finite(what, check_dtype)
+    edited = weights_hash(model)
+    healing = None
+    if heal is not None:
+        healing = heal(model, quality["before_edit"], quality["after_edit"])
+        if healing is not None:
+            figures = ((healing.get("held_out") or {}).get("after_heal")) if isinstance(healing, dict) else None
+            quality["after_heal"] = meter.measure(model, known=figures)
+    return EditReport(quality, accounts_before, accounts(model), weights, edited,
+                      edit=result.to_json() if hasattr(result, "to_json") else result, healing=healing,
+                      seconds=time.perf_counter() - start)
