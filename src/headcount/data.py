@@ -23,6 +23,8 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from headcount.arguments import one_of
+
 __all__ = ["Corpus", "Document", "default_corpus", "corpus_from_text", "read_text", "clean_topic", "code_corpus",
            "source_corpus", "package_source_corpus", "held_out_domains"]
 
@@ -58,8 +60,7 @@ class Corpus:
 
     def texts(self, part: str) -> list[str]:
         """The documents' texts of one part: ``"calibration"`` or ``"held_out"``."""
-        if part not in ("calibration", "held_out"):
-            raise ValueError(f"part must be 'calibration' or 'held_out', not {part!r}")
+        one_of("part", part, ("calibration", "held_out"), expected="'calibration' or 'held_out'")
         return [d.text for d in getattr(self, part)]
 
 

@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from headcount.arguments import one_of
+
 
 def tour() -> None:
     """A short tour: MHA / GQA / MQA on a random input, the three accounts, a benchmark line."""
@@ -107,8 +109,7 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
 
         with one_line_errors("bench scale"):
             for d in dtypes.split(","):
-                if d not in ("fp32", "bf16", "fp16"):
-                    raise ValueError(f"--dtypes: expected fp32, bf16 or fp16, got {d!r}")
+                one_of("--dtypes", d, ("fp32", "bf16", "fp16"), expected="fp32, bf16 or fp16")
             console = Console(stderr=json_out)
 
             def progress(s):

@@ -7,6 +7,7 @@ from typing import Optional
 
 import typer
 
+from headcount.arguments import positive_int
 from headcount.engines.rows import ENGINES
 
 
@@ -40,10 +41,8 @@ def register(app, bench_app) -> None:
 
             names = check_engines(engines)
             contexts, batches = check_ints("--context", context), check_ints("--batch", batch)
-            if repeats < 1:
-                raise ValueError(f"--repeats: expected a positive whole number, got {repeats}")
-            if new_tokens < 2:
-                raise ValueError(f"--new-tokens: expected at least 2 (one for the prefill, one to time), got {new_tokens}")
+            positive_int("--repeats", repeats, expected="a positive whole number")
+            positive_int("--new-tokens", new_tokens, 2, expected="at least 2 (one for the prefill, one to time)")
             png_path = check_png(png) if png is not None else None
             result = run_serve(model, list(edited or []), names, contexts, batches, new_tokens=new_tokens,
                                workdir=workdir, repeats=repeats, log=lambda m: typer.echo(m, err=True),

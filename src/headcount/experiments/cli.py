@@ -12,6 +12,8 @@ from typing import Optional
 
 import typer
 
+from headcount.arguments import positive_int
+
 NAMES = ("multi-relation", "heads-sweep", "low-rank", "write-address")
 
 
@@ -51,20 +53,15 @@ def register(app, bench_app) -> None:
             from headcount.experiments.registry import format_text, get_experiment, run_experiment, save_plot
 
             get_experiment(name)
-            if steps is not None and steps < 1:
-                raise ValueError(f"--steps: expected a positive number of training steps, got {steps}")
-            if seeds is not None and seeds < 1:
-                raise ValueError(f"--seeds: expected a positive number of seeds, got {seeds}")
-            if seed < 0:
-                raise ValueError(f"--seed: expected a whole number >= 0, got {seed}")
+            positive_int("--steps", steps, none=True, expected="a positive number of training steps")
+            positive_int("--seeds", seeds, none=True, expected="a positive number of seeds")
+            positive_int("--seed", seed, 0, expected="a whole number >= 0")
             if png is not None:
                 from headcount.paths import check_png
                 check_png(png)
             options: dict = {}
             if d_model is not None:
-                if d_model < 1:
-                    raise ValueError(f"--d-model: expected a positive width, got {d_model}")
-                options["d_model"] = d_model
+                options["d_model"] = positive_int("--d-model", d_model, expected="a positive width")
             if heads is not None:
                 counts = _parse_heads(heads)
                 if name in ("multi-relation", "heads-sweep"):

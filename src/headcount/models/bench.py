@@ -20,6 +20,8 @@ import statistics
 import sys
 import time
 
+from headcount.arguments import positive_int
+
 TARGET_DECODE = 1.3
 TARGET_PREFILL = 0.9
 
@@ -35,8 +37,8 @@ def run(prompt_tokens: int = 512, new_tokens: int = 64, repeats: int = 3, *, mod
     from headcount.models.decoder import Decoder
     from headcount.models.generation import generate
 
-    if prompt_tokens < 1 or new_tokens < 1 or repeats < 1:
-        raise ValueError("--prompt-tokens, --new-tokens and --repeats must be positive")
+    for name, value in (("--prompt-tokens", prompt_tokens), ("--new-tokens", new_tokens), ("--repeats", repeats)):
+        positive_int(name, value, expected="a positive number")  # the same words as bench_batch.run's
     say = log or (lambda msg: None)
     say(f"loading {model_name} (fp32) and building transformers' model on the same weights")
     model = load(model_name)

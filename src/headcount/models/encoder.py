@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from headcount.arguments import one_of
 from headcount.attention import MultiHeadAttention
 from headcount.models.decoder import DecoderConfig, DecoderStack, layer_gates
 
@@ -44,8 +45,7 @@ class EncoderConfig:
     family: str = "bert"
 
     def __post_init__(self):
-        if self.act not in ("gelu", "gelu_tanh"):
-            raise ValueError(f"act: expected 'gelu' or 'gelu_tanh', got {self.act!r}")
+        one_of("act", self.act, ("gelu", "gelu_tanh"), expected="'gelu' or 'gelu_tanh'")
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model={self.d_model} is not a multiple of n_heads={self.n_heads}")
 

@@ -17,6 +17,8 @@ from typing import Sequence
 import torch
 from tokenizers import Tokenizer as _Backend
 
+from headcount.arguments import one_of
+
 Tensor = torch.Tensor
 
 
@@ -67,8 +69,7 @@ class Tokenizer:
         """(input_ids [B, T] long, attention_mask [B, T] bool, True = real token), padded to the longest."""
         if isinstance(texts, str):
             texts = [texts]
-        if padding_side not in ("right", "left"):
-            raise ValueError(f"padding_side: expected 'right' or 'left', got {padding_side!r}")
+        one_of("padding_side", padding_side, ("right", "left"), expected="'right' or 'left'")
         ids = self.encode_batch(texts, add_special_tokens=add_special_tokens)
         length = max((len(i) for i in ids), default=0)
         input_ids = torch.full((len(ids), length), self.pad_token_id, dtype=torch.long)
