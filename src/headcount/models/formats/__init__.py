@@ -2,7 +2,8 @@
 trip is read in one file.
 
     hf.py          transformers checkpoints (config.json + safetensors): load_checkpoint, from_transformers,
-                   to_transformers, export_transformers; hf_config.py turns config.json into our configs
+                   to_transformers, export_transformers; hf_config.py turns config.json into our configs,
+                   hf_config_write.py back; families.py holds one entry per family that both directions walk
     gguf.py        llama.cpp GGUF files -> dequantised transformers checkpoint cache (llama, qwen2, gemma3;
                    cache_root, architecture read from the header before hashing)
     gguf_deci.py   llama.cpp's `deci` GGUF (per-layer head counts): load_deci; export_gguf, which chooses the

@@ -56,6 +56,7 @@ import numpy as np
 from tqdm import tqdm
 
 from headcount.models.formats.errors import GGUFError
+from headcount.models.formats.families import FAMILIES, gguf_names
 from headcount.models.formats.tensors import SafetensorsWriter
 
 MARKER = "headcount.json"  # written last: its presence means the cache directory is complete
@@ -485,23 +486,10 @@ class _Out:
     transform: Callable[[np.ndarray], np.ndarray] | None = None
 
 
-_BLOCK = {  # GGUF name (per block) -> transformers name, shared by llama, qwen2 and gemma3
-    "attn_norm.weight": "input_layernorm.weight",
-    "attn_q.weight": "self_attn.q_proj.weight",
-    "attn_k.weight": "self_attn.k_proj.weight",
-    "attn_v.weight": "self_attn.v_proj.weight",
-    "attn_output.weight": "self_attn.o_proj.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-_NAMES = {**_BLOCK, "ffn_norm.weight": "post_attention_layernorm.weight"}  # llama (and qwen2)
-_QWEN2 = {**_NAMES, "attn_q.bias": "self_attn.q_proj.bias", "attn_k.bias": "self_attn.k_proj.bias",
-          "attn_v.bias": "self_attn.v_proj.bias"}
-_GEMMA3 = {**_BLOCK, "attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight",
-           "post_attention_norm.weight": "post_attention_layernorm.weight",
-           "ffn_norm.weight": "pre_feedforward_layernorm.weight",
-           "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+# GGUF block name -> transformers name, from the families' entries (families.gguf_names)
+_NAMES = gguf_names(FAMILIES["llama"])  # llama
+_QWEN2 = gguf_names(FAMILIES["qwen2"], qkv_bias=True)
+_GEMMA3 = gguf_names(FAMILIES["gemma3"], qk_norm=True)
 
 
 def _minus_one(w: np.ndarray) -> np.ndarray:

@@ -1,23 +1,30 @@
 """transformers checkpoints <-> headcount models: the reader and the writer of one format.
 
-Supported: BertModel (and Bert* heads: only the encoder is kept), GPT2Model / GPT2LMHeadModel,
-LlamaForCausalLM (SmolLM2, Llama 2/3 with default or linear rotary), MistralForCausalLM (sliding window
-on every layer when set), Qwen2ForCausalLM (q/k/v biases, no o bias) and Qwen3ForCausalLM (q/k norms;
-both with their optional sliding-window layers), Gemma3ForCausalLM / Gemma3TextModel (`gemma3_text`;
-with use_bidirectional_attention an encoder: BidirectionalEncoder) and the language model of
-Gemma3ForConditionalGeneration (`gemma3`: the vision tower and projector are not read), and the
-mixture-of-experts families MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM and
-GptOssForCausalLM (per-head sinks `self_attn.sinks`): their expert tensors in hf_moe.py.
+Read: every model_type of families.py's table (hf_config.SUPPORTED): bert (BertModel, and Bert* heads: only
+the encoder is kept), gpt2, llama, qwen2, qwen3, mistral, gemma3_text (with use_bidirectional_attention a
+BidirectionalEncoder) and gemma3 (the language model of Gemma3ForConditionalGeneration: the vision tower and
+projector are not read), mixtral, qwen3_moe, olmoe, gpt_oss (expert tensors in hf_moe.py), phi3, smollm3,
+granite, gemma2, gpt_neox and olmo2.
+Written (to_transformers_state_dict, to_transformers, export_transformers): every family whose entry names
+transformers classes, i.e. all of those but gpt2: BertModel, LlamaForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM (Gemma3TextModel for a bidirectional one),
+MixtralForCausalLM, Qwen3MoeForCausalLM, OlmoeForCausalLM, GptOssForCausalLM, Phi3ForCausalLM,
+SmolLM3ForCausalLM, GraniteForCausalLM, Gemma2ForCausalLM, GPTNeoXForCausalLM and Olmo2ForCausalLM.
 
-Gemma's RMSNorms multiply by (1 + w) (in float32); headcount's norms multiply by a plain weight, so
-the reader stores 1 + w (computed in float32, as Gemma does) and the writer subtracts 1. This holds
-for the four norms of each block, the final norm and the per-head q_norm / k_norm.
-
-The separate q_proj / k_proj / v_proj weights become one fused `qkv_proj` by concatenation along
-the output dimension, in that order: headcount's rows are [all Q heads | all K heads | all V heads],
-each head head_dim contiguous rows, which is exactly how transformers lays out each projection.
-GPT-2's Conv1D stores weights as [in, out]: they are transposed (its c_attn is already [Q | K | V]).
-Llama's gate_proj / up_proj become one `gate_up_proj` (rows [gate | up]).
+Reader and writer walk the same Family entry (families.py): the reader maps each transformers name to
+headcount's, the writer inverts the map. What the entries describe:
+- q_proj / k_proj / v_proj become one fused `qkv_proj` by concatenation along the output dimension: rows
+  [all Q heads | all K heads | all V heads], each head head_dim contiguous rows, which is how transformers
+  lays out each projection. A fused qkv is either in that order already (Phi-3's qkv_proj, GPT-2's c_attn)
+  or per head ([n_heads, 3, head_dim]: GPT-NeoX's query_key_value) and reordered.
+- gate_proj / up_proj become one `gate_up_proj` (rows [gate | up]); Phi-3's gate_up_proj is that already.
+- GPT-2's Conv1D stores weights as [in, out]: they are transposed.
+- Gemma's RMSNorms multiply by (1 + w) (in float32); headcount's multiply by a plain weight, so the reader
+  stores 1 + w (computed in float32, as Gemma does) and the writer subtracts 1: every norm of a block, the
+  final norm and the per-head q_norm / k_norm.
+- Where transformers sizes heads by hidden_size / num_attention_heads (BERT, GPT-NeoX), a pruned layer is
+  written with every original head, each removed one a ZERO head (zero q, k, v rows and biases, zero o_proj
+  columns; its context is 0, so the output is exactly the pruned model's).
 
 Three entry points, one path:
   from_transformers(hf_model)            a live transformers model (config + state_dict)
@@ -31,10 +38,9 @@ Every error names the file and, where one is at fault, the tensor. Nothing is ev
 from __future__ import annotations
 
 import json
-import math
 import warnings
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Iterator, Mapping, NamedTuple
 
 import torch
 
@@ -42,7 +48,9 @@ from headcount.models.decoder import Decoder, DecoderConfig
 from headcount.models.encoder import BidirectionalEncoder, Encoder, EncoderConfig
 from headcount.models.formats import hf_moe
 from headcount.models.formats.errors import CheckpointError
-from headcount.models.formats.hf_config import MOE_FAMILIES, decoder_config, encoder_config, model_type, read_config
+from headcount.models.formats.families import BY_MODEL_TYPE, FAMILIES, Family
+from headcount.models.formats.hf_config import decoder_config, encoder_config, model_type, read_config
+from headcount.models.formats.hf_config_write import transformers_config
 from headcount.models.formats.native import chat_template_writer, check_out, tokenizer_writer, write_dir
 from headcount.models.formats.tensors import SafetensorsFile, ShardedTensors, assign, check_finite, no_init
 
@@ -82,140 +90,125 @@ class _Tensors:
         return t
 
 
+class _Dims(NamedTuple):
+    """What a layer's tensor shapes and optional tensors depend on, from either config."""
+    d: int
+    nh: int
+    nkv: int
+    hd: int
+    ff: int
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool
+    qk_norm_full: bool
+    sinks: bool
+    gated: bool
+
+
+def _dims(cfg: DecoderConfig | EncoderConfig) -> _Dims:
+    if isinstance(cfg, EncoderConfig):  # BERT: MHA, biases everywhere, a plain GELU MLP
+        hd = cfg.d_model // cfg.n_heads
+        return _Dims(cfg.d_model, cfg.n_heads, cfg.n_heads, hd, cfg.d_ff, True, True, True, False, False, False, False)
+    return _Dims(cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff, cfg.qkv_bias, cfg.o_bias,
+                 cfg.mlp_bias, cfg.qk_norm, cfg.qk_norm_full, cfg.attn_sinks, cfg.mlp.startswith("gated"))
+
+
+def _is_moe_layer(cfg, i: int) -> bool:
+    return isinstance(cfg, DecoderConfig) and cfg.is_moe_layer(i)
+
+
 def _gemma_weight(w: Tensor) -> Tensor:
     """Gemma's RMSNorm weight w -> the plain weight 1 + w (float32, as Gemma computes it)."""
     return 1.0 + w.float()
 
 
+def _same(w: Tensor) -> Tensor:
+    return w
+
+
+# ------------------------------------------------------------------------------------------ reading
+def _read(fam: Family, t: _Tensors, name: str, shape: tuple[int, ...], why: str = "") -> Tensor:
+    """One tensor in nn.Linear's [out, in] (GPT-2's Conv1D weights are stored [in, out])."""
+    if fam.conv1d and len(shape) == 2:
+        return t.get(name, shape[::-1], why).t()
+    return t.get(name, shape, why)
+
+
+def _read_qkv(fam: Family, t: _Tensors, h: str, x: _Dims, suffix: str, heads: str) -> Tensor:
+    """qkv_proj's weight (suffix ".weight") or bias (".bias") in headcount's rows [all Q | all K | all V]."""
+    q, kv = x.nh * x.hd, x.nkv * x.hd
+    rest = (x.d,) if suffix == ".weight" else ()
+    if len(fam.qkv) == 3:
+        return torch.cat([_read(fam, t, h + name + suffix, (rows, *rest), heads)
+                          for name, rows in zip(fam.qkv, (q, kv, kv))])
+    w = _read(fam, t, h + fam.qkv[0] + suffix, (q + 2 * kv, *rest), heads)
+    if fam.qkv_layout == "per_head":  # [n_heads, 3, head_dim] -> [3, n_heads, head_dim]
+        w = w.reshape(x.nh, 3, x.hd, *rest).transpose(0, 1).reshape(q + 2 * kv, *rest)
+    return w
+
+
+def _read_mlp_in(fam: Family, t: _Tensors, h: str, x: _Dims, suffix: str) -> Tensor:
+    """gate_up_proj (rows [gate | up]) or up_proj: weight or bias."""
+    rest = (x.d,) if suffix == ".weight" else ()
+    why = f"intermediate_size={x.ff}"
+    if x.gated and len(fam.mlp_in) == 1:  # fused already, in headcount's row order
+        return _read(fam, t, h + fam.mlp_in[0] + suffix, (2 * x.ff, *rest), f"2 x {why}")
+    return torch.cat([_read(fam, t, h + name + suffix, (x.ff, *rest), why) for name in fam.mlp_in])
+
+
+def _layer_values(fam: Family, cfg, t: _Tensors, i: int, norm) -> Iterator[tuple[str, Tensor]]:
+    """(headcount name, tensor) pairs of layer i, read by the names of the family's entry."""
+    x = _dims(cfg)
+    h, o = fam.layer.format(i=i), f"layers.{i}."
+    heads = f"d_model={x.d}, n_heads={x.nh}, n_kv_heads={x.nkv}, head_dim={x.hd}"
+    for ours, theirs in fam.norms.items():
+        yield o + ours + ".weight", norm(t.get(h + theirs + ".weight", (x.d,)))
+        if fam.norm_bias:
+            yield o + ours + ".bias", t.get(h + theirs + ".bias", (x.d,))
+    yield o + "attn.qkv_proj.weight", _read_qkv(fam, t, h, x, ".weight", heads)
+    if x.qkv_bias:
+        yield o + "attn.qkv_proj.bias", _read_qkv(fam, t, h, x, ".bias", heads)
+    q_norm, k_norm = (h + n + ".weight" for n in fam.qk_norms)
+    if x.qk_norm_full:  # OLMo 2, OLMoE: one norm over the whole projection
+        yield o + "attn.q_norm.weight", t.get(q_norm, (x.nh * x.hd,), heads)
+        yield o + "attn.k_norm.weight", t.get(k_norm, (x.nkv * x.hd,), heads)
+    elif x.qk_norm:
+        yield o + "attn.q_norm.weight", norm(t.get(q_norm, (x.hd,), f"head_dim={x.hd}"))
+        yield o + "attn.k_norm.weight", norm(t.get(k_norm, (x.hd,), f"head_dim={x.hd}"))
+    yield o + "attn.o_proj.weight", _read(fam, t, h + fam.o_proj + ".weight", (x.d, x.nh * x.hd), heads)
+    if x.o_bias:
+        yield o + "attn.o_proj.bias", t.get(h + fam.o_proj + ".bias", (x.d,))
+    if x.sinks:
+        yield o + "attn.sinks", t.get(h + fam.sinks, (x.nh,), heads)
+    if _is_moe_layer(cfg, i):
+        yield from hf_moe.read_layer(cfg, t, i)
+        return
+    mlp_in = "mlp.gate_up_proj" if x.gated else "mlp.up_proj"
+    yield o + mlp_in + ".weight", _read_mlp_in(fam, t, h, x, ".weight")
+    if x.mlp_bias:
+        yield o + mlp_in + ".bias", _read_mlp_in(fam, t, h, x, ".bias")
+    yield o + "mlp.down_proj.weight", _read(fam, t, h + fam.mlp_out + ".weight", (x.d, x.ff),
+                                            f"intermediate_size={x.ff}")
+    if x.mlp_bias:
+        yield o + "mlp.down_proj.bias", t.get(h + fam.mlp_out + ".bias", (x.d,))
+
+
 def _decoder_values(cfg: DecoderConfig, t: _Tensors, *, lm_head: bool = True) -> Iterator[tuple[str, Tensor]]:
     """(headcount name, tensor) pairs, produced one at a time: with a lazy reader (SafetensorsFile) loading
     holds the model plus the few source tensors of one value, never a second copy of the weights."""
-    d, nh, nkv, hd, ff = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.d_ff
-    heads = f"d_model={d}, n_heads={nh}, n_kv_heads={nkv}, head_dim={hd}"
-    if cfg.family == "gpt2":
-        yield "embed.weight", t.get("wte.weight", (cfg.vocab_size, d), "vocab_size x d_model")
-        yield "pos_embed.weight", t.get("wpe.weight", (cfg.max_position, d), "n_positions x d_model")
-        for i in range(cfg.n_layers):
-            h, o = f"h.{i}.", f"layers.{i}."
-            for src, dst in (("ln_1", "attn_norm"), ("ln_2", "mlp_norm")):
-                yield o + dst + ".weight", t.get(h + src + ".weight", (d,))
-                yield o + dst + ".bias", t.get(h + src + ".bias", (d,))
-            # Conv1D weights are [in, out]: transpose to nn.Linear's [out, in].
-            yield o + "attn.qkv_proj.weight", t.get(h + "attn.c_attn.weight", (d, 3 * d), heads).t()
-            yield o + "attn.qkv_proj.bias", t.get(h + "attn.c_attn.bias", (3 * d,), heads)
-            yield o + "attn.o_proj.weight", t.get(h + "attn.c_proj.weight", (d, d)).t()
-            yield o + "attn.o_proj.bias", t.get(h + "attn.c_proj.bias", (d,))
-            yield o + "mlp.up_proj.weight", t.get(h + "mlp.c_fc.weight", (d, ff), f"d_ff={ff}").t()
-            yield o + "mlp.up_proj.bias", t.get(h + "mlp.c_fc.bias", (ff,))
-            yield o + "mlp.down_proj.weight", t.get(h + "mlp.c_proj.weight", (ff, d), f"d_ff={ff}").t()
-            yield o + "mlp.down_proj.bias", t.get(h + "mlp.c_proj.bias", (d,))
-        yield "norm.weight", t.get("ln_f.weight", (d,))
-        yield "norm.bias", t.get("ln_f.bias", (d,))
-        return
-    if cfg.family == "gpt_neox":
-        yield from _gpt_neox_values(cfg, t, heads, lm_head=lm_head)
-        return
-    # llama / mistral / qwen2 / qwen3 / gemma3 / gemma2 / olmo2
-    gemma = cfg.family in GEMMA
-    norm = _gemma_weight if gemma else (lambda w: w)
-    norms = _NORMS.get(cfg.family, _NORMS["llama"])
-    yield "embed.weight", t.get("embed_tokens.weight", (cfg.vocab_size, d), "vocab_size x d_model")
+    fam, d = FAMILIES[cfg.family], cfg.d_model
+    norm = _gemma_weight if fam.one_plus_norms else _same
+    yield "embed.weight", t.get(fam.embed, (cfg.vocab_size, d), "vocab_size x hidden_size")
+    if fam.pos_embed is not None:
+        yield "pos_embed.weight", t.get(fam.pos_embed, (cfg.max_position, d), "max_position_embeddings x hidden_size")
     for i in range(cfg.n_layers):
-        h, o = f"layers.{i}.", f"layers.{i}."
-        for ours, theirs in norms.items():
-            yield o + ours + ".weight", norm(t.get(h + theirs + ".weight", (d,)))
-        if cfg.family == "phi3":  # fused already, in headcount's row order: qkv_proj [q; k; v]
-            yield o + "attn.qkv_proj.weight", t.get(h + "self_attn.qkv_proj.weight", ((nh + 2 * nkv) * hd, d), heads)
-        else:
-            q = t.get(h + "self_attn.q_proj.weight", (nh * hd, d), heads)
-            k = t.get(h + "self_attn.k_proj.weight", (nkv * hd, d), heads)
-            v = t.get(h + "self_attn.v_proj.weight", (nkv * hd, d), heads)
-            yield o + "attn.qkv_proj.weight", torch.cat([q, k, v], dim=0)  # rows [Q heads | K heads | V heads]
-        if cfg.qkv_bias:
-            yield o + "attn.qkv_proj.bias", torch.cat([
-                t.get(h + "self_attn.q_proj.bias", (nh * hd,), heads),
-                t.get(h + "self_attn.k_proj.bias", (nkv * hd,), heads),
-                t.get(h + "self_attn.v_proj.bias", (nkv * hd,), heads)])
-        if cfg.qk_norm_full:  # OLMo 2: one norm over the whole projection
-            yield o + "attn.q_norm.weight", t.get(h + "self_attn.q_norm.weight", (nh * hd,), heads)
-            yield o + "attn.k_norm.weight", t.get(h + "self_attn.k_norm.weight", (nkv * hd,), heads)
-        elif cfg.qk_norm:
-            for n in ("q_norm", "k_norm"):
-                yield o + f"attn.{n}.weight", norm(t.get(h + f"self_attn.{n}.weight", (hd,), f"head_dim={hd}"))
-        yield o + "attn.o_proj.weight", t.get(h + "self_attn.o_proj.weight", (d, nh * hd), heads)
-        if cfg.o_bias:
-            yield o + "attn.o_proj.bias", t.get(h + "self_attn.o_proj.bias", (d,))
-        if cfg.attn_sinks:
-            yield o + "attn.sinks", t.get(h + "self_attn.sinks", (nh,), heads)
-        if cfg.is_moe_layer(i):
-            yield from hf_moe.read_layer(cfg, t, i)
-            continue
-        if cfg.family == "phi3":  # gate_up_proj [gate; up], as headcount's
-            yield o + "mlp.gate_up_proj.weight", t.get(h + "mlp.gate_up_proj.weight", (2 * ff, d),
-                                                       f"2 x intermediate_size={ff}")
-        else:
-            gate = t.get(h + "mlp.gate_proj.weight", (ff, d), f"intermediate_size={ff}")
-            up = t.get(h + "mlp.up_proj.weight", (ff, d), f"intermediate_size={ff}")
-            yield o + "mlp.gate_up_proj.weight", torch.cat([gate, up], dim=0)
-        yield o + "mlp.down_proj.weight", t.get(h + "mlp.down_proj.weight", (d, ff), f"intermediate_size={ff}")
-        if cfg.mlp_bias:
-            yield o + "mlp.gate_up_proj.bias", torch.cat([t.get(h + "mlp.gate_proj.bias", (ff,)),
-                                                          t.get(h + "mlp.up_proj.bias", (ff,))])
-            yield o + "mlp.down_proj.bias", t.get(h + "mlp.down_proj.bias", (d,))
-    yield "norm.weight", norm(t.get("norm.weight", (d,)))
+        yield from _layer_values(fam, cfg, t, i, norm)
+    yield "norm.weight", norm(t.get(fam.final_norm + ".weight", (d,)))
+    if fam.norm_bias:
+        yield "norm.bias", t.get(fam.final_norm + ".bias", (d,))
     if lm_head and not cfg.tie_embeddings:
-        # lm_head sits outside the "model." prefix in *ForCausalLM checkpoints
-        names = [n for n in ("lm_head.weight", "language_model.lm_head.weight") if n in t.tensors]
-        if not names:
-            raise CheckpointError(f"{t.source}: tensor 'lm_head.weight' is missing (tie_word_embeddings is false)")
-        name = names[0]
-        w = t.tensors[name]
-        if tuple(w.shape) != (cfg.vocab_size, d):
-            raise CheckpointError(f"{t.source}: tensor {name!r} has shape {list(w.shape)}, expected "
-                                  f"{[cfg.vocab_size, d]}")
-        check_finite(w, name, t.source)
-        yield "lm_head.weight", w
-
-
-# headcount's norm <- transformers' (Llama's post_attention_layernorm is the norm BEFORE the MLP; Gemma's is
-# the one after the attention, and its pre_feedforward_layernorm comes before the MLP; OLMo 2 has only the
-# norms after each sub-layer)
-_NORMS = {
-    "llama": {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"},
-    "gemma3": {"attn_norm": "input_layernorm", "post_attn_norm": "post_attention_layernorm",
-               "mlp_norm": "pre_feedforward_layernorm", "post_mlp_norm": "post_feedforward_layernorm"},
-    "olmo2": {"post_attn_norm": "post_attention_layernorm", "post_mlp_norm": "post_feedforward_layernorm"},
-}
-_NORMS["gemma2"] = _NORMS["gemma3"]
-GEMMA = ("gemma3", "gemma2")  # norms stored as w, multiplied by 1 + w
-
-
-def _gpt_neox_values(cfg: DecoderConfig, t: _Tensors, heads: str, *, lm_head: bool) -> Iterator[tuple[str, Tensor]]:
-    """GPT-NeoX / Pythia: query_key_value's rows are laid out [n_heads, 3, head_dim] (each head's q, k, v
-    together); headcount's qkv_proj wants [3, n_heads, head_dim] ([all Q | all K | all V])."""
-    d, nh, hd, ff = cfg.d_model, cfg.n_heads, cfg.head_dim, cfg.d_ff
-    yield "embed.weight", t.get("embed_in.weight", (cfg.vocab_size, d), "vocab_size x hidden_size")
-    for i in range(cfg.n_layers):
-        h, o = f"layers.{i}.", f"layers.{i}."
-        for src, dst in (("input_layernorm", "attn_norm"), ("post_attention_layernorm", "mlp_norm")):
-            yield o + dst + ".weight", t.get(h + src + ".weight", (d,))
-            yield o + dst + ".bias", t.get(h + src + ".bias", (d,))
-        w = t.get(h + "attention.query_key_value.weight", (3 * nh * hd, d), heads)
-        yield o + "attn.qkv_proj.weight", w.view(nh, 3, hd, d).transpose(0, 1).reshape(3 * nh * hd, d)
-        if cfg.qkv_bias:
-            b = t.get(h + "attention.query_key_value.bias", (3 * nh * hd,), heads)
-            yield o + "attn.qkv_proj.bias", b.view(nh, 3, hd).transpose(0, 1).reshape(-1)
-        yield o + "attn.o_proj.weight", t.get(h + "attention.dense.weight", (d, nh * hd), heads)
-        if cfg.o_bias:
-            yield o + "attn.o_proj.bias", t.get(h + "attention.dense.bias", (d,))
-        yield o + "mlp.up_proj.weight", t.get(h + "mlp.dense_h_to_4h.weight", (ff, d), f"intermediate_size={ff}")
-        yield o + "mlp.up_proj.bias", t.get(h + "mlp.dense_h_to_4h.bias", (ff,))
-        yield o + "mlp.down_proj.weight", t.get(h + "mlp.dense_4h_to_h.weight", (d, ff), f"intermediate_size={ff}")
-        yield o + "mlp.down_proj.bias", t.get(h + "mlp.dense_4h_to_h.bias", (d,))
-    yield "norm.weight", t.get("final_layer_norm.weight", (d,))
-    yield "norm.bias", t.get("final_layer_norm.bias", (d,))
-    if lm_head and not cfg.tie_embeddings:
-        yield "lm_head.weight", _lm_head(cfg, t, ("embed_out.weight", "lm_head.weight"))
+        yield "lm_head.weight", _lm_head(cfg, t, fam.lm_head)
 
 
 def _lm_head(cfg: DecoderConfig, t: _Tensors, names: tuple[str, ...]) -> Tensor:
@@ -231,37 +224,17 @@ def _lm_head(cfg: DecoderConfig, t: _Tensors, names: tuple[str, ...]) -> Tensor:
     return w
 
 
-def _encoder_values(cfg: EncoderConfig, t: _Tensors) -> dict[str, Tensor]:
-    d, ff = cfg.d_model, cfg.d_ff
-    out = {
-        "embed.weight": t.get("embeddings.word_embeddings.weight", (cfg.vocab_size, d), "vocab_size x hidden_size"),
-        "pos_embed.weight": t.get("embeddings.position_embeddings.weight", (cfg.max_position, d)),
-        "type_embed.weight": t.get("embeddings.token_type_embeddings.weight", (cfg.type_vocab_size, d)),
-        "embed_norm.weight": t.get("embeddings.LayerNorm.weight", (d,)),
-        "embed_norm.bias": t.get("embeddings.LayerNorm.bias", (d,)),
-    }
-    heads = f"hidden_size={d}, num_attention_heads={cfg.n_heads}"
-    for i in range(cfg.n_layers):
-        h, o = f"encoder.layer.{i}.", f"layers.{i}."
-        a = h + "attention."
-        out[o + "attn.qkv_proj.weight"] = torch.cat(
-            [t.get(a + f"self.{n}.weight", (d, d), heads) for n in ("query", "key", "value")])
-        out[o + "attn.qkv_proj.bias"] = torch.cat(
-            [t.get(a + f"self.{n}.bias", (d,), heads) for n in ("query", "key", "value")])
-        out[o + "attn.o_proj.weight"] = t.get(a + "output.dense.weight", (d, d))
-        out[o + "attn.o_proj.bias"] = t.get(a + "output.dense.bias", (d,))
-        out[o + "attn_norm.weight"] = t.get(a + "output.LayerNorm.weight", (d,))
-        out[o + "attn_norm.bias"] = t.get(a + "output.LayerNorm.bias", (d,))
-        out[o + "mlp.up_proj.weight"] = t.get(h + "intermediate.dense.weight", (ff, d), f"intermediate_size={ff}")
-        out[o + "mlp.up_proj.bias"] = t.get(h + "intermediate.dense.bias", (ff,))
-        out[o + "mlp.down_proj.weight"] = t.get(h + "output.dense.weight", (d, ff), f"intermediate_size={ff}")
-        out[o + "mlp.down_proj.bias"] = t.get(h + "output.dense.bias", (d,))
-        out[o + "mlp_norm.weight"] = t.get(h + "output.LayerNorm.weight", (d,))
-        out[o + "mlp_norm.bias"] = t.get(h + "output.LayerNorm.bias", (d,))
+def _encoder_values(cfg: EncoderConfig, t: _Tensors) -> Iterator[tuple[str, Tensor]]:
+    fam, d = FAMILIES["bert"], cfg.d_model
+    yield "embed.weight", t.get(fam.embed, (cfg.vocab_size, d), "vocab_size x hidden_size")
+    yield "pos_embed.weight", t.get(fam.pos_embed, (cfg.max_position, d))
+    shapes = {"type_embed.weight": (cfg.type_vocab_size, d), "embed_norm.weight": (d,), "embed_norm.bias": (d,)}
     if cfg.pooler:
-        out["pooler.weight"] = t.get("pooler.dense.weight", (d, d))
-        out["pooler.bias"] = t.get("pooler.dense.bias", (d,))
-    return out
+        shapes.update({"pooler.weight": (d, d), "pooler.bias": (d,)})
+    for ours, shape in shapes.items():
+        yield ours, t.get(fam.extra[ours], shape)
+    for i in range(cfg.n_layers):
+        yield from _layer_values(fam, cfg, t, i, _same)
 
 
 _VISION = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
@@ -272,16 +245,17 @@ def from_state_dict(cfg: dict, tensors: Mapping[str, Tensor], *, source: str = "
     """A transformers config dict and name -> tensor mapping -> a headcount Decoder or Encoder
     (a BidirectionalEncoder for a gemma3_text config with use_bidirectional_attention)."""
     kind = model_type(cfg, source)
-    if kind == "bert":
+    fam = BY_MODEL_TYPE[kind]
+    if fam.encoder:
         ecfg = encoder_config(cfg, source)
-        t = _Tensors(tensors, source, ("bert.", ""))
-        ecfg.pooler = t.has("pooler.dense.weight")
+        t = _Tensors(tensors, source, (fam.prefix, ""))
+        ecfg.pooler = t.has(fam.extra["pooler.weight"])
         with no_init():
             model = Encoder(ecfg, dtype=dtype)
         values = _encoder_values(ecfg, t)
     else:
         dcfg = decoder_config(cfg, source)
-        prefixes = ("gpt_neox.", "") if kind == "gpt_neox" else ("transformer.", "model.", "")
+        prefixes = (fam.prefix, "")
         if kind == "gemma3":  # Gemma3ForConditionalGeneration: the language model only
             prefixes = ("model.language_model.", "language_model.model.", "language_model.")
             vision = sum(1 for k in tensors if k.startswith(_VISION))
@@ -296,9 +270,8 @@ def from_state_dict(cfg: dict, tensors: Mapping[str, Tensor], *, source: str = "
 
 
 def from_transformers(hf_model, *, dtype: torch.dtype = torch.float32) -> Decoder | Encoder | BidirectionalEncoder:
-    """A live transformers model (BertModel, GPT2Model/GPT2LMHeadModel, Llama / Mistral / Qwen2 / Qwen3 /
-    Gemma3 ForCausalLM, Gemma3TextModel, Gemma3ForConditionalGeneration) -> the headcount model with the
-    same weights (copied: the two stay independent)."""
+    """A live transformers model of any family the reader knows (the module docstring) -> the headcount model
+    with the same weights (copied: the two stay independent)."""
     cfg = hf_model.config.to_dict()
     name = type(hf_model).__name__
     return from_state_dict(cfg, hf_model.state_dict(), source=name, dtype=dtype)
@@ -377,294 +350,159 @@ def _add_bos(directory: Path, cfg: dict) -> bool:
 
 
 # ------------------------------------------------------------------------------------------ writing
-# family -> (transformers config class, model class): what to_transformers builds and config.json names.
-HF_CLASSES = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM"),
-    "mistral": ("MistralConfig", "MistralForCausalLM"),
-    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
-    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),  # a BidirectionalEncoder: Gemma3TextModel
-    "mixtral": ("MixtralConfig", "MixtralForCausalLM"),
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM"),
-    "olmoe": ("OlmoeConfig", "OlmoeForCausalLM"),
-    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM"),
-    "phi3": ("Phi3Config", "Phi3ForCausalLM"),
-    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM"),
-    "granite": ("GraniteConfig", "GraniteForCausalLM"),
-    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
-    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
-    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM"),
-}
-_MODEL_TYPE = {"gemma3": "gemma3_text"}
+# family -> (transformers config class, model class): the decoders to_transformers builds and config.json names
+HF_CLASSES = {name: f.classes for name, f in FAMILIES.items() if f.classes is not None and not f.encoder}
 
 
 def hf_classes(model) -> tuple[str, str]:
     """(config class, model class) names in transformers for this headcount model."""
-    family = model.config.family
-    if family not in HF_CLASSES:
-        raise ValueError(f"to_transformers: writes {', '.join(HF_CLASSES)} decoders, not {family!r}")
-    cfg_cls, model_cls = HF_CLASSES[family]
-    return (cfg_cls, "Gemma3TextModel") if not model.config.causal else (cfg_cls, model_cls)
+    fam = FAMILIES.get(model.config.family)
+    if fam is None or fam.classes is None:
+        writes = ", ".join(name for name, f in FAMILIES.items() if f.classes is not None)
+        raise ValueError(f"to_transformers: writes {writes}, not {model.config.family!r}")
+    cfg_cls, model_cls = fam.classes
+    if not getattr(model.config, "causal", True) and fam.bidirectional_class is not None:
+        return cfg_cls, fam.bidirectional_class
+    return cfg_cls, model_cls
 
 
-def _qk_scalar(cfg: DecoderConfig) -> int | float:
-    """Gemma's query_pre_attn_scalar back from softmax_scale = scalar ** -0.5 (a whole number when it was one)."""
-    if cfg.softmax_scale is None:
-        return cfg.head_dim
-    scalar = cfg.softmax_scale ** -2
-    return int(round(scalar)) if abs(scalar - round(scalar)) < 1e-6 * scalar else scalar
-
-
-def _granite_scale(cfg: DecoderConfig) -> float:
-    """Granite's attention_multiplier: its softmax scale (the config's, or head_dim ** -0.5 when unset)."""
-    return cfg.softmax_scale if cfg.softmax_scale is not None else cfg.head_dim ** -0.5
-
-
-def _attention_biases(model, family: str) -> bool:
-    """The one attention_bias switch of llama / qwen3 / gemma3 (q, k, v and o together): True when any
-    layer has a bias (an lstsq refit or mean compensation gives o_proj one; the rest are written as zeros).
-    Qwen2 always has q/k/v biases and no o bias; Mistral has none: a bias they cannot hold is refused."""
+def _attention_biases(model, fam: Family, model_cls: str) -> bool:
+    """Whether the checkpoint carries attention biases. A `switch` family (one attention_bias for q, k, v and
+    o) gets them when any layer has one (an lstsq refit or mean compensation gives o_proj one; the rest are
+    written as zeros); `qkv` (Qwen2) always has q/k/v biases and no o bias; `none` (Mistral, Mixtral, Phi-3)
+    has none: a bias the family cannot hold is refused."""
     qkv = any(layer.attn.qkv_proj.bias is not None for layer in model.layers)
     o = any(layer.attn.o_proj.bias is not None for layer in model.layers)
-    if family in ("mistral", "mixtral", "phi3") and (qkv or o):
-        raise ValueError(f"model: a {family} checkpoint has no attention biases, and this model has some "
-                         "(compensation adds an o_proj bias): transformers' model cannot hold them")
-    if family == "qwen2" and o:
-        raise ValueError("model: a Qwen2 checkpoint has no o_proj bias, and this model has one (compensation adds it): "
-                         "transformers' Qwen2ForCausalLM cannot hold it")
-    return (qkv or o) if family in ("llama", "qwen3", "gemma3", "qwen3_moe", "olmoe", "gpt_oss", "smollm3",
-                                    "granite", "gemma2", "olmo2") else family == "qwen2"
+    if fam.attention_bias == "none" and (qkv or o):
+        raise ValueError(f"model: a {fam.name} checkpoint has no attention biases, and this model has some "
+                         f"(compensation adds an o_proj bias): transformers' {model_cls} cannot hold them")
+    if fam.attention_bias == "qkv" and o:
+        raise ValueError(f"model: a {fam.name} checkpoint has no o_proj bias, and this model has one (compensation "
+                         f"adds it): transformers' {model_cls} cannot hold it")
+    return {"switch": qkv or o, "qkv": True, "none": False, "always": True}[fam.attention_bias]
 
 
-def to_transformers_state_dict(model: Decoder | BidirectionalEncoder) -> tuple[dict, dict[str, Tensor]]:
-    """(config dict, state dict) in transformers' layout for llama / mistral / qwen2 / qwen3 / gemma3
-    decoders: the inverse of the converter, used to write the SmolLM2 cache as an ordinary checkpoint,
-    to export, and to build the reference model in tests. Gemma's norms are written as w = weight - 1."""
+def _zero_padded(attn, i: int, n: int, hd: int, model_cls: str) -> tuple[Tensor, Tensor | None, Tensor]:
+    """(qkv rows [3 n hd, d], its bias or None, o_proj [d, n hd]) with every one of the layer's n original heads:
+    kept heads at their places, removed ones zero."""
+    if attn.n_kv_heads != attn.n_heads or not attn.is_uniform:
+        raise ValueError(f"model: layer {i} shares K/V heads ({attn.n_heads} query, {attn.n_kv_heads} KV); "
+                         f"{model_cls} in transformers has one K/V head per query head")
+    k, kept = attn.n_heads, torch.tensor(attn.kept_heads)
+    w = attn.qkv_proj.weight.detach()
+    d = w.shape[1]
+    full = w.new_zeros(3, n, hd, d)
+    full[:, kept] = w.view(3, k, hd, d)
+    b = attn.qkv_proj.bias
+    full_b = None
+    if b is not None:
+        full_b = w.new_zeros(3, n, hd)
+        full_b[:, kept] = b.detach().view(3, k, hd)
+        full_b = full_b.reshape(-1)
+    o = w.new_zeros(d, n, hd)
+    o[:, kept] = attn.o_proj.weight.detach().view(d, k, hd)
+    return full.reshape(3 * n * hd, d), full_b, o.reshape(d, n * hd)
+
+
+def _put_qkv(sd: dict, fam: Family, h: str, suffix: str, rows: Tensor, nh: int, nkv: int, hd: int) -> None:
+    """headcount's qkv rows [all Q | all K | all V] (weight or bias) under the family's name(s)."""
+    if len(fam.qkv) == 3:
+        for name, part in zip(fam.qkv, rows.split([nh * hd, nkv * hd, nkv * hd])):
+            sd[h + name + suffix] = part
+        return
+    if fam.qkv_layout == "per_head":  # [3, n_heads, head_dim] -> [n_heads, 3, head_dim]
+        rest = rows.shape[1:]
+        rows = rows.reshape(3, nh, hd, *rest).transpose(0, 1).reshape(3 * nh * hd, *rest)
+    sd[h + fam.qkv[0] + suffix] = rows
+
+
+def _layer_tensors(fam: Family, model, i: int, h: str, bias: bool, norm, model_cls: str) -> dict[str, Tensor]:
+    """Layer i's tensors under the family's names (h: the layer's prefix)."""
+    cfg, layer = model.config, model.layers[i]
+    attn, x = layer.attn, _dims(cfg)
+    if fam.zero_heads:
+        nh = nkv = cfg.n_heads
+        qkv, qkv_b, o = _zero_padded(attn, i, nh, x.hd, model_cls)
+    else:  # head counts from the modules (a pruned or merged model's config keeps the original counts)
+        nh, nkv = attn.n_heads, attn.n_kv_heads
+        qkv, o = attn.qkv_proj.weight.detach(), attn.o_proj.weight.detach()
+        qkv_b = attn.qkv_proj.bias.detach() if attn.qkv_proj.bias is not None else None
+    sd: dict[str, Tensor] = {}
+    _put_qkv(sd, fam, h, ".weight", qkv, nh, nkv, x.hd)
+    if bias:
+        _put_qkv(sd, fam, h, ".bias", qkv_b if qkv_b is not None else qkv.new_zeros(qkv.shape[0]), nh, nkv, x.hd)
+    if x.qk_norm:
+        sd[h + fam.qk_norms[0] + ".weight"] = norm(attn.q_norm.weight)
+        sd[h + fam.qk_norms[1] + ".weight"] = norm(attn.k_norm.weight)
+    sd[h + fam.o_proj + ".weight"] = o
+    if bias and fam.attention_bias != "qkv":
+        ob = attn.o_proj.bias
+        sd[h + fam.o_proj + ".bias"] = ob.detach() if ob is not None else qkv.new_zeros(x.d)
+    if getattr(attn, "sinks", None) is not None:
+        sd[h + fam.sinks] = attn.sinks.detach()
+    for ours, theirs in fam.norms.items():
+        sd[h + theirs + ".weight"] = norm(getattr(layer, ours).weight)
+        if fam.norm_bias:
+            sd[h + theirs + ".bias"] = getattr(layer, ours).bias.detach()
+    if _is_moe_layer(cfg, i):
+        sd.update(hf_moe.write_layer(layer.mlp, fam.name, h))
+        return sd
+    mlp = layer.mlp
+    up = mlp.gate_up_proj if x.gated else mlp.up_proj
+    mlp_bias = fam.mlp_bias == "always" or x.mlp_bias
+    for suffix in (".weight", ".bias") if mlp_bias else (".weight",):
+        w = getattr(up, suffix[1:])
+        w = w.detach() if w is not None else up.weight.new_zeros(up.weight.shape[0])
+        parts = w.split(x.ff) if len(fam.mlp_in) == 2 else (w,)
+        for name, part in zip(fam.mlp_in, parts):
+            sd[h + name + suffix] = part
+        down = getattr(mlp.down_proj, suffix[1:])
+        sd[h + fam.mlp_out + suffix] = down.detach() if down is not None else w.new_zeros(x.d)
+    return sd
+
+
+def to_transformers_state_dict(model: Decoder | BidirectionalEncoder | Encoder) -> tuple[dict, dict[str, Tensor]]:
+    """(config dict, state dict) in transformers' layout for every family families.py names classes for (see
+    the module docstring): the inverse of the reader, used to write the SmolLM2 cache as an ordinary checkpoint,
+    to export, and to build the reference model in tests. Decoders are written with layer 0's head counts (the
+    caller checks that every layer has them, in even groups); BERT and GPT-NeoX with zero heads."""
     cfg = model.config
-    family = cfg.family
-    hf_classes(model)  # refuses other families
-    if family == "gpt_neox":
-        return _gpt_neox_state_dict(model)
-    # Head counts from the modules (a pruned or merged model's config keeps the original counts);
-    # the caller checks that every layer has the same counts with even groups.
-    nh, nkv = model.layers[0].attn.n_heads, model.layers[0].attn.n_kv_heads
-    hd, ff = cfg.head_dim, cfg.d_ff
-    bias = _attention_biases(model, family)
-    if cfg.mlp_bias and family not in ("llama", "smollm3", "granite"):
-        raise ValueError(f"model: MLP biases; transformers' {family} has none")
-    gemma = family in GEMMA
+    cfg_cls, model_cls = hf_classes(model)  # refuses other families
+    fam = FAMILIES[cfg.family]
+    bias = _attention_biases(model, fam, model_cls)
+    if _dims(cfg).mlp_bias and fam.mlp_bias == "none":
+        raise ValueError(f"model: MLP biases; transformers' {fam.name} has none")
 
     def norm(w: Tensor) -> Tensor:
         w = w.detach()
-        return (w.float() - 1.0).to(w.dtype) if gemma else w
+        return (w.float() - 1.0).to(w.dtype) if fam.one_plus_norms else w
 
-    norms = _NORMS.get(family, _NORMS["llama"])
-    top = "model." if cfg.causal else ""  # Gemma3TextModel (the encoder) has no "model." prefix
-    sd: dict[str, Tensor] = {top + "embed_tokens.weight": model.embed.weight.detach()}
-    for i, layer in enumerate(model.layers):
-        p = f"{top}layers.{i}."
-        attn = layer.attn
-        w = attn.qkv_proj.weight.detach()
-        if family == "phi3":  # Phi3 keeps them fused, in headcount's row order
-            sd[p + "self_attn.qkv_proj.weight"] = w
-        else:
-            sd[p + "self_attn.q_proj.weight"] = w[: nh * hd]
-            sd[p + "self_attn.k_proj.weight"] = w[nh * hd:(nh + nkv) * hd]
-            sd[p + "self_attn.v_proj.weight"] = w[(nh + nkv) * hd:]
-        b = attn.qkv_proj.bias
-        if bias:
-            b = b.detach() if b is not None else w.new_zeros(w.shape[0])
-            sd[p + "self_attn.q_proj.bias"] = b[: nh * hd]
-            sd[p + "self_attn.k_proj.bias"] = b[nh * hd:(nh + nkv) * hd]
-            sd[p + "self_attn.v_proj.bias"] = b[(nh + nkv) * hd:]
-        if cfg.qk_norm:
-            sd[p + "self_attn.q_norm.weight"] = norm(attn.q_norm.weight)
-            sd[p + "self_attn.k_norm.weight"] = norm(attn.k_norm.weight)
-        sd[p + "self_attn.o_proj.weight"] = attn.o_proj.weight.detach()
-        ob = attn.o_proj.bias
-        if bias and family != "qwen2":
-            sd[p + "self_attn.o_proj.bias"] = ob.detach() if ob is not None else w.new_zeros(cfg.d_model)
-        if getattr(attn, "sinks", None) is not None:
-            sd[p + "self_attn.sinks"] = attn.sinks.detach()
-        if cfg.is_moe_layer(i):
-            sd.update(hf_moe.write_layer(layer.mlp, family, p))
-            for ours, theirs in norms.items():
-                sd[p + theirs + ".weight"] = norm(getattr(layer, ours).weight)
-            continue
-        gu = layer.mlp.gate_up_proj.weight.detach()
-        if family == "phi3":
-            sd[p + "mlp.gate_up_proj.weight"] = gu
-        else:
-            sd[p + "mlp.gate_proj.weight"], sd[p + "mlp.up_proj.weight"] = gu[:ff], gu[ff:]
-        sd[p + "mlp.down_proj.weight"] = layer.mlp.down_proj.weight.detach()
-        if cfg.mlp_bias:
-            gub = layer.mlp.gate_up_proj.bias.detach()
-            sd[p + "mlp.gate_proj.bias"], sd[p + "mlp.up_proj.bias"] = gub[:ff], gub[ff:]
-            sd[p + "mlp.down_proj.bias"] = layer.mlp.down_proj.bias.detach()
-        for ours, theirs in norms.items():
-            sd[p + theirs + ".weight"] = norm(getattr(layer, ours).weight)
-    sd[top + "norm.weight"] = norm(model.norm.weight)
-    if cfg.causal and not cfg.tie_embeddings:
-        sd["lm_head.weight"] = model.lm_head.weight.detach()
-    hf = {
-        "architectures": [hf_classes(model)[1]], "model_type": _MODEL_TYPE.get(family, family),
-        "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model, "num_hidden_layers": cfg.n_layers,
-        "num_attention_heads": nh, "num_key_value_heads": nkv, "head_dim": hd, "intermediate_size": ff,
-        "max_position_embeddings": cfg.max_position, "rms_norm_eps": cfg.norm_eps, "rope_theta": cfg.rope_theta,
-        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id,
-        "eos_token_id": cfg.eos_token_id, "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32",
-    }
-    if cfg.rope_scaling != 1.0:  # the older spelling, which transformers 4.x and 5.x both read
-        hf["rope_scaling"] = {"rope_type": "linear", "factor": cfg.rope_scaling}
-    partial = cfg.rotary_dim is not None and cfg.rotary_dim != hd
-    if cfg.rope_type != "default" or partial:
-        hf["rope_parameters"] = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta,
-                                 **(cfg.rope_parameters or {})}
-        if partial:  # transformers rotates int(head_dim * factor) dims: a factor that gives rotary_dim back
-            factor = cfg.rotary_dim / hd
-            factor = factor if int(hd * factor) == cfg.rotary_dim else math.nextafter(factor, 1.0)
-            hf["rope_parameters"]["partial_rotary_factor"] = hf["partial_rotary_factor"] = factor
-        if family == "phi3" and cfg.rope_type == "longrope":  # Phi3Config reads it at the top level first
-            hf["original_max_position_embeddings"] = cfg.rope_parameters["original_max_position_embeddings"]
-    types = [cfg.layer_type(i) for i in range(cfg.n_layers)]
-    if family == "gemma2":
-        if cfg.embed_scale != cfg.d_model ** 0.5:
-            raise ValueError(f"model: embed_scale {cfg.embed_scale} is not sqrt(d_model); Gemma 2 cannot hold it")
-        hf.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": _qk_scalar(cfg),
-                   "sliding_window": cfg.sliding_window if cfg.sliding_window is not None else 4096,
-                   "layer_types": types, "attention_bias": bias, "attn_logit_softcapping": cfg.attn_softcap,
-                   "final_logit_softcapping": cfg.final_softcap})
-        return hf, sd
-    if family == "olmo2":
-        hf.update({"hidden_act": "silu", "attention_bias": bias})
-        return hf, sd
-    if gemma:
-        window = cfg.sliding_window
-        if window is not None and not cfg.causal:
-            window = (window - 1) * 2  # transformers reads it back as window // 2 + 1
-        hf.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": _qk_scalar(cfg),
-                   "sliding_window": window if window is not None else 4096, "layer_types": types,
-                   "rope_local_base_freq": cfg.rope_local_theta if cfg.rope_local_theta is not None else cfg.rope_theta,
-                   "attention_bias": bias, "use_bidirectional_attention": not cfg.causal,
-                   "final_logit_softcapping": None, "attn_logit_softcapping": None})
-        if cfg.embed_scale is not None and cfg.embed_scale != cfg.d_model ** 0.5:
-            raise ValueError(f"model: embed_scale {cfg.embed_scale} is not sqrt(d_model); Gemma 3 cannot hold it")
-        return hf, sd
-    hf["hidden_act"] = "silu"
-    if cfg.moe is not None:
-        hf.update(hf_moe.config_fields(cfg))
-    if family == "olmoe" and nh * hd != cfg.d_model:  # OlmoeAttention sizes q_norm by hidden_size
-        raise ValueError(f"model: {nh} query heads x head_dim {hd} != hidden_size {cfg.d_model}; transformers' "
-                         "OlmoeForCausalLM sizes its q/k norms by hidden_size, so a pruned OLMoE cannot be written "
-                         "as one: keep it in headcount's format (save)")
-    if family == "mixtral":
-        hf["sliding_window"] = cfg.sliding_window
-    elif family == "qwen3_moe":
-        hf.update({"attention_bias": bias, "use_sliding_window": cfg.sliding_window is not None,
-                   "sliding_window": cfg.sliding_window})
-    elif family == "olmoe":
-        hf["attention_bias"] = bias
-    elif family == "gpt_oss":
-        hf.update({"attention_bias": bias, "sliding_window": cfg.sliding_window, "layer_types": types})
-    if family in MOE_FAMILIES:  # transformers 5 spelling (GptOssConfig would otherwise default to yarn)
-        if "rope_parameters" not in hf:  # (a rope type beyond linear is written above)
-            hf["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
-            if cfg.rope_scaling != 1.0:
-                hf["rope_parameters"].update(rope_type="linear", factor=cfg.rope_scaling)
-        hf.pop("rope_scaling", None)
-        return hf, sd
-    if family in ("llama", "smollm3", "granite"):
-        hf.update({"attention_bias": bias, "mlp_bias": cfg.mlp_bias})
-        if family == "smollm3":
-            hf.update({"no_rope_layers": [int(i not in cfg.nope_layers) for i in range(cfg.n_layers)],
-                       "layer_types": types, "use_sliding_window": cfg.sliding_window is not None,
-                       "sliding_window": cfg.sliding_window})
-        if family == "granite":
-            hf.update({"embedding_multiplier": cfg.embedding_multiplier, "residual_multiplier": cfg.residual_multiplier,
-                       "logits_scaling": cfg.logits_scaling, "attention_multiplier": _granite_scale(cfg)})
-    elif family == "phi3":
-        if cfg.sliding_window is not None and "full_attention" in types:
-            raise ValueError("model: Phi3 applies its sliding window to every layer; this model has full layers")
-        hf["sliding_window"] = cfg.sliding_window
-    elif family == "mistral":
-        if cfg.sliding_window is not None and "full_attention" in types:
-            raise ValueError("model: Mistral applies its sliding window to every layer; this model has full layers")
-        hf["sliding_window"] = cfg.sliding_window
-    else:  # qwen2 / qwen3: sliding windows on the layers layer_types marks
-        if cfg.sliding_window is not None:
-            first = types.index("sliding_attention")
-            hf.update({"use_sliding_window": True, "sliding_window": cfg.sliding_window, "max_window_layers": first})
-        else:
-            hf.update({"use_sliding_window": False, "sliding_window": None})
-        hf["layer_types"] = types
-        if family == "qwen3":
-            hf["attention_bias"] = bias
-    return hf, sd
+    causal = getattr(cfg, "causal", False)
+    top = fam.prefix if causal else ""  # BertModel, Gemma3TextModel: no prefix
+    sd: dict[str, Tensor] = {top + fam.embed: model.embed.weight.detach()}
+    if fam.pos_embed is not None:
+        sd[top + fam.pos_embed] = model.pos_embed.weight.detach()
+    for ours, theirs in fam.extra.items():  # BERT's token types, embedding norm and pooler
+        module, _, param = ours.rpartition(".")
+        if getattr(model, module, None) is not None:
+            sd[top + theirs] = getattr(getattr(model, module), param).detach()
+    for i in range(len(model.layers)):
+        sd.update(_layer_tensors(fam, model, i, top + fam.layer.format(i=i), bias, norm, model_cls))
+    if fam.final_norm is not None:
+        sd[top + fam.final_norm + ".weight"] = norm(model.norm.weight)
+        if fam.norm_bias:
+            sd[top + fam.final_norm + ".bias"] = model.norm.bias.detach()
+    if causal and not cfg.tie_embeddings:
+        sd[fam.lm_head[0]] = model.lm_head.weight.detach()
+    attn = model.layers[0].attn
+    nh, nkv = (cfg.n_heads, cfg.n_heads) if fam.zero_heads else (attn.n_heads, attn.n_kv_heads)
+    return transformers_config(cfg, fam, (cfg_cls, model_cls), nh, nkv, bias), sd
 
 
-def _gpt_neox_state_dict(model: Decoder) -> tuple[dict, dict[str, Tensor]]:
-    """GPT-NeoX / Pythia: qkv_proj's [all Q | all K | all V] rows written back per head ([n_heads, 3,
-    head_dim]). transformers derives head_size = hidden_size / num_attention_heads, so a pruned layer is
-    written with every original head: each removed head padded back as a ZERO head (zero q, k, v rows and
-    biases, zero dense columns; its context is 0, so the output is exactly the pruned model's)."""
-    cfg = model.config
-    d, n, hd = cfg.d_model, cfg.n_heads, cfg.head_dim
-    bias = any(l.attn.qkv_proj.bias is not None or l.attn.o_proj.bias is not None for l in model.layers)
-    sd: dict[str, Tensor] = {"gpt_neox.embed_in.weight": model.embed.weight.detach()}
-    for i, layer in enumerate(model.layers):
-        attn, p = layer.attn, f"gpt_neox.layers.{i}."
-        if attn.n_kv_heads != attn.n_heads or not attn.is_uniform:
-            raise ValueError(f"model: layer {i} shares K/V heads ({attn.n_heads} query, {attn.n_kv_heads} KV); "
-                             "GPT-NeoX in transformers has one K/V head per query head")
-        k, kept = attn.n_heads, torch.tensor(attn.kept_heads)
-        w = attn.qkv_proj.weight.detach()
-        full = w.new_zeros(n, 3, hd, d)
-        full[kept] = w.view(3, k, hd, d).transpose(0, 1)
-        sd[p + "attention.query_key_value.weight"] = full.reshape(3 * n * hd, d)
-        o = w.new_zeros(d, n, hd)
-        o[:, kept] = attn.o_proj.weight.detach().view(d, k, hd)
-        sd[p + "attention.dense.weight"] = o.reshape(d, n * hd)
-        if bias:
-            b = attn.qkv_proj.bias
-            full_b = w.new_zeros(n, 3, hd)
-            if b is not None:
-                full_b[kept] = b.detach().view(3, k, hd).transpose(0, 1)
-            sd[p + "attention.query_key_value.bias"] = full_b.reshape(-1)
-            ob = attn.o_proj.bias
-            sd[p + "attention.dense.bias"] = ob.detach() if ob is not None else w.new_zeros(d)
-        for ours, theirs in (("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")):
-            sd[p + theirs + ".weight"] = getattr(layer, ours).weight.detach()
-            sd[p + theirs + ".bias"] = getattr(layer, ours).bias.detach()
-        for ours, theirs in (("up_proj", "dense_h_to_4h"), ("down_proj", "dense_4h_to_h")):
-            sd[p + f"mlp.{theirs}.weight"] = getattr(layer.mlp, ours).weight.detach()
-            sd[p + f"mlp.{theirs}.bias"] = getattr(layer.mlp, ours).bias.detach()
-    sd["gpt_neox.final_layer_norm.weight"] = model.norm.weight.detach()
-    sd["gpt_neox.final_layer_norm.bias"] = model.norm.bias.detach()
-    if not cfg.tie_embeddings:
-        sd["embed_out.weight"] = model.lm_head.weight.detach()  # Pythia's name (transformers 5 renames it)
-    rd = cfg.rotary_dim or hd
-    pct = rd / hd if int(hd * (rd / hd)) == rd else (rd + 0.5) / hd  # transformers takes int(head_dim * pct)
-    rope = {"rope_type": cfg.rope_type, "rope_theta": cfg.rope_theta, **(cfg.rope_parameters or {}),
-            "partial_rotary_factor": pct}
-    if cfg.rope_scaling != 1.0:
-        rope.update(rope_type="linear", factor=cfg.rope_scaling)
-    hf = {
-        "architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": cfg.vocab_size,
-        "hidden_size": d, "num_hidden_layers": cfg.n_layers, "num_attention_heads": n, "intermediate_size": cfg.d_ff,
-        "hidden_act": "gelu" if cfg.mlp == "gelu" else "gelu_new", "max_position_embeddings": cfg.max_position,
-        "layer_norm_eps": cfg.norm_eps, "use_parallel_residual": cfg.parallel_residual, "rope_parameters": rope,
-        "rotary_pct": pct, "rotary_emb_base": cfg.rope_theta, "attention_bias": bias,
-        "tie_word_embeddings": cfg.tie_embeddings, "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
-        "pad_token_id": cfg.pad_token_id, "torch_dtype": "float32",
-    }
-    return hf, sd
-
-
-def to_transformers(model: Decoder | BidirectionalEncoder, *, attn_implementation: str = "sdpa"):
-    """The transformers model (LlamaForCausalLM, MistralForCausalLM, Qwen2/Qwen3ForCausalLM,
-    Gemma3ForCausalLM, or Gemma3TextModel for a bidirectional Gemma) with this model's weights (needs
-    the transformers package): the reference the tests and `headcount bench decode / exactness` compare
-    against."""
+def to_transformers(model: Decoder | BidirectionalEncoder | Encoder, *, attn_implementation: str = "sdpa"):
+    """The transformers model of this model's family (hf_classes: its *ForCausalLM, Gemma3TextModel for a
+    bidirectional Gemma, BertModel) with this model's weights (needs the transformers package): the reference
+    the tests and `headcount bench decode / exactness` compare against."""
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built from a config and our weights: never the hub
@@ -677,7 +515,7 @@ def to_transformers(model: Decoder | BidirectionalEncoder, *, attn_implementatio
     cfg = getattr(transformers, cfg_name)(
         **{k: v for k, v in hf_cfg.items() if k not in ("architectures", "model_type", "torch_dtype")})
     # Gemma 2's soft-capping runs on transformers' eager path only (Gemma2PreTrainedModel._supports_sdpa is False)
-    cfg._attn_implementation = "eager" if model.config.attn_softcap is not None else attn_implementation
+    cfg._attn_implementation = "eager" if getattr(model.config, "attn_softcap", None) is not None else attn_implementation
     hf = getattr(transformers, model_name)(cfg).to(model.embed.weight.dtype)
     sd = {("lm_head.weight" if k == "embed_out.weight" else k): v for k, v in sd.items()}  # GPT-NeoX in transformers 5
     missing, unexpected = hf.load_state_dict({k: v.clone() for k, v in sd.items()}, strict=False)
@@ -689,9 +527,9 @@ def to_transformers(model: Decoder | BidirectionalEncoder, *, attn_implementatio
     return hf.eval()
 
 
-# export_transformers: a checkpoint of a (pruned) model that transformers loads with no headcount code.
-# export_transformers: a plain transformers checkpoint that loads with no headcount code.
-#   Llama (LlamaForCausalLM; the same for Mistral, Qwen2, Qwen3 and Gemma 3): every layer must keep the same numbers of query and KV heads, in even
+# export_transformers: a plain transformers checkpoint of a (pruned) model that loads with no headcount code.
+#   The rotary decoders (LlamaForCausalLM and every *ForCausalLM of hf_classes but GPT-NeoX's): every layer must
+#     keep the same numbers of query and KV heads, in even
 #     groups (kv_head_of[i] == i // (n_heads // n_kv_heads)); head_dim stays 64, written explicitly
 #     (transformers honours `head_dim`, so num_attention_heads * head_dim may differ from hidden_size).
 #     transformers' LlamaConfig also insists hidden_size % num_attention_heads == 0 (checked at load), so
@@ -700,7 +538,9 @@ def to_transformers(model: Decoder | BidirectionalEncoder, *, attn_implementatio
 #     Per-layer counts: transformers 5.x `per_layer_config` is accepted by LlamaConfig but
 #     LlamaAttention reads the global num_attention_heads (checked on 5.24: every layer is built with
 #     the global count), so it cannot carry them; refused with the reason.
-#   BERT (BertModel): transformers derives the head size as hidden_size / num_attention_heads, so a
+#   Phi-3 with LongRoPE: written with zero heads (hf_padding.py), any per-layer pattern. OLMoE: only K/V heads
+#     may go (OlmoeForCausalLM sizes its q/k norms by hidden_size).
+#   BERT (BertModel) and GPT-NeoX: transformers derives the head size as hidden_size / num_attention_heads, so a
 #     pruned layer cannot be written with fewer heads. Removed heads are padded back as ZERO heads
 #     (zero Q/K/V rows and biases, zero o_proj columns): their context is 0 (V = 0), so the output is
 #     exactly the pruned model's. Works for any per-layer pattern; the file is not smaller.
@@ -709,12 +549,12 @@ def _layouts(model) -> list[tuple[int, int, bool]]:
 
 
 def decoder_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
-    """(config.json dict, state dict) of a (pruned) llama / mistral / qwen2 / qwen3 / gemma3 model with
-    uniform layers: what export_transformers writes."""
+    """(config.json dict, state dict) of a (pruned) decoder of any family in HF_CLASSES (the rotary ones with
+    uniform layers, see the notes above): what export_transformers writes."""
     if not isinstance(model, (Decoder, BidirectionalEncoder)) or model.config.family not in HF_CLASSES:
         raise ValueError(f"model: export_transformers writes {' / '.join(HF_CLASSES)} decoders and BERT encoders; "
                          f"this is {type(model).__name__} ({getattr(model.config, 'family', '?')})")
-    if model.config.family == "gpt_neox":  # removed heads are padded back as zero heads: any pattern is written
+    if FAMILIES[model.config.family].zero_heads:  # removed heads are padded back as zero heads: any pattern
         hf, sd = to_transformers_state_dict(model)
         hf["dtype"] = "float32"
         return hf, sd
@@ -774,62 +614,15 @@ llama_state_dict = decoder_state_dict  # the name it had when only Llama was wri
 
 def bert_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
     """(config.json, BertModel state dict) with every removed head padded back as a zero head."""
-    cfg = model.config
-    n, hd, d = cfg.n_heads, cfg.d_model // cfg.n_heads, cfg.d_model
-    sd: dict[str, Tensor] = {
-        "embeddings.word_embeddings.weight": model.embed.weight.detach(),
-        "embeddings.position_embeddings.weight": model.pos_embed.weight.detach(),
-        "embeddings.token_type_embeddings.weight": model.type_embed.weight.detach(),
-        "embeddings.LayerNorm.weight": model.embed_norm.weight.detach(),
-        "embeddings.LayerNorm.bias": model.embed_norm.bias.detach(),
-    }
-    for i, layer in enumerate(model.layers):
-        attn, p = layer.attn, f"encoder.layer.{i}."
-        if attn.n_kv_heads != attn.n_heads or not attn.is_uniform:
-            raise ValueError(f"model: layer {i} shares K/V heads ({attn.n_heads} query, {attn.n_kv_heads} KV); "
-                             "BERT in transformers has one K/V head per query head")
-        w, b = attn.qkv_proj.weight.detach(), attn.qkv_proj.bias.detach()
-        k = attn.n_heads
-        rows = [h * hd + j for h in attn.kept_heads for j in range(hd)]  # where each kept head goes
-        for part, name in enumerate(("query", "key", "value")):
-            full_w, full_b = w.new_zeros(n * hd, d), w.new_zeros(n * hd)
-            full_w[rows] = w[part * k * hd:(part + 1) * k * hd]
-            full_b[rows] = b[part * k * hd:(part + 1) * k * hd]
-            sd[p + f"attention.self.{name}.weight"], sd[p + f"attention.self.{name}.bias"] = full_w, full_b
-        o = w.new_zeros(d, n * hd)
-        o[:, rows] = attn.o_proj.weight.detach()
-        sd[p + "attention.output.dense.weight"] = o
-        ob = attn.o_proj.bias
-        sd[p + "attention.output.dense.bias"] = ob.detach() if ob is not None else w.new_zeros(d)
-        sd[p + "attention.output.LayerNorm.weight"] = layer.attn_norm.weight.detach()
-        sd[p + "attention.output.LayerNorm.bias"] = layer.attn_norm.bias.detach()
-        sd[p + "intermediate.dense.weight"] = layer.mlp.up_proj.weight.detach()
-        sd[p + "intermediate.dense.bias"] = layer.mlp.up_proj.bias.detach()
-        sd[p + "output.dense.weight"] = layer.mlp.down_proj.weight.detach()
-        sd[p + "output.dense.bias"] = layer.mlp.down_proj.bias.detach()
-        sd[p + "output.LayerNorm.weight"] = layer.mlp_norm.weight.detach()
-        sd[p + "output.LayerNorm.bias"] = layer.mlp_norm.bias.detach()
-    if model.pooler is not None:
-        sd["pooler.dense.weight"] = model.pooler.weight.detach()
-        sd["pooler.dense.bias"] = model.pooler.bias.detach()
-    hf = {
-        "architectures": ["BertModel"], "model_type": "bert", "vocab_size": cfg.vocab_size, "hidden_size": d,
-        "num_hidden_layers": cfg.n_layers, "num_attention_heads": n, "intermediate_size": cfg.d_ff,
-        "hidden_act": "gelu" if cfg.act == "gelu" else "gelu_pytorch_tanh",
-        "max_position_embeddings": cfg.max_position, "type_vocab_size": cfg.type_vocab_size,
-        "layer_norm_eps": cfg.norm_eps, "pad_token_id": cfg.pad_token_id, "position_embedding_type": "absolute",
-        "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0, "torch_dtype": "float32",
-        "dtype": "float32",
-    }
+    hf, sd = to_transformers_state_dict(model)
+    hf["dtype"] = "float32"
     return hf, sd
 
 
 def export_transformers(model, directory, *, force: bool = False) -> Path:
-    """Write a transformers checkpoint (config.json, model.safetensors, tokenizer.json) that
-    LlamaForCausalLM (Mistral / Qwen2 / Qwen3 / Gemma3ForCausalLM, Gemma3TextModel) or
-    BertModel.from_pretrained loads with no headcount code (see the notes above)."""
-    from headcount.models.encoder import Encoder
-
+    """Write a transformers checkpoint (config.json, model.safetensors, tokenizer.json) that the family's
+    class (hf_classes: its *ForCausalLM, Gemma3TextModel, BertModel).from_pretrained loads with no headcount
+    code (see the notes above)."""
     directory = Path(directory).expanduser()
     check_out(directory, force)
     hf, sd = bert_state_dict(model) if isinstance(model, Encoder) else decoder_state_dict(model)

@@ -1,6 +1,13 @@
 """transformers config.json -> headcount DecoderConfig / EncoderConfig.
 
 Every field that changes the computation is read or refused by name; nothing is silently ignored.
+Each model_type's entry in families.py says which reader below builds its config, its attention and MLP bias
+rules (one attention_bias switch and its default; Qwen2's q/k/v biases; none for Mistral, Mixtral, Phi-3;
+always for GPT-2 and BERT; mlp_bias for Llama, SmolLM3, Granite), tie_word_embeddings' default, and which of
+the refused fields (the last item) it implements: hf_config_write.py writes config.json by the same entry.
+
+- bert (encoder_config): absolute positions, gelu / gelu_new. gpt2: Conv1D, learned positions, tied embeddings;
+  scale_attn_by_inverse_layer_idx and scale_attn_weights=False refused.
 
 - llama / mistral / qwen2 / qwen3 / smollm3 / granite / phi3: rotary from rope_parameters (or the older
   rope_scaling, which transformers prefers when both are there) + rope_theta, of rope type default, linear,
@@ -48,16 +55,9 @@ from headcount.models.decoder import DecoderConfig
 from headcount.models.moe import MoEConfig
 from headcount.models.encoder import EncoderConfig
 from headcount.models.formats.errors import CheckpointError
+from headcount.models.formats.families import BY_MODEL_TYPE, MOE_FAMILIES, SUPPORTED  # noqa: F401 (re-exported)
 from headcount.models.rotary import check_rope
 
-MOE_FAMILIES = ("mixtral", "qwen3_moe", "olmoe", "gpt_oss")
-SUPPORTED = ("bert", "gpt2", "llama", "qwen2", "qwen3", "mistral", "gemma3_text", "gemma3", *MOE_FAMILIES, "phi3",
-             "smollm3", "granite", "gemma2", "gpt_neox", "olmo2")
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "phi3", "smollm3", "granite")
-# _REFUSED fields a family reads (so they are not refused for it)
-_READS = {"phi3": {"partial_rotary_factor"}, "smollm3": {"no_rope_layers"},
-          "granite": {"logits_scaling", "embedding_multiplier", "residual_multiplier", "attention_multiplier"},
-          "gemma2": {"final_logit_softcapping", "attn_logit_softcapping"}, "gpt_neox": {"partial_rotary_factor"}}
 
 # transformers' Gemma3TextConfig defaults: config.json files written by older versions (and the
 # text_config of a gemma3 multimodal config) leave out whatever equals them.
@@ -116,7 +116,7 @@ def _rope_fields(cfg: dict, kind: str, head_dim: int, source: str) -> dict:
     theta = float(block.get("rope_theta", cfg.get("rope_theta", 10000.0)))
     partial = block.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))
     partial = 1.0 if partial is None else partial
-    if partial != 1.0 and kind not in ("phi3", "gpt_neox"):
+    if partial != 1.0 and "partial_rotary_factor" not in BY_MODEL_TYPE[kind].reads:
         raise CheckpointError(f"{source}: {where}.partial_rotary_factor={partial!r} is not supported for {kind} "
                               "(transformers rotates the whole head there)")
     if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
@@ -185,22 +185,27 @@ def _get(cfg: dict, key: str, source: str):
 
 
 def _refuse_unsupported(cfg: dict, source: str) -> None:
-    reads = _READS.get(cfg.get("model_type"), ())
+    fam = BY_MODEL_TYPE.get(cfg.get("model_type"))
+    reads = fam.reads if fam is not None else ()
     for key, off in _REFUSED.items():
         if key not in reads and cfg.get(key, off) != off:
             raise CheckpointError(f"{source}: {key}={cfg[key]!r} is not supported (headcount does not implement it "
                                   f"and will not ignore it)")
 
 
-def _common(cfg: dict, source: str, *, tie_default: bool) -> dict:
-    """The DecoderConfig fields every rotary family reads the same way."""
+def _common(cfg: dict, source: str) -> dict:
+    """The DecoderConfig fields every rotary family reads the same way (tie_word_embeddings' default and the
+    attention biases from the family's entry)."""
+    fam = BY_MODEL_TYPE[cfg["model_type"]]
+    qkv_bias, o_bias = fam.read_biases(cfg)
     d_model, n_heads = _get(cfg, "hidden_size", source), _get(cfg, "num_attention_heads", source)
     return dict(
         vocab_size=_get(cfg, "vocab_size", source), d_model=d_model, n_layers=_get(cfg, "num_hidden_layers", source),
         n_heads=n_heads, n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
         head_dim=cfg.get("head_dim") or d_model // n_heads, d_ff=_get(cfg, "intermediate_size", source),
         max_position=cfg.get("max_position_embeddings", 2048), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        position="rotary", tie_embeddings=bool(cfg.get("tie_word_embeddings", tie_default)),
+        position="rotary", tie_embeddings=bool(cfg.get("tie_word_embeddings", fam.tie_default)),
+        qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=fam.read_mlp_bias(cfg),
         bos_token_id=cfg.get("bos_token_id"), eos_token_id=_first(cfg.get("eos_token_id")),
         pad_token_id=cfg.get("pad_token_id"))
 
@@ -237,9 +242,8 @@ def _llama_like(cfg: dict, kind: str, source: str) -> DecoderConfig:
         raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for {kind} (only 'silu')")
     if cfg.get("use_bidirectional_attention"):
         raise CheckpointError(f"{source}: use_bidirectional_attention is not supported for {kind}")
-    fields = _common(cfg, source, tie_default=kind == "smollm3")
+    fields = _common(cfg, source)
     rope = _rope_fields(cfg, kind, fields["head_dim"], source)
-    attention_bias = bool(cfg.get("attention_bias", False))
     window, types, extra = None, None, {}
     if kind in ("qwen2", "qwen3"):
         window, types = _qwen_layers(cfg, fields["n_layers"], source)
@@ -258,9 +262,6 @@ def _llama_like(cfg: dict, kind: str, source: str) -> DecoderConfig:
                      logits_scaling=float(cfg.get("logits_scaling", 1.0)))
     return DecoderConfig(
         **fields, **rope, **extra, norm="rms", mlp="gated_silu",
-        qkv_bias={"qwen2": True, "mistral": False, "phi3": False}.get(kind, attention_bias),
-        o_bias={"qwen2": False, "mistral": False, "phi3": False}.get(kind, attention_bias),
-        mlp_bias=bool(cfg.get("mlp_bias", False)) if kind in ("llama", "smollm3", "granite") else False,
         qk_norm=kind == "qwen3", sliding_window=window, layer_types=types, family=kind)
 
 
@@ -283,7 +284,7 @@ def _moe(cfg: dict, kind: str, source: str) -> DecoderConfig:
     if cfg.get("clip_qkv") is not None:
         raise CheckpointError(f"{source}: clip_qkv={cfg['clip_qkv']!r} is not supported (headcount does not clamp "
                               "q/k/v and will not ignore it)")
-    fields = _common(cfg, source, tie_default=False)
+    fields = _common(cfg, source)
     n_layers = fields["n_layers"]
     rope = _rope_fields(cfg, kind, fields["head_dim"], source)
     n_experts = _count(cfg, ("num_experts", "num_local_experts") if kind in ("qwen3_moe", "olmoe")
@@ -305,12 +306,10 @@ def _moe(cfg: dict, kind: str, source: str) -> DecoderConfig:
         if not isinstance(only, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in only):
             raise CheckpointError(f"{source}: mlp_only_layers={only!r}, expected a list of layer indices")
         moe["dense_layers"] = tuple(i for i in range(n_layers) if i in only or (i + 1) % step)
-        extra = {"qk_norm": True, "qkv_bias": bool(cfg.get("attention_bias", False)),
-                 "o_bias": bool(cfg.get("attention_bias", False))}
+        extra = {"qk_norm": True}
     elif kind == "olmoe":
         moe["normalize"] = bool(cfg.get("norm_topk_prob", False))
-        extra = {"qkv_bias": bool(cfg.get("attention_bias", False)), "o_bias": bool(cfg.get("attention_bias", False)),
-                 **_full_width_qk_norm(source)}
+        extra = _full_width_qk_norm(source)
     else:  # gpt_oss
         window = cfg.get("sliding_window", 128)
         types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
@@ -318,8 +317,7 @@ def _moe(cfg: dict, kind: str, source: str) -> DecoderConfig:
         types = _layer_types(types, n_layers, source)
         moe.update(router="topk_softmax", act="swiglu_clamped", expert_bias=True, router_bias=True,
                    swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)), swiglu_limit=float(cfg.get("swiglu_limit", 7.0)))
-        bias = bool(cfg.get("attention_bias", True))
-        extra = {"qkv_bias": bias, "o_bias": bias, "attn_sinks": True, "norm": "rms_float"}
+        extra = {"attn_sinks": True, "norm": "rms_float"}
         if window is None or "sliding_attention" not in types:
             window, types = None, None
     if window is not None:
@@ -341,13 +339,13 @@ def gemma3_text_config(cfg: dict) -> dict:
     return {**GEMMA3_TEXT_DEFAULTS, **cfg}
 
 
-def _gemma3(cfg: dict, source: str) -> DecoderConfig:
+def _gemma3(cfg: dict, kind: str, source: str) -> DecoderConfig:
     cfg = gemma3_text_config(cfg)
     act = cfg.get("hidden_activation") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_new"):
         raise CheckpointError(f"{source}: hidden_activation {act!r} is not supported for gemma3 "
                               f"(only gelu_pytorch_tanh)")
-    fields = _common(cfg, source, tie_default=True)
+    fields = _common(cfg, source)
     n_layers = fields["n_layers"]
     types = cfg.get("layer_types")
     if types is None:
@@ -381,10 +379,9 @@ def _gemma3(cfg: dict, source: str) -> DecoderConfig:
         window = int(window) if causal else int(window) // 2 + 1
     else:
         window, types = None, None
-    bias = bool(cfg.get("attention_bias", False))
     return DecoderConfig(
         **fields, norm="rms_float", mlp="gated_gelu_tanh", rope_theta=theta, rope_scaling=factor,
-        rope_local_theta=local_theta, qkv_bias=bias, o_bias=bias, mlp_bias=False, qk_norm=True,
+        rope_local_theta=local_theta, qk_norm=True,
         softmax_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5, sliding_window=window, layer_types=types,
         embed_scale=cfg["hidden_size"] ** 0.5, post_norms=True, causal=causal, family="gemma3")
 
@@ -408,14 +405,14 @@ def _positive_or_none(cfg: dict, key: str, source: str) -> float | None:
     return float(value)
 
 
-def _gemma2(cfg: dict, source: str) -> DecoderConfig:
+def _gemma2(cfg: dict, kind: str, source: str) -> DecoderConfig:
     cfg = {**GEMMA2_DEFAULTS, **cfg}
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_new"):
         raise CheckpointError(f"{source}: hidden_activation {act!r} is not supported for gemma2 (only gelu_pytorch_tanh)")
     if cfg.get("use_bidirectional_attention"):
         raise CheckpointError(f"{source}: use_bidirectional_attention is not supported for gemma2")
-    fields = _common(cfg, source, tie_default=True)
+    fields = _common(cfg, source)
     n_layers = fields["n_layers"]
     types = cfg.get("layer_types")
     if types is None:  # Gemma2Config: sliding on layers 0, 2, 4, ..., full on 1, 3, 5, ...
@@ -429,16 +426,14 @@ def _gemma2(cfg: dict, source: str) -> DecoderConfig:
     else:
         window, types = None, None
     rope = _rope_fields(cfg, "gemma2", fields["head_dim"], source)
-    bias = bool(cfg.get("attention_bias", False))
     return DecoderConfig(
-        **fields, **rope, norm="rms_float", mlp="gated_gelu_tanh", qkv_bias=bias,
-        o_bias=bias, softmax_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5, sliding_window=window,
+        **fields, **rope, norm="rms_float", mlp="gated_gelu_tanh", softmax_scale=float(cfg["query_pre_attn_scalar"]) ** -0.5, sliding_window=window,
         layer_types=types, embed_scale=cfg["hidden_size"] ** 0.5, post_norms=True,
         attn_softcap=_positive_or_none(cfg, "attn_logit_softcapping", source),
         final_softcap=_positive_or_none(cfg, "final_logit_softcapping", source), family="gemma2")
 
 
-def _gpt_neox(cfg: dict, source: str) -> DecoderConfig:
+def _gpt_neox(cfg: dict, kind: str, source: str) -> DecoderConfig:
     d_model, n_heads = _get(cfg, "hidden_size", source), _get(cfg, "num_attention_heads", source)
     if d_model % n_heads:
         raise CheckpointError(f"{source}: hidden_size={d_model} is not a multiple of num_attention_heads={n_heads} "
@@ -464,28 +459,26 @@ def _gpt_neox(cfg: dict, source: str) -> DecoderConfig:
     mlp = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}.get(act)
     if mlp is None:
         raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for gpt_neox (gelu, gelu_new)")
-    bias = bool(cfg.get("attention_bias", True))
+    qkv_bias, o_bias = BY_MODEL_TYPE[kind].read_biases(cfg)
     return DecoderConfig(
         vocab_size=_get(cfg, "vocab_size", source), d_model=d_model, n_layers=_get(cfg, "num_hidden_layers", source),
         n_heads=n_heads, head_dim=head_dim, d_ff=_get(cfg, "intermediate_size", source),
         max_position=cfg.get("max_position_embeddings", 2048), norm="layer",
-        norm_eps=float(cfg.get("layer_norm_eps", 1e-5)), mlp=mlp, position="rotary", **rope, qkv_bias=bias, o_bias=bias,
-        mlp_bias=True, tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        norm_eps=float(cfg.get("layer_norm_eps", 1e-5)), mlp=mlp, position="rotary", **rope, qkv_bias=qkv_bias,
+        o_bias=o_bias, mlp_bias=BY_MODEL_TYPE[kind].read_mlp_bias(cfg), tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         parallel_residual=bool(cfg.get("use_parallel_residual", True)), bos_token_id=cfg.get("bos_token_id"),
         eos_token_id=_first(cfg.get("eos_token_id")), pad_token_id=cfg.get("pad_token_id"), family="gpt_neox")
 
 
-def _olmo2(cfg: dict, source: str) -> DecoderConfig:
+def _olmo2(cfg: dict, kind: str, source: str) -> DecoderConfig:
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise CheckpointError(f"{source}: hidden_act {act!r} is not supported for olmo2 (only 'silu')")
-    fields = _common(cfg, source, tie_default=False)
+    fields = _common(cfg, source)
     fields["norm_eps"] = float(cfg.get("rms_norm_eps", 1e-5))
     rope = _rope_fields(cfg, "olmo2", fields["head_dim"], source)
-    bias = bool(cfg.get("attention_bias", False))
     return DecoderConfig(
-        **fields, **rope, norm="rms_float", mlp="gated_silu", qkv_bias=bias,
-        o_bias=bias, qk_norm=True, qk_norm_full=True, pre_norms=False, post_norms=True, family="olmo2")
+        **fields, **rope, norm="rms_float", mlp="gated_silu", qk_norm=True, qk_norm_full=True, pre_norms=False, post_norms=True, family="olmo2")
 
 
 def text_config(cfg: dict, source: str) -> dict:
@@ -508,43 +501,43 @@ def text_config(cfg: dict, source: str) -> dict:
     return text
 
 
+def _gpt2(cfg: dict, kind: str, source: str) -> DecoderConfig:
+    if cfg.get("scale_attn_by_inverse_layer_idx"):
+        raise CheckpointError(f"{source}: scale_attn_by_inverse_layer_idx is not supported")
+    if cfg.get("scale_attn_weights", True) is False:
+        raise CheckpointError(f"{source}: scale_attn_weights=False is not supported")
+    act = cfg.get("activation_function", "gelu_new")
+    mlp = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(act)
+    if mlp is None:
+        raise CheckpointError(f"{source}: activation_function {act!r} is not supported for gpt2")
+    d_model = _get(cfg, "n_embd", source)
+    fam = BY_MODEL_TYPE[kind]
+    qkv_bias, o_bias = fam.read_biases(cfg)
+    return DecoderConfig(
+        vocab_size=_get(cfg, "vocab_size", source), d_model=d_model, n_layers=_get(cfg, "n_layer", source),
+        n_heads=_get(cfg, "n_head", source), d_ff=cfg.get("n_inner") or 4 * d_model,
+        max_position=cfg.get("n_positions", 1024), norm="layer",
+        norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), mlp=mlp, position="learned",
+        qkv_bias=qkv_bias, o_bias=o_bias, mlp_bias=fam.read_mlp_bias(cfg), tie_embeddings=True,
+        bos_token_id=cfg.get("bos_token_id"), eos_token_id=_first(cfg.get("eos_token_id")),
+        pad_token_id=cfg.get("pad_token_id"), family="gpt2")
+
+
+# families.py's Family.reader -> the function that reads that family's config.json
+_READERS = {"llama": _llama_like, "moe": _moe, "gemma3": _gemma3, "gemma2": _gemma2, "gpt_neox": _gpt_neox,
+            "olmo2": _olmo2, "gpt2": _gpt2}
+
+
 def decoder_config(cfg: dict, source: str = "config") -> DecoderConfig:
-    """A transformers config dict (llama / mistral / qwen2 / qwen3 / gemma3_text / gemma3 / gpt2 / gemma2 /
-    gpt_neox / olmo2) -> DecoderConfig.
-    For gemma3 (multimodal) the text_config is read; bidirectional gemma3 gives causal=False."""
+    """A transformers config dict of any decoder model_type in SUPPORTED -> DecoderConfig, by its family's
+    config reader (families.py's Family.reader). For gemma3 (multimodal) the text_config is read;
+    bidirectional gemma3 gives causal=False."""
     cfg = text_config(cfg, source)
     kind = cfg.get("model_type")
     _refuse_unsupported(cfg, source)
-    if kind in LLAMA_LIKE:
-        return _llama_like(cfg, kind, source)
-    if kind == "gemma3_text":
-        return _gemma3(cfg, source)
-    if kind in MOE_FAMILIES:
-        return _moe(cfg, kind, source)
-    if kind == "gemma2":
-        return _gemma2(cfg, source)
-    if kind == "gpt_neox":
-        return _gpt_neox(cfg, source)
-    if kind == "olmo2":
-        return _olmo2(cfg, source)
-    if kind == "gpt2":
-        if cfg.get("scale_attn_by_inverse_layer_idx"):
-            raise CheckpointError(f"{source}: scale_attn_by_inverse_layer_idx is not supported")
-        if cfg.get("scale_attn_weights", True) is False:
-            raise CheckpointError(f"{source}: scale_attn_weights=False is not supported")
-        act = cfg.get("activation_function", "gelu_new")
-        mlp = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu"}.get(act)
-        if mlp is None:
-            raise CheckpointError(f"{source}: activation_function {act!r} is not supported for gpt2")
-        d_model = _get(cfg, "n_embd", source)
-        return DecoderConfig(
-            vocab_size=_get(cfg, "vocab_size", source), d_model=d_model, n_layers=_get(cfg, "n_layer", source),
-            n_heads=_get(cfg, "n_head", source), d_ff=cfg.get("n_inner") or 4 * d_model,
-            max_position=cfg.get("n_positions", 1024), norm="layer",
-            norm_eps=float(cfg.get("layer_norm_epsilon", 1e-5)), mlp=mlp, position="learned",
-            qkv_bias=True, o_bias=True, mlp_bias=True, tie_embeddings=True,
-            bos_token_id=cfg.get("bos_token_id"), eos_token_id=_first(cfg.get("eos_token_id")),
-            pad_token_id=cfg.get("pad_token_id"), family="gpt2")
+    fam = BY_MODEL_TYPE.get(kind)
+    if fam is not None and not fam.encoder:
+        return _READERS[fam.reader](cfg, kind, source)
     raise CheckpointError(f"{source}: model_type {kind!r} is not a decoder headcount supports "
                           f"(supported: {', '.join(k for k in SUPPORTED if k != 'bert')})")
 
