@@ -9,7 +9,7 @@ import torch
 
 from headcount.report.build import OutputExistsError, check_out, dumps, write_report
 from headcount.report.cache import ResultCache, cache_key, text_hash, weights_hash
-from headcount.report.collect import QUICK, Sizes, _untimed, call_with, collect, normalise
+from headcount.report.collect import QUICK, Sizes, _untimed, collect, normalise
 from headcount.report.example import example_report
 
 
@@ -84,13 +84,6 @@ def test_normalise_rounds_to_six_significant_digits_and_drops_nan():
 def test_timings_are_left_out():
     assert _untimed({"a": 1, "seconds": 3.2, "merge": {"seconds": 1.0, "b": [{"seconds": 2}]}}) == \
         {"a": 1, "merge": {"b": [{}]}}
-
-
-def test_call_with_drops_arguments_the_function_does_not_take():
-    def f(model, texts=None, *, seed=0):
-        return (model, texts, seed)
-    assert call_with(f, "m", None, seed=3, window=9) == ("m", None, 3)
-    assert call_with(lambda m, **kw: kw, "m", a=1) == {"a": 1}
 
 
 # ------------------------------------------------------------------------------------------ cache
@@ -187,16 +180,6 @@ def test_a_rerun_reads_every_step_from_the_cache(tiny, tmp_path):
     assert third.hits == ["shape"]  # the seed is part of rank's key, not of the shape's
 
 
-def test_missing_analysis_becomes_unavailable(tiny, tmp_path, monkeypatch):
-    import headcount.surgery as surgery
-    # surgery without pruning_curve (as before it was written): its lazy export raises AttributeError
-    monkeypatch.setattr(surgery, "__getattr__", lambda name: (_ for _ in ()).throw(AttributeError(name)),
-                        raising=False)
-    r = collect(tiny, TEXT, sizes=TINY, only=("shape", "pruning"), progress=False, cache=ResultCache(tmp_path, enabled=False))
-    assert "pruning" not in r and "AttributeError" in r["unavailable"]["pruning"]
-    assert next(c for c in r["claims"] if c["id"] == "C11")["status"] == "not measured"
-
-
 def test_bad_seed_and_model_are_type_errors(tiny):
     with pytest.raises(TypeError, match="seed"):
         collect(tiny, seed="1", progress=False)
@@ -225,22 +208,10 @@ def test_real_faithfulness_importance_and_merge_render(tiny, tmp_path):
         assert f'id="{fig}"' in page
 
 
-def test_gates_without_train_gates_are_unavailable_not_a_crash(tiny, tmp_path, monkeypatch):
-    import headcount.surgery as surgery
-    real = surgery.__getattr__
-
-    def without_gates(name):  # surgery as before gates.py was written
-        if name in ("train_gates", "apply_gates"):
-            raise AttributeError(f"module 'headcount.surgery' has no attribute {name!r}")
-        return real(name)
-    monkeypatch.setattr(surgery, "__getattr__", without_gates)
-    r = collect(tiny, TEXT, sizes=TINY, only=("shape", "gates"), progress=False,
-                cache=ResultCache(tmp_path, enabled=False), results_dir=None)
-    assert "gates" not in r and "train_gates" in r["unavailable"]["gates"]
-    assert r["unavailable"]["gates"].startswith("headcount.surgery does not provide it here")
-    c12 = next(c for c in r["claims"] if c["id"] == "C12")
-    assert c12["status"] == "not measured"
-    # ... or the gates bench's saved result for this model, when there is one (its own format, read as is)
+def test_c12_reads_the_gates_benchs_saved_result_as_is(tiny, tmp_path, monkeypatch):
+    import headcount.report.trained as trained
+    monkeypatch.setattr(trained, "train_gates", lambda *a, **k: pytest.fail("trained gates despite a saved result"))
+    # the gates bench's saved result for this model (its own format, read as is)
     results = tmp_path / "results"
     results.mkdir()
     point = {"fraction": 0.5, "heads_kept": 4, "ppl_by_text": {"prose": 12.0, "code": 30.0}}
@@ -258,7 +229,7 @@ def test_gates_without_train_gates_are_unavailable_not_a_crash(tiny, tmp_path, m
 
 
 def test_experiments_come_from_saved_full_runs_or_quick_runs(tiny, tmp_path, monkeypatch):
-    import headcount.experiments as experiments
+    import headcount.report.trained as trained
     from headcount.experiments.results import ExperimentResult
 
     calls = []
@@ -268,7 +239,7 @@ def test_experiments_come_from_saved_full_runs_or_quick_runs(tiny, tmp_path, mon
         rows = [{"n_heads": 1, "head_dim": 32, "accuracy": 0.5, "attention_params": 4096},
                 {"n_heads": 2, "head_dim": 16, "accuracy": 1.0, "attention_params": 4096}]
         return ExperimentResult(name, "claim", quick, {"seeds": 1, "steps": 10}, rows)
-    monkeypatch.setattr(experiments, "run_experiment", fake_run, raising=False)
+    monkeypatch.setattr(trained, "run_experiment", fake_run)
     results = tmp_path / "results"
     results.mkdir()
     saved = fake_run("multi-relation").to_json() | {"quick": False, "config": {"seeds": 3, "steps": 1000}}
@@ -322,9 +293,6 @@ def test_real_checks_default_pruning_and_gates(tiny, tmp_path):
 
 
 def test_real_gates(tiny, tmp_path):
-    import headcount.surgery as surgery
-    if "train_gates" not in dir(surgery):
-        pytest.skip("headcount.surgery has no train_gates yet (C12 is `unavailable`: see the test above)")
     sizes = Sizes(**{**TINY.__dict__, "gate_steps": 4, "gate_windows": 2, "gate_window": 32})
     r = collect(tiny, TEXT, sizes=sizes, only=("shape", "gates"), progress=False,
                 cache=ResultCache(tmp_path, enabled=False), results_dir=None)
@@ -338,20 +306,22 @@ def test_real_gates(tiny, tmp_path):
 
 def test_pruning_shows_the_three_held_out_domains(tiny, tmp_path, monkeypatch):
     """Issue 16: on the default corpus the curve's default prune reports prose, code and stdlib source, through
-    surgery's own held_out_report (called once per model measured) and domain_rows. (The K/V merge and C11's prune
-    are the commands': tests/test_report_commands.py.)"""
+    surgery's one measure, QualityMeter (measuring once per model: the unmodified one, the pruned one), and
+    domain_rows; code and source agree with surgery's own held_out_report on the same windows. (The K/V merge and
+    C11's prune are the commands': tests/test_report_commands.py.)"""
     import headcount.surgery.cli_common as common
     from headcount.report.claims import domain_table
-    from headcount.report.collect import HeldOut
     from headcount.report.html import render_html
+    from headcount.report.meter import ReportMeter
+    from headcount.surgery.quality import QualityMeter
 
     calls = []
-    real = common.held_out_report
+    real = QualityMeter.measure
 
-    def counted(model, held_out, eval_windows, window, reference=None):
-        calls.append((held_out, eval_windows, window))
-        return real(model, held_out, eval_windows, window, reference)
-    monkeypatch.setattr(common, "held_out_report", counted)
+    def counted(meter, model, known=None, **kw):
+        calls.append((meter.held_out, meter.eval_windows, meter.window, meter.sizes))
+        return real(meter, model, known, **kw)
+    monkeypatch.setattr(QualityMeter, "measure", counted)
     import inspect
     import textwrap
 
@@ -365,9 +335,10 @@ def test_pruning_shows_the_three_held_out_domains(tiny, tmp_path, monkeypatch):
     timings = {}
     r = collect(tiny, None, sizes=sizes, only=("shape", "pruning"), progress=False, timings=timings,
                 cache=ResultCache(tmp_path, enabled=False), results_dir=None)
-    assert calls == [(None, 1, 64)] * 2  # the unmodified model once, then the pruned one
-    assert timings[HeldOut.DOMAIN_TIMING] > 0
-    base = real(tiny, None, 1, 64)[2]
+    # the unmodified model once, then the pruned one: prose on eval_windows x window, code / source on their sizes
+    assert calls == [(None, 1, 64, {"code": (1, 64), "source": (1, 64)})] * 2
+    assert timings[ReportMeter.TIMING] > 0
+    base = common.held_out_report(tiny, None, 1, 64)[2]  # the commands' measure, on the same windows
     for name, key, after in (("pruning", "default", "ppl"),):
         section = r[name]
         assert list(section["ppl_by_domain_before"]) == ["prose", "code", "source"]
@@ -392,16 +363,12 @@ def test_pruning_shows_the_three_held_out_domains(tiny, tmp_path, monkeypatch):
 
 
 def test_c12_prefers_the_gates_benchs_saved_result(tiny, tmp_path, monkeypatch):
-    import headcount.surgery as surgery
+    import headcount.report.trained as trained
     from headcount.report.html import render_html
 
-    real = surgery.__getattr__
-
-    def no_training(name):  # train_gates is there, but the saved result must be preferred: never called
-        if name in ("train_gates", "apply_gates"):
-            return lambda *a, **k: pytest.fail("the report trained gates although a saved result exists")
-        return real(name)
-    monkeypatch.setattr(surgery, "__getattr__", no_training)
+    for name in ("train_gates", "apply_gates"):  # the saved result must be preferred: never called
+        monkeypatch.setattr(trained, name, lambda *a, **k: pytest.fail("the report trained gates although a saved "
+                                                                       "result exists"))
     results = tmp_path / "results"
     results.mkdir()
     point = {"fraction": 0.5, "heads_kept": 4, "ppl_by_text": {"prose": 11.0}, "method": "l0 + lstsq"}

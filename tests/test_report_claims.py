@@ -54,15 +54,17 @@ def test_c9_fails_when_any_rank_passes_the_bound():
     assert "stops growing" in c9_rank(_rank(64), 64)["finding"]
 
 
-def test_c11_largest_fraction_within_ten_percent():
+def test_c11_reads_prune_tos_default_point():
     pts = [{"fraction": f, "order": "gradient", "compensate": "none", "mode": "query", "heads_removed": 1, "ppl": p}
            for f, p in ((0.1, 10.2), (0.2, 10.9), (0.3, 11.5))]
-    c = c11_pruning({"base_ppl": 10.0, "points": pts})
-    assert (c["status"], c["number"]) == ("held", 0.2)
-    c = c11_pruning({"base_ppl": 10.0, "points": pts[:1] + [dict(pts[1], ppl=11.2)]})
-    assert (c["status"], c["number"]) == ("did not hold", 0.1)
-    enc = c11_pruning({"base_ppl": None, "points": [dict(pts[1], ppl=None, cosine=0.97)]})
+    c = c11_pruning({"base_ppl": 10.0, "points": pts, "default": pts[1]})
+    assert c["status"] == "held" and abs(c["number"] - (10.9 / 10.0 - 1)) < 1e-12
+    c = c11_pruning({"base_ppl": 10.0, "points": pts, "default": dict(pts[1], ppl=11.2)})
+    assert c["status"] == "did not hold" and abs(c["number"] - (11.2 / 10.0 - 1)) < 1e-12
+    enc = c11_pruning({"base_ppl": None, "points": pts, "default": dict(pts[1], ppl=None, cosine=0.97)})
     assert enc["status"] == "held" and "cosine 0.970" in enc["finding"]
+    with pytest.raises(ValueError, match="report.json Pruning: expected the key 'default'"):
+        c11_pruning({"base_ppl": 10.0, "points": pts})  # a curve without prune_to's point is not this format's
 
 
 def test_c13_needs_weak_agreement_and_far_adversaries():
@@ -86,7 +88,7 @@ def test_accounts_follow_the_kv_cache_formula():
         assert r["kv_bytes_per_token"] == kv_cache(shape.replace(n_kv_heads=r["n_kv_heads"]), 1, 1, 2)[
             "bytes_per_token"]
     assert _variants(12, 12) == [("MHA", 12), ("GQA", 4), ("MQA", 1)]
-    c = c15_gqa(acc, {"heads_before": 3, "heads_after": 1, "ppl_before": 10.0, "ppl_after": 12.0})
+    c = c15_gqa(acc, {"source": "text", "heads_before": 3, "heads_after": 1, "ppl_before": 10.0, "ppl_after": 12.0})
     assert c["status"] == "held" and abs(c["number"] - 0.2) < 1e-12 and "(33%)" in c["finding"]
     assert c15_gqa(acc, None)["status"] == "partly"
 
@@ -213,4 +215,4 @@ def test_c8_with_one_seed_uses_a_relative_floor():
                         "result": {"results": rows}})
     assert c["status"] == "partly" and "extremes that lose: 1;" in c["finding"]  # 4 heads is within 1% of 32
     rows[1]["ppl_mean"] = 15.0  # now 2.7% off the best: the optimum is not broad
-    assert c8_heads_sweep({"result": {"results": rows}})["status"] == "did not hold"
+    assert c8_heads_sweep({"source": "quick", "result": {"results": rows}})["status"] == "did not hold"

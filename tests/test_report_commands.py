@@ -79,13 +79,15 @@ def test_saved_results_count_for_their_weights_only(tiny, tmp_path):
 
 
 def test_the_report_shows_the_commands_saved_results(tiny, tmp_path, monkeypatch):
-    import headcount.surgery as surgery
+    import headcount.report.commands as commands
 
-    for name in ("prune_to", "merge_kv"):  # a saved result is read, never recomputed
-        monkeypatch.setattr(surgery, name, lambda *a, **k: pytest.fail("ran a command although it was saved"),
-                            raising=False)
+    for name in ("prune_to", "merge_kv", "run_edit"):  # a saved result is read, never recomputed
+        monkeypatch.setattr(commands, name, lambda *a, **k: pytest.fail("ran a command although it was saved"))
     results = tmp_path / "results"
     fake_results(results, weights_hash(tiny))
+    tasks = {"humaneval:4": {"before_edit": 0.5, "after_edit": 0.25}}  # --eval's block, pass@1 per stage
+    path = results / COMMANDS_DIR / file_name("prune", "tiny")
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"tasks": tasks}))
     r = collect(tiny, None, only=STEPS, progress=False, cache=ResultCache(tmp_path / "c", enabled=False),
                 results_dir=results)
     p, m, h = r["prune_command"], r["kv_merge"], r["healing"]
@@ -110,17 +112,23 @@ def test_the_report_shows_the_commands_saved_results(tiny, tmp_path, monkeypatch
     from headcount.report.html import render_html
     page = render_html(r)
     assert '<table class="data domains" id="healing-table">' in page and "429 s of healing" in page
+    # the saved prune's task scores beside its perplexities; the merge saved none: no table
+    assert p["tasks"] == tasks and "merge-tasks" not in page
+    table = page[page.index('id="prune-tasks"'):].split("</table>")[0]
+    assert "<td>humaneval:4</td><td>0.500</td><td>0.250</td>" in table and "after healing" not in table
 
 
 def test_without_a_saved_result_the_report_runs_the_commands_defaults(tiny, tmp_path, monkeypatch):
     """Another model's saved results (other weights): prune_to(copy, 0.2) and merge_kv(copy, 1) with nothing
-    overridden, measured by held_out_report on the commands' windows; healing says how to get it."""
+    overridden, in the commands' edit pipeline (run_edit) and measured by the commands' own meter on their windows
+    (the settings of surgery.cli_common.quality_meter); healing says how to get it."""
     import headcount.data as data
-    import headcount.surgery as surgery
+    import headcount.report.commands as commands
     import headcount.surgery.cli_common as common
+    from headcount.surgery.quality import QualityMeter
 
-    calls = {"prune_to": [], "merge_kv": [], "held_out_report": []}
-    real_prune, real_merge, real_report = surgery.prune_to, surgery.merge_kv, common.held_out_report
+    calls = {"prune_to": [], "merge_kv": [], "measure": []}
+    real_prune, real_merge, real_measure = commands.prune_to, commands.merge_kv, QualityMeter.measure
 
     def prune_spy(model, fraction, **kwargs):
         calls["prune_to"].append((fraction, kwargs))
@@ -130,13 +138,14 @@ def test_without_a_saved_result_the_report_runs_the_commands_defaults(tiny, tmp_
         calls["merge_kv"].append((n, kwargs))
         return real_merge(model, n, n_windows=2, local_steps=2, uptrain_steps=1, progress=False)
 
-    def report_spy(model, held_out, eval_windows, window, reference=None):
-        calls["held_out_report"].append((held_out, eval_windows, window))
-        return real_report(model, held_out, eval_windows, window, reference)
+    def measure_spy(meter, model, known=None, **kw):
+        calls["measure"].append((meter.held_out, meter.eval_windows, meter.window, meter.tasks,
+                                 {d: list(w.shape) for d, w in meter.sets(model).items()}))
+        return real_measure(meter, model, known, **kw)
 
-    monkeypatch.setattr(surgery, "prune_to", prune_spy, raising=False)
-    monkeypatch.setattr(surgery, "merge_kv", merge_spy, raising=False)
-    monkeypatch.setattr(common, "held_out_report", report_spy)
+    monkeypatch.setattr(commands, "prune_to", prune_spy)
+    monkeypatch.setattr(commands, "merge_kv", merge_spy)
+    monkeypatch.setattr(QualityMeter, "measure", measure_spy)
     text = " ".join(data.default_corpus().texts("held_out"))[:3000]  # short stand-ins for the three domains
     monkeypatch.setattr(data, "held_out_domains", lambda: {"prose": [text], "code": [text[::-1]], "source": [text]})
     results = tmp_path / "results"
@@ -146,7 +155,11 @@ def test_without_a_saved_result_the_report_runs_the_commands_defaults(tiny, tmp_
     # the functions the commands call, with nothing but progress given: their defaults are the commands'
     assert [(f, set(k)) for f, k in calls["prune_to"]] == [(0.2, {"progress"})]
     assert [(n, set(k)) for n, k in calls["merge_kv"]] == [(1, {"progress"})]
-    assert calls["held_out_report"] == [(None, 4, 128)] * 4  # before / after, for the prune and for the merge
+    # what the commands measure: their meter's settings, before / after, for the prune and for the merge; every
+    # domain on 4 windows of the model's whole context (the commands' 512 tokens, clamped to 128)
+    theirs = common.quality_meter(None, commands.EVAL_WINDOWS)
+    windows = {d: [4, 128] for d in ("prose", "code", "source")}
+    assert calls["measure"] == [(theirs.held_out, theirs.eval_windows, theirs.window, [], windows)] * 4
     p, m = r["prune_command"], r["kv_merge"]
     assert p["source"] == m["source"] == "run" and p["path"] is None and "command_seconds" not in p
     assert p["weights_sha256"] == weights_hash(tiny) and p["heads_removed"] == 2

@@ -54,13 +54,13 @@ def run_report(model: str, *, text: Optional[Path] = None, out: Optional[Path] =
     typer.echo(f"report: {report.index.resolve()}")
     for line in report.summary():
         typer.echo(f"  {line}")
-    from headcount.report.collect import HeldOut
+    from headcount.report.meter import ReportMeter
 
     timings = dict(report.timings)
-    domains = timings.pop(HeldOut.DOMAIN_TIMING, None)  # part of the pruning step's seconds
+    measured = timings.pop(ReportMeter.TIMING, None)  # part of the pruning, merge and gates steps' seconds
     steps = ", ".join(f"{k} {v:.0f} s" + (" (cached)" if k in report.cached else "") for k, v in timings.items())
-    if domains is not None:
-        steps += f" (pruning includes {domains:.1f} s for the held-out code and source domains)"
+    if measured is not None:
+        steps += f" ({measured:.1f} s of it measuring held-out quality)"
     typer.echo(f"  took {time.perf_counter() - start:.0f} s with {threads} torch thread{'s' if threads > 1 else ''}: "
                f"{steps}", err=True)
 

@@ -12,8 +12,10 @@ Saved results: benchmarks/results/commands/<model>-<slug>.json, each the JSON th
 (`benchmarks/command_results.py` runs the commands in fresh processes and writes them). One counts only for the
 weights it was measured on: its `weights_sha256` (the weights before the edit, models/fingerprint.py) must be the
 report's model's. Otherwise the report runs the command's defaults itself, through the functions the command calls
-with nothing overridden (prune_to(model, 0.2), merge_kv(model, 1)), and measures held-out quality the way the
-commands do: surgery's held_out_report on the three held-out domains, EVAL_WINDOWS windows of EVAL_WINDOW tokens.
+with nothing overridden (prune_to(model, 0.2), merge_kv(model, 1)), in the commands' one edit pipeline
+(surgery.editing.run_edit) with the commands' measure: a surgery.quality.QualityMeter on the three held-out domains,
+EVAL_WINDOWS windows of EVAL_WINDOW tokens. A saved result's `tasks` block ({task: {stage: pass@1}}, --eval) is
+carried into its section for the page.
 Healing is minutes of training: without a saved result the section says "not measured" and names the command.
 Each section's `source` says which ("saved" / "run"), and its `command` what a user types to get the same numbers.
 """
@@ -25,7 +27,10 @@ import shlex
 from pathlib import Path
 
 from headcount.models.copying import attention_copy
-from headcount.report.calls import NotApplicable
+from headcount.report.not_applicable import NotApplicable
+from headcount.surgery import merge_kv, prune_to
+from headcount.surgery.editing import run_edit
+from headcount.surgery.quality import QualityMeter
 
 COMMANDS_DIR = "commands"  # under benchmarks/results/
 EVAL_WINDOWS, EVAL_WINDOW = 4, 512  # the commands' --eval-windows default and their held-out window
@@ -115,7 +120,7 @@ def _common(data: dict, kind: str, model, *, source: str, path: Path | None) -> 
            "weights_sha256": data.get("weights_sha256")}
     for key in ("heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
                 "kv_bytes_per_token_after", "ppl_before", "ppl_after", "ppl_by_domain_before", "ppl_by_domain_after",
-                "forward_equivalents", "fraction_removed", "method"):
+                "forward_equivalents", "fraction_removed", "method", "tasks"):
         if data.get(key) is not None:
             out[key] = data[key]
     if data.get("fidelity_after"):
@@ -129,21 +134,10 @@ def _common(data: dict, kind: str, model, *, source: str, path: Path | None) -> 
     return out
 
 
-def _measure(model, copy_):
-    """(before, after, by_domain_before, by_domain_after) as the commands measure them (held_out_report)."""
-    from headcount.surgery.cli_common import held_out_report
-
-    w = min(EVAL_WINDOW, model.config.max_position)
-    before, reference, dom_before = held_out_report(model, None, EVAL_WINDOWS, w)
-    after, _, dom_after = held_out_report(copy_, None, EVAL_WINDOWS, w, reference)
-    return before, after, dom_before, dom_after
-
-
-def _quality_json(before, after, dom_before, dom_after) -> dict:
-    if isinstance(before, float):
-        return {"ppl_before": before, "ppl_after": after, "ppl_by_domain_before": dom_before,
-                "ppl_by_domain_after": dom_after}
-    return {"ppl_before": None, "ppl_after": None, "fidelity_after": {"cosine": after[0], "spearman": after[1]}}
+def command_meter() -> QualityMeter:
+    """The commands' held-out measure (surgery.cli_common.quality_meter without --eval): EVAL_WINDOWS windows of
+    EVAL_WINDOW tokens (clamped to the model's context) on each held-out domain of the default corpus."""
+    return QualityMeter(None, eval_windows=EVAL_WINDOWS, window=EVAL_WINDOW)
 
 
 def prune_section(model, *, results, weights, progress: bool = True) -> dict:
@@ -154,15 +148,12 @@ def prune_section(model, *, results, weights, progress: bool = True) -> dict:
         out = _common(data, "prune", model, source="saved", path=path)
         p = data.get("prune") or {}
     else:
-        from headcount.surgery import prune_to
-
-        copy_ = attention_copy(model)
-        result = prune_to(copy_, PRUNE_FRACTION, progress=progress)  # the command's defaults are prune_to's
-        p = result.to_json()
-        data = {k: p.get(k) for k in ("heads_before", "heads_after", "params_before", "params_after",
-                                      "kv_bytes_per_token_before", "kv_bytes_per_token_after")}
-        data |= _quality_json(*_measure(model, copy_))
-        data["fraction_removed"] = round((p["heads_before"] - p["heads_after"]) / p["heads_before"], 4)
+        # the command's defaults are prune_to's; the copy is edited, the report's model is not
+        report = run_edit(attention_copy(model), lambda m: prune_to(m, PRUNE_FRACTION, progress=progress),
+                          meter=command_meter())
+        p = report.edit
+        data = report.to_json()
+        data["fraction_removed"] = round((data["heads_before"] - data["heads_after"]) / data["heads_before"], 4)
         data["forward_equivalents"] = round(p.get("forward_equivalents") or 0.0, 2)
         data["weights_sha256"] = _weights(weights)
         out = _common(data, "prune", model, source="run", path=None)
@@ -173,30 +164,30 @@ def prune_section(model, *, results, weights, progress: bool = True) -> dict:
     return out
 
 
-def merge_section(model, *, results, weights, progress: bool = True) -> dict:
-    """C15: what `headcount merge-kv --kv-heads 1` gives on this model (saved, or merge_kv(copy, 1) run here)."""
+def _one_kv_head(model) -> None:
     if all(layer.attn.n_kv_heads == 1 for layer in model.layers):
         raise NotApplicable(f"{getattr(model, 'name', None) or 'the model'} already has one KV head per layer "
                             "(MQA): there are no K/V heads left to merge")
+
+
+def merge_section(model, *, results, weights, progress: bool = True) -> dict:
+    """C15: what `headcount merge-kv --kv-heads 1` gives on this model (saved, or merge_kv(copy, 1) run here)."""
+    _one_kv_head(model)
     found = saved_command(results, getattr(model, "name", None), "merge", weights)
     if found is not None:
         data, path = found
         out = _common(data, "merge", model, source="saved", path=path)
     else:
-        from headcount.surgery import merge_kv
-        from headcount.surgery.merging.kv_merge import kv_bytes_per_token
-
-        copy_ = attention_copy(model)  # the merge (and its uptrain) edit attention only: the rest is shared
-        heads_before = sum(layer.attn.n_kv_heads for layer in model.layers)
-        params_before = sum(p.numel() for p in model.parameters())
-        result = merge_kv(copy_, MERGE_KV_HEADS, progress=progress)  # the command's defaults are merge_kv's
-        data = {"heads_before": heads_before, "heads_after": sum(layer.attn.n_kv_heads for layer in copy_.layers),
-                "params_before": params_before, "params_after": sum(p.numel() for p in copy_.parameters()),
-                "kv_bytes_per_token_before": kv_bytes_per_token(model),
-                "kv_bytes_per_token_after": kv_bytes_per_token(copy_),
-                "forward_equivalents": round(result.forward_equivalents, 2), "weights_sha256": _weights(weights),
-                "method": result.method, "merge_options": result.options, "uptrain": _uptrain(result.uptrain)}
-        data |= _quality_json(*_measure(model, copy_))
+        # the merge (and its uptrain) edit attention only: the rest is shared; the command's defaults are merge_kv's
+        report = run_edit(attention_copy(model), lambda m: merge_kv(m, MERGE_KV_HEADS, progress=progress),
+                          meter=command_meter())
+        merged = report.edit
+        data = report.to_json()
+        # merge-kv's heads_* count KV heads (what the merge changes), as the command prints them
+        data["heads_before"], data["heads_after"] = data["kv_heads_before"], data["kv_heads_after"]
+        data |= {"forward_equivalents": round(merged["forward_equivalents"], 2), "weights_sha256": _weights(weights),
+                 "method": merged["method"], "merge_options": merged.get("options"),
+                 "uptrain": _uptrain(merged.get("uptrain"))}
         out = _common(data, "merge", model, source="run", path=None)
     out["kv_heads"] = MERGE_KV_HEADS
     out["options"] = data.get("merge_options")
@@ -236,29 +227,25 @@ def healing_section(model, *, results, weights, progress: bool = True) -> dict:
     return out
 
 
-def text_merge_section(model, *, calibration, held, n_windows: int, window: int, progress: bool = True,
+def text_merge_section(model, *, calibration, meter, n_windows: int, window: int, progress: bool = True,
                        **steps) -> dict:
     """A report on the user's own text (the commands measure the default corpus): merge_kv(copy, 1) with its
     defaults (the command's local reconstruction and uptrain) on `n_windows` windows of `window` tokens of the
-    text, measured on the text's held-out part (collect.HeldOut `held`). source "text"; no command quoted."""
-    if all(layer.attn.n_kv_heads == 1 for layer in model.layers):
-        raise NotApplicable(f"{getattr(model, 'name', None) or 'the model'} already has one KV head per layer "
-                            "(MQA): there are no K/V heads left to merge")
-    from headcount.surgery import merge_kv
-    from headcount.surgery.merging.kv_merge import kv_bytes_per_token
-
+    text, measured on the text's held-out part (meter.ReportMeter `meter`). source "text"; no command quoted."""
+    _one_kv_head(model)
     decoder = hasattr(model, "lm_head")
-    copy_ = attention_copy(model)
     kwargs = {} if decoder else {"method": "mean"}  # an encoder has no perplexity to show the cost: the quick merge
-    result = merge_kv(copy_, MERGE_KV_HEADS, calibration=calibration, n_windows=n_windows, window=window,
-                      progress=progress, **kwargs, **steps)  # steps: local_steps / uptrain_steps (tests: small)
-    after = held.first(held.evaluate(copy_)) if decoder else None
+    before = meter.base if decoder else None  # the unmodified model's, shared with the other steps
+    report = run_edit(attention_copy(model), lambda m: merge_kv(m, MERGE_KV_HEADS, calibration=calibration,
+                                                                 n_windows=n_windows, window=window, progress=progress,
+                                                                 **kwargs, **steps),  # steps: tests set them small
+                      meter=meter.meter, before=before)
+    merged, after = report.edit, report.quality["after_edit"]
     return {"source": "text", "command": None, "kv_heads": MERGE_KV_HEADS,
-            "heads_before": sum(layer.attn.n_kv_heads for layer in model.layers),
-            "heads_after": sum(layer.attn.n_kv_heads for layer in copy_.layers),
-            "params_before": sum(p.numel() for p in model.parameters()),
-            "params_after": sum(p.numel() for p in copy_.parameters()),
-            "kv_bytes_per_token_before": kv_bytes_per_token(model), "kv_bytes_per_token_after": kv_bytes_per_token(copy_),
-            "ppl_before": held.first(held.base) if decoder else None, "ppl_after": after, "method": result.method,
-            "options": result.options, "uptrain": _uptrain(result.uptrain), "calibration_tokens": result.calibration_tokens,
-            **held.domains(copy_, after)}
+            "heads_before": report.accounts_before["kv_heads"], "heads_after": report.accounts_after["kv_heads"],
+            "params_before": report.accounts_before["params"], "params_after": report.accounts_after["params"],
+            "kv_bytes_per_token_before": report.accounts_before["kv_bytes_per_token"],
+            "kv_bytes_per_token_after": report.accounts_after["kv_bytes_per_token"],
+            "ppl_before": before.headline if decoder else None, "ppl_after": after.headline if decoder else None,
+            "method": merged["method"], "options": merged.get("options"), "uptrain": _uptrain(merged.get("uptrain")),
+            "calibration_tokens": merged.get("calibration_tokens"), **meter.domains(after)}

@@ -13,6 +13,7 @@ import json
 
 from headcount.report import charts
 from headcount.report.claims import GATES_FILE, ROLE_NAMES, command_source, domain_table, head_name, merge_how
+from headcount.report.sections import check_format
 from headcount.report.style import ATTENTION_JS, CSS
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True,
@@ -278,7 +279,8 @@ def _prune_command(r: dict) -> str:
     elif pc.get("cosine") is not None:
         kpis += f'<div class="kpi"><span>embedding cosine</span><b>{pc["cosine"]:.3f}</b></div>'
     return (f'<h3 class="sub" id="prune-command">What <code>{e(str(pc.get("command")))}</code> gives (claim C11)</h3>'
-            f'<div class="kpis">{kpis}</div>' + _domains(pc, "after the prune") + _source_line(pc, r.get("model")))
+            f'<div class="kpis">{kpis}</div>' + _domains(pc, "after the prune") + _tasks(pc, "prune")
+            + _source_line(pc, r.get("model")))
 
 
 def _merge(r: dict) -> str:
@@ -286,10 +288,8 @@ def _merge(r: dict) -> str:
     un = r.get("unavailable") or {}
     if not m:
         return _na("The K/V merge", un.get("kv_merge", "headcount.surgery.merge_kv was not run"))
-    per_layer = not m.get("command") and m.get("source") != "text"  # an older report.json: KV heads of one layer
     kpis = ('<div class="kpis">'
-            + _kpi("KV heads per layer" if per_layer else "KV heads (all layers)", m.get("heads_before"),
-                   m.get("heads_after"))
+            + _kpi("KV heads (all layers)", m.get("heads_before"), m.get("heads_after"))
             + _kpi("KV cache / token", m.get("kv_bytes_per_token_before"), m.get("kv_bytes_per_token_after"),
                    lambda v: _fmt_bytes(v) if isinstance(v, (int, float)) else "\u2013")
             + _kpi("parameters", m.get("params_before"), m.get("params_after"),
@@ -299,13 +299,9 @@ def _merge(r: dict) -> str:
     if m.get("source") == "text":
         return (f'<h3 class="sub" style="margin-top:0">Merging K/V heads to one per layer on the report\'s own text '
                 f'(merge_kv\'s defaults: {e(merge_how(m))})</h3>' + kpis + _domains(m, "after the merge"))
-    if per_layer:
-        how = f"method {m['method']}, no training" if m.get("method") else "no training"
-        return (f'<h3 class="sub" style="margin-top:0">Merging K/V heads ({e(how)})</h3>' + kpis
-                + _domains(m, f"{m.get('heads_before')} \u2192 {m.get('heads_after')} KV heads"))
     return (f'<h3 class="sub" style="margin-top:0" id="merge-command">What <code>{e(str(m.get("command")))}</code> '
             f'gives ({e(merge_how(m))}; claim C15)</h3>' + kpis + _domains(m, "after the merge")
-            + _source_line(m, r.get("model")))
+            + _tasks(m, "merge") + _source_line(m, r.get("model")))
 
 
 def _surgery(r: dict) -> str:
@@ -372,7 +368,8 @@ def _healing(r: dict) -> str:
                 '<table class="data domains" id="healing-table"><tr><th>held-out perplexity</th><th>windows \u00d7 '
                 'tokens</th><th>before the edit</th><th>after the edit</th><th>after healing</th><th>edit</th>'
                 f'<th>healed</th></tr>{rows}</table>'
-                f'<p class="lede" style="margin-top:4px">{facts}.</p>' + _source_line(h, r.get("model")))
+                f'<p class="lede" style="margin-top:4px">{facts}.</p>' + _tasks(h, "heal")
+                + _source_line(h, r.get("model")))
     return ('<section class="card" id="healing"><h2>Healing an edited model</h2>'
             '<p class="lede">An edit that costs too much can win part of the loss back by distillation from the '
             'unedited model on calibration text (<code>headcount heal</code>, <code>--heal-steps N</code> on every '
@@ -400,6 +397,26 @@ def _domains(section: dict, after: str) -> str:
                    f'<td>{after_ / before - 1:+.1%}</td></tr>' for name, before, after_ in rows if before)
     return (f'<table class="data domains" style="margin-top:8px"><tr><th>held-out perplexity</th><th>windows \u00d7 '
             f'tokens</th><th>unmodified</th><th>{e(after)}</th><th>change</th></tr>{body}</table>')
+
+
+TASK_STAGES = (("before_edit", "before the edit"), ("after_edit", "after the edit"), ("after_heal", "after healing"))
+
+
+def _tasks(section: dict, kind: str) -> str:
+    """A saved command's `tasks` block (--eval: {task: {stage: pass@1}}) as a table beside its perplexities."""
+    tasks = section.get("tasks")
+    if not tasks:
+        return ""
+    stages = [(k, label) for k, label in TASK_STAGES if any(k in v for v in tasks.values())]
+    head = "".join(f"<th>{e(label)}</th>" for _, label in stages)
+    rows = "".join(f'<tr><td>{e(name)}</td>' + "".join(f"<td>{_pass(v.get(k))}</td>" for k, _ in stages) + "</tr>"
+                   for name, v in tasks.items())
+    return (f'<table class="data tasks" id="{kind}-tasks" style="margin-top:8px"><tr><th>task pass@1 (greedy)</th>'
+            f'{head}</tr>{rows}</table>')
+
+
+def _pass(v) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "\u2013"
 
 
 def _gates(r: dict) -> str:
@@ -492,7 +509,10 @@ NAV = [("claims", "Claims"), ("accounts", "Accounts"), ("heads", "Head map"), ("
 
 
 def render_html(report: dict) -> str:
+    """The page of a report.json of this FORMAT (another version: a one-line ValueError saying to rebuild it)."""
     from plotly.offline import get_plotlyjs
+
+    check_format(report)
 
     nav = "".join(f'<a href="#{a}">{e(b)}</a>' for a, b in NAV)
     body = "".join([_claims(report), _accounts(report), _head_map(report), _attention(report), _surgery(report),

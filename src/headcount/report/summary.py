@@ -10,27 +10,27 @@
 
 from __future__ import annotations
 
-from headcount.report.claims import ROLE_NAMES, head_name, role_score
+from headcount.report.sections import Accounts, ReportData, Role
+from headcount.report.verdicts import ROLE_NAMES, head_name, role_score
 
 _MARK = {"held": "held", "partly": "partly", "did not hold": "NOT held", "not measured": "n/a"}
 
 
-def _roles_line(roles: dict | None) -> str:
+def _roles_line(roles: dict[str, Role] | None) -> str:
     if not roles:
         return "heads per role: not available"
-    counts = [f"{r.replace('_', '-')} {len(roles[r].get('heads') or [])}" for r in ROLE_NAMES if r in roles]
+    counts = [f"{r.replace('_', '-')} {len(roles[r].heads)}" for r in ROLE_NAMES if r in roles]
     return "heads per role: " + ", ".join(counts)
 
 
-def _top_line(roles: dict | None, k: int = 4) -> str:
+def _top_line(roles: dict[str, Role] | None, k: int = 4) -> str:
     if not roles:
         return "top heads: not available"
     tops = []
     for r in ROLE_NAMES:
-        heads = (roles.get(r) or {}).get("heads") or []
-        if heads:
-            score = role_score(roles[r], heads[0])
-            tops.append((score if score is not None else 0.0, r, heads[0]))
+        if r in roles and roles[r].heads:
+            score = role_score(roles[r], roles[r].heads[0])
+            tops.append((score if score is not None else 0.0, r, roles[r].heads[0]))
     if not tops:
         return "top heads: no head passed a role's threshold"
     tops.sort(key=lambda t: -t[0])
@@ -44,12 +44,11 @@ def _claims_line(claims: list[dict]) -> str:
     return f"chapter claims held: {held} of {len(claims)} ({measured} measured: {parts})"
 
 
-def _accounts_line(accounts: dict | None) -> str:
-    rows = (accounts or {}).get("rows") or []
-    if not rows:
+def _accounts_line(accounts: Accounts | None) -> str:
+    if accounts is None or not accounts.rows:
         return "accounts: not available"
-    parts = [f"{r['label']}{' (this model)' if r.get('is_model') else ''} {r['kv_bytes_per_token']:,}" for r in rows]
-    return f"KV cache bytes/token ({accounts.get('dtype')}): " + ", ".join(parts)
+    parts = [f"{r.label}{' (this model)' if r.is_model else ''} {r.kv_bytes_per_token:,}" for r in accounts.rows]
+    return f"KV cache bytes/token ({accounts.dtype}): " + ", ".join(parts)
 
 
 def _missing_line(unavailable: dict) -> str:
@@ -59,10 +58,7 @@ def _missing_line(unavailable: dict) -> str:
 
 
 def summary_lines(report: dict) -> list[str]:
-    return [
-        _roles_line(report.get("roles")),
-        _top_line(report.get("roles")),
-        _claims_line(report.get("claims") or []),
-        _accounts_line(report.get("accounts")),
-        _missing_line(report.get("unavailable") or {}),
-    ]
+    """The five lines of a report.json of this FORMAT (another version: a one-line ValueError)."""
+    data = ReportData.from_json(report)
+    return [_roles_line(data.roles), _top_line(data.roles), _claims_line(data.claims),
+            _accounts_line(data.accounts), _missing_line(data.unavailable)]

@@ -3,7 +3,7 @@ that needs trained gates (C12): where their numbers come from, as report.json se
 
     results_dir() -> Path | None                  benchmarks/results/ of a source checkout, when it exists
     experiment_section(name, *, results, seed, progress) -> {"source", "path", "result"}
-    gates_section(model, *, calibration, held, sizes, progress) -> {...}   (C12; raises while train_gates is missing)
+    gates_section(model, *, calibration, meter, steps, ...) -> {...}   (C12: a short train_gates run)
     saved_gates(results, model, weights=None) -> {...} | None   the gates bench's saved result for that model
     gates_source(results, model, weights=None) -> {"source": "saved", "file", "sha256"} | {"source": "run"}
                                                   (C12 prefers saved; weights: the model's weights_hash, or a
@@ -23,7 +23,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from headcount.models.copying import attention_copy
+from headcount.experiments import run_experiment
+from headcount.surgery import apply_gates, train_gates
+from headcount.surgery.pruning.gates_joint import teacher_copy, trained_parameters
 
 EXPERIMENT_NAMES = ("multi-relation", "write-address", "heads-sweep", "low-rank")
 GATES_FILES = ("surgery_gates.json", "gates.json")  # what the gates bench may have saved, first found wins
@@ -89,8 +91,6 @@ def experiment_section(name: str, *, results: Path | None, seed: int = 0, progre
         return {"source": "saved", "path": f"benchmarks/results/{path.name}",
                 "command": f"headcount experiment {name}", "seeds": cfg.get("seeds", cfg.get("targets")),
                 "steps": cfg.get("steps"), "result": _trim(data)}
-    from headcount.experiments import run_experiment
-
     result = run_experiment(name, quick=True, seed=seed, progress=progress)
     data = result.to_json()
     cfg = data.get("config") or {}
@@ -163,7 +163,7 @@ def gates_source(results: Path | None, model: str | None, weights=None) -> dict:
     return {"source": "saved", "file": path.name, "sha256": file_hash(path)}
 
 
-def gates_section(model, *, calibration, held, steps: int, n_windows: int, window: int,
+def gates_section(model, *, calibration, meter, steps: int, n_windows: int, window: int,
                   calibration_windows: int, fraction: float = GATE_FRACTION, lr: float | None = None,
                   progress: bool = True) -> dict:
     """Train hard-concrete gates WITH the attention weights of a copy of `model` to remove `fraction` of its heads
@@ -172,28 +172,17 @@ def gates_section(model, *, calibration, held, steps: int, n_windows: int, windo
     measure held-out quality: {"fraction", "steps", "heads_before", "heads_removed", "reached", "n_closed",
     "ppl_before", "ppl_after" (decoders) | "cosine" (encoders), "gates": the GateResult's summary}.
 
-    held: collect.HeldOut (the held-out sets and the unmodified model's quality, shared with the other steps).
-    Raises AttributeError / ImportError while headcount.surgery has no train_gates (collect.py turns that into
-    an `unavailable` entry)."""
-    from headcount.report.calls import call_with, fn
-
-    train = fn("surgery", "train_gates")
-    apply = fn("surgery", "apply_gates")
-    try:
-        from headcount.surgery.pruning.gates_joint import teacher_copy, trained_parameters
-        pruned, joint = teacher_copy(model, trained_parameters(model, "attention")), True
-    except ImportError:  # a surgery room without joint gates: the frozen variant on an attention copy
-        pruned, joint = attention_copy(model), False
+    meter: meter.ReportMeter (the held-out sets and the unmodified model's quality, shared with the other steps)."""
+    pruned = teacher_copy(model, trained_parameters(model, "attention"))
     kwargs = dict(fraction=fraction, steps=steps, calibration=calibration, n_windows=n_windows, window=window,
-                  progress=progress, **({"joint": True, "params": "attention"} if joint else {}))
+                  progress=progress, joint=True, params="attention")
     if lr is not None:
         kwargs["lr"] = lr
-    gates = call_with(train, pruned, **kwargs)
-    g = gates.to_json() if hasattr(gates, "to_json") else dict(gates)
-    result = call_with(apply, pruned, gates, calibration=calibration, calibration_windows=calibration_windows,
-                       window=window, force=True, progress=progress)
-    r = result.to_json() if hasattr(result, "to_json") else {}
-    after = held.first(held.evaluate(pruned))
+    gates = train_gates(pruned, **kwargs)
+    g = gates.to_json()
+    r = apply_gates(pruned, gates, calibration=calibration, calibration_windows=calibration_windows, window=window,
+                    force=True, progress=progress).to_json()
+    after = meter.headline(pruned)
     out = {"source": "run", "fraction": fraction, "steps": steps, "window": window, "n_windows": n_windows,
            "heads_before": r.get("heads_before", g.get("n_gates")), "heads_removed": r.get("heads_removed"),
            "heads_after": r.get("heads_after"), "compensate": r.get("compensate"), "mode": g.get("mode"),
@@ -201,11 +190,10 @@ def gates_section(model, *, calibration, held, steps: int, n_windows: int, windo
            "n_removed_closed": g.get("n_removed_closed"), "n_removed_ranked": g.get("n_removed_ranked"),
            "final_expected_l0": g.get("final_expected_l0"), "heads_to_keep": g.get("heads_to_keep"),
            "final_loss": g.get("final_loss"), "objective": g.get("objective"), "joint": bool(g.get("joint")),
-           "params": g.get("params"),
-           "forward_equivalents": g.get("forward_equivalents"),
+           "params": g.get("params"), "forward_equivalents": g.get("forward_equivalents"),
            "removed": r.get("removed", g.get("removed")), "gates": g.get("gates")}
     if hasattr(model, "lm_head"):
-        out["ppl_before"], out["ppl_after"] = held.first(held.base), after
+        out["ppl_before"], out["ppl_after"] = meter.base.headline, after
     else:
         out["cosine"], out["spearman"] = after
     return out

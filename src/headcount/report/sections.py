@@ -1,0 +1,391 @@
+"""report.json's sections as dataclasses: what the claims (claims.py) and the summary read, typed.
+
+    ReportData.from_json(report) -> ReportData   (refuses another format version: one line, "rebuild it")
+    check_format(report)                          that check alone (the page builder runs it)
+    Rank.from_json(report["rank"]).to_json()      every section: the same JSON back (section_base.Section)
+
+Each class names the keys the readers use (a key without a default is required); the others stay in `more`.
+FORMAT is report.json's version: bump it whenever a section's meaning or layout changes, so that a page is never
+built from a file this code would misread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from headcount.report.section_base import Section
+
+FORMAT = 3  # report.json's format version (3: typed sections; a K/V merge is the command's or the report's text's)
+
+
+def check_format(report) -> None:
+    """A ValueError in one line unless `report` is a report.json of this FORMAT."""
+    got = report.get("format") if isinstance(report, dict) else None
+    if got != FORMAT:
+        model = report.get("model") if isinstance(report, dict) else None
+        raise ValueError(f"report.json: format {got!r}, this headcount reads format {FORMAT}; rebuild it: "
+                         f"headcount report --model {model or 'MODEL'} --force")
+
+
+# ------------------------------------------------------------------------------------- the model
+@dataclass
+class Shape(Section):
+    head_dim: int | None = None
+
+
+@dataclass
+class AccountRow(Section):
+    label: str
+    n_kv_heads: int
+    kv_bytes_per_token: int
+    is_model: bool = False
+    kv_bytes_per_token_past_window: int | None = None
+
+
+@dataclass
+class SlidingWindow(Section):
+    size: int
+    local_layers: int
+    global_layers: int
+
+
+@dataclass
+class Accounts(Section):
+    rows: list[AccountRow]
+    dtype: str = ""
+    window: SlidingWindow | None = None
+
+
+# --------------------------------------------------------------------------------------- analyses
+@dataclass
+class Role(Section):
+    scores: list
+    threshold: float | None = None
+    heads: list = field(default_factory=list)  # [[layer, head(, extra)], ...], strongest first
+
+
+@dataclass
+class FaithfulHead(Section):
+    layer: int
+    head: int
+    tau_gradient: float | None = None
+    tau_loo: float | None = None
+    jsd: float | None = None
+    tv: float | None = None
+
+
+@dataclass
+class Faithfulness(Section):
+    heads: list[FaithfulHead] = field(default_factory=list)
+    epsilon: float | None = None
+
+
+@dataclass
+class RankRow(Section):
+    length: int
+    bound: int
+    mean_rank: float
+    max_rank: int | None = None
+    share_at_bound: float | None = None
+
+
+@dataclass
+class Rank(Section):
+    summary: list[RankRow] = field(default_factory=list)
+    tolerance: Any = None
+
+
+# --------------------------------------------------------------------------------- chapter checks
+@dataclass
+class FusedCheck(Section):  # C2
+    layer: int
+    tokens: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    max_abs_diff: float
+    max_abs_output: float
+    relative_diff: float
+    view_moves_no_data: bool = False
+    transposed_q_contiguous: bool = False
+    rotary: str = "left out"
+
+
+@dataclass
+class WriteGeometry(Section):  # C3 on the model
+    own_slice_energy: float | None = None
+    slice_share: float = float("nan")
+    reach: float = float("nan")
+    mean_overlap: float = float("nan")
+
+
+@dataclass
+class ParamRow(Section):
+    n_heads: int
+    measured: int
+    formula: int
+    n_kv_heads: int | None = None
+    head_dim: int | None = None
+
+
+@dataclass
+class ParamCheck(Section):  # C4
+    d_model: int
+    four_d2: int
+    mha: list[ParamRow]
+    model: ParamRow
+
+
+@dataclass
+class FlopRow(Section):
+    label: str
+    n_heads: int
+    measured: int
+    formula: int
+
+
+@dataclass
+class FlopCheck(Section):  # C5
+    seq: int
+    d_model: int
+    four_n2_d: int
+    two_n2_d: int
+    rows: list[FlopRow]
+
+
+@dataclass
+class ChapterMemory(Section):
+    n_heads: int
+    gib: float
+    chapter_gib: float
+
+
+@dataclass
+class MeasuredMemory(Section):
+    n_heads: int
+    seq: int
+    peak_bytes: float
+    formula: float
+
+
+@dataclass
+class MemoryCheck(Section):  # C6
+    chapter: list[ChapterMemory]
+    measured: list[MeasuredMemory] = field(default_factory=list)
+    tolerance: float = 0.1
+
+
+@dataclass
+class PresetShape(Section):
+    n_heads: int
+    head_dim: int
+    d_model: int
+    preset: str | None = None
+    chapter_n_heads: int | None = None
+    n_kv_heads: int | None = None
+
+
+@dataclass
+class ShapeCheck(Section):  # C10
+    presets: list[PresetShape]
+    decoupled: PresetShape
+    model: PresetShape
+
+
+@dataclass
+class KVCheck(Section):  # C14
+    dtype: str
+    measured: int
+    formula: int
+    by_hand: int
+    n_kv_heads: int
+    head_dim: int
+    n_layers: int
+    bytes: int
+
+
+@dataclass
+class Checks(Section):
+    c2: FusedCheck | None = None
+    c3_geometry: WriteGeometry | None = None
+    c4: ParamCheck | None = None
+    c5: FlopCheck | None = None
+    c6: MemoryCheck | None = None
+    c10: ShapeCheck | None = None
+    c14: KVCheck | None = None
+
+
+# ---------------------------------------------------------------------------------------- surgery
+@dataclass
+class Domains(Section):
+    """The three held-out domains before / after an edit (the names the commands' --json uses), or why not."""
+    ppl_by_domain_before: dict | None = None
+    ppl_by_domain_after: dict | None = None
+    domain_sizes: dict | None = None  # {domain: [windows, tokens per window]}
+    domains_note: str | None = None
+
+
+@dataclass
+class PrunePoint(Section):
+    fraction: float
+    order: Any = None
+    compensate: Any = None
+    mode: str | None = None
+    heads_removed: int | None = None
+    heads_before: int | None = None
+    ppl: float | None = None
+    cosine: float | None = None
+
+
+@dataclass
+class Pruning(Domains):
+    default: PrunePoint = field(kw_only=True)  # prune_to's defaults at C11's fraction: the point C11 reads
+    points: list[PrunePoint] = field(default_factory=list)
+    base_ppl: float | None = None
+
+
+@dataclass
+class Edit(Domains):
+    """prune_command, kv_merge, healing: an edit the commands make, saved / run here ("saved", "run"), or the
+    K/V merge on the report's own text ("text")."""
+    source: str = "run"
+    command: str | None = None
+    path: str | None = None
+    weights_sha256: str | None = None
+    fraction: float | None = None
+    order: Any = None
+    compensate: Any = None
+    mode: str | None = None
+    method: str | None = None
+    heads_before: int | None = None
+    heads_after: int | None = None
+    heads_removed: int | None = None
+    ppl_before: float | None = None
+    ppl_after: float | None = None
+    cosine: float | None = None
+    options: dict | None = None
+    uptrain: dict | None = None
+    tasks: dict | None = None  # {task: {before_edit, after_edit, after_heal}} pass@1, from a saved command result
+
+
+@dataclass
+class GatePoint(Section):
+    heads_removed: int
+    heads_before: int
+    fraction: float | None = None
+    ppl: float | None = None
+    base_ppl: float | None = None
+    cosine: float | None = None
+    model: str | None = None
+    steps: int | None = None
+    params: str | None = None
+
+
+@dataclass
+class Gates(Section):
+    source: str = "run"
+    path: str | None = None
+    quick: bool = False
+    joint: bool = False
+    steps: int | None = None
+    points: list[GatePoint] = field(default_factory=list)  # saved: the bench's points
+    fraction: float = 0.0  # run here: one target
+    heads_before: int | None = None
+    heads_removed: int | None = None
+    reached: bool | None = None
+    n_gates: int | None = None
+    n_closed: int | None = None
+    n_removed_ranked: int | None = None
+    ppl_before: float | None = None
+    ppl_after: float | None = None
+    cosine: float | None = None
+    compensate: str | None = None
+    objective: str | None = None
+    params: str | None = None
+
+
+# ------------------------------------------------------------------------------------ experiments
+@dataclass
+class MultiRelationRow(Section):  # C1
+    n_heads: int
+    accuracy: float
+    accuracy_seeds: list = field(default_factory=list)
+    attention_params: Any = None
+
+
+@dataclass
+class OneHead(Section):  # C1: multi-relation's details["one_head"]
+    mass_on_marked: list = field(default_factory=list)
+    distance_to_average: float | None = None
+
+
+@dataclass
+class WriteAddressRow(Section):  # C3
+    variant: str | None = None
+    loss: float | None = None
+    loss_std: float | None = None
+
+
+@dataclass
+class HeadsSweepRow(Section):  # C8
+    n_heads: int
+    head_dim: int
+    ppl_mean: float
+    ppl_std: float | None = None
+
+
+@dataclass
+class LowRankRow(Section):  # C9
+    head_dim: int
+    error: float
+    setting: str = "one head"
+    n_heads: int | None = None
+
+
+@dataclass
+class ExperimentData(Section):
+    results: list = field(default_factory=list)  # rows, one kind per experiment (claims.py types them)
+    config: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class Experiment(Section):
+    source: str
+    result: ExperimentData
+    path: str | None = None
+    command: str | None = None
+    seeds: int | None = None
+    steps: int | None = None
+
+    def rows(self, kind: type[Section]) -> list:
+        return [kind.from_json(r, f"{self.command}: results") for r in self.result.results]
+
+
+# ------------------------------------------------------------------------------------------ report
+@dataclass
+class ReportData(Section):
+    format: int
+    model: str | None = None
+    kind: str | None = None
+    shape: Shape | None = None
+    accounts: Accounts | None = None
+    roles: dict[str, Role] | None = None
+    faithfulness: Faithfulness | None = None
+    rank: Rank | None = None
+    checks: Checks | None = None
+    pruning: Pruning | None = None
+    prune_command: Edit | None = None
+    kv_merge: Edit | None = None
+    healing: Edit | None = None
+    gates: Gates | None = None
+    experiments: dict[str, Experiment] = field(default_factory=dict)
+    unavailable: dict = field(default_factory=dict)
+    claims: list = field(default_factory=list)  # claims.read_claims's output, when assembled
+
+    @classmethod
+    def from_json(cls, data, where: str | None = None):
+        if not isinstance(data, cls):
+            check_format(data)
+        return super().from_json(data, where or "report")

@@ -1,0 +1,252 @@
+"""The report's steps: one function per section of report.json, each taking the run's Context.
+
+    ctx = Context.build(model, texts, seed=, sizes=, sample=, progress=, results_dir=, timings=, weights=)
+    report_steps(ctx) -> [Step(name, params, run, model_free)]    in report.json's order; run(ctx) -> JSON-able
+
+A step whose section does not apply to the model (faithfulness on an encoder, a K/V merge of a model with one KV
+head, healing without a saved result) raises NotApplicable with the reason, which collect.py records under
+`unavailable`; any other exception is a failure of the report. `params` (with the weights' and the text's hashes)
+is the step's cache key: change what a step computes and its params must change with it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from headcount.analysis import HeadScores, faithfulness, importance, rank, roles
+from headcount.analysis.batches import split_sentences
+from headcount.analysis.head_importance import METHODS
+from headcount.report import commands
+from headcount.report.accounts import accounts, shape_json, shape_of, window_note
+from headcount.report.cache import weights_hash
+from headcount.report.checks import chapter_checks
+from headcount.report.curve import calibration_input, prune_to_default, pruning_section
+from headcount.report.meter import ReportMeter
+from headcount.report.not_applicable import NotApplicable
+from headcount.report.sample import DEFAULT_SAMPLE, sample_attention
+from headcount.report.trained import (EXPERIMENT_NAMES, experiment_section, experiment_source, gates_section,
+                                      gates_source, saved_gates)
+
+
+@dataclass
+class Step:
+    name: str
+    params: dict
+    run: Callable[["Context"], Any]
+    model_free: bool = False  # the result does not depend on the model or the text (the experiments)
+
+
+def spread(n_layers: int, k: int) -> list[int]:
+    """k layers spread evenly over the depth, first and last included."""
+    if k >= n_layers:
+        return list(range(n_layers))
+    if k <= 1:
+        return [n_layers // 2]
+    return sorted({round(i * (n_layers - 1) / (k - 1)) for i in range(k)})
+
+
+def split_texts(texts: list[str] | None) -> tuple[list[str] | None, list[str] | None]:
+    """(calibration, held_out): (None, None) for the default corpus (each analysis takes its own part),
+    or a user's text split by paragraph like the default corpus (headcount.data.corpus_from_text). A
+    text too short to split is used for both."""
+    from headcount.data import corpus_from_text
+    if texts is None:
+        return None, None
+    corpus = corpus_from_text("\n\n".join(texts))
+    cal, held = corpus.texts("calibration"), corpus.texts("held_out")
+    if not cal or not held:
+        return list(texts), list(texts)
+    return cal, held
+
+
+@dataclass
+class Context:
+    """What the steps read and share: the model, the texts (cal / held: the split text, None for the default
+    corpus; *_s: an encoder's sentences), the sizes, the held-out meter, the calibration windows (built once per
+    size), the results so far (pruning reuses importance's scores) and the weights' hash (a function: hashed once)."""
+    model: Any
+    texts: list[str] | None
+    seed: int
+    sizes: Any
+    sample: str
+    progress: bool
+    results_dir: Any
+    weights: Callable[[], str]
+    cal: list[str] | None
+    held: list[str] | None
+    cal_s: list[str] | None
+    meter: ReportMeter
+    window: int
+    method: str
+    done: dict = field(default_factory=dict)
+    _windows: dict = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, model, texts, *, seed: int, sizes, sample: str | None, progress: bool, results_dir,
+              timings: dict | None, weights: str | None) -> "Context":
+        cal, held = split_texts(texts)
+        cal_s, held_s = cal, held
+        if not hasattr(model, "lm_head"):  # encoders: surgery calibrates / measures on sentences; keep them few
+            cal_s = split_sentences(cal, part="calibration", max_sentences=sizes.encoder_sentences)
+            held_s = split_sentences(held, part="held_out", max_sentences=sizes.encoder_sentences)
+        order = prune_to_default("order")
+        return cls(model, texts, seed, sizes, sample or DEFAULT_SAMPLE, progress, results_dir,
+                   (lambda: weights) if weights else functools.cache(lambda: weights_hash(model)), cal, held, cal_s,
+                   ReportMeter(model, held_s, sizes, timings), min(sizes.window, model.config.max_position),
+                   order if isinstance(order, str) and order in METHODS else "gradient")
+
+    @property
+    def decoder(self) -> bool:
+        return hasattr(self.model, "lm_head")
+
+    @property
+    def name(self) -> str | None:
+        return getattr(self.model, "name", None)
+
+    @property
+    def user_text(self) -> bool:
+        """A user's text: the commands calibrate and measure on the default corpus, so their results are not its."""
+        return self.texts is not None
+
+    @property
+    def faithfulness_layers(self) -> list[int]:
+        return spread(len(self.model.layers), self.sizes.faithfulness_layers)
+
+    def calibration(self, n: int, window: int | None = None):
+        if (n, window) not in self._windows:
+            self._windows[n, window] = calibration_input(self.model, self.cal_s, self.sizes, n, window)
+        return self._windows[n, window]
+
+
+# ------------------------------------------------------------------------------ the model's own steps
+def shape_step(ctx: Context) -> dict:
+    s = shape_of(ctx.model)
+    return {"shape": shape_json(s, window_note(ctx.model)), "accounts": accounts(s)}
+
+
+def checks_step(ctx: Context) -> dict:
+    return chapter_checks(ctx.model, ctx.sample)
+
+
+def sample_step(ctx: Context) -> dict:
+    return sample_attention(ctx.model, ctx.sample)
+
+
+def roles_step(ctx: Context):
+    s = ctx.sizes
+    return roles(ctx.model, ctx.cal, max_tokens=s.roles_tokens, window=ctx.window, max_sentences=s.roles_sentences,
+                 seed=ctx.seed, progress=ctx.progress)
+
+
+def faithfulness_step(ctx: Context):
+    if not ctx.decoder:
+        raise NotApplicable("faithfulness needs a causal language model (a next-token loss); "
+                            f"{ctx.name or 'this model'} is an encoder")
+    s = ctx.sizes
+    return faithfulness(ctx.model, ctx.held, layers=ctx.faithfulness_layers, n_examples=s.faithfulness_examples,
+                        steps=s.faithfulness_steps, seed=ctx.seed, progress=ctx.progress)
+
+
+def rank_step(ctx: Context):
+    return rank(ctx.model, ctx.cal, max_windows=ctx.sizes.rank_examples, seed=ctx.seed, progress=ctx.progress)
+
+
+def importance_step(ctx: Context):
+    s = ctx.sizes
+    if ctx.decoder:
+        return importance(ctx.model, method=ctx.method, windows=ctx.calibration(s.importance_windows),
+                          max_windows=None, window=ctx.window, progress=ctx.progress)
+    return importance(ctx.model, ctx.cal, method=ctx.method, window=ctx.window, max_windows=s.importance_windows,
+                      max_sentences=s.encoder_sentences, progress=ctx.progress)
+
+
+def pruning_step(ctx: Context) -> dict:
+    found = ctx.done.get("importance")
+    scores = {ctx.method: HeadScores.from_json(found)} if found and found["method"] == ctx.method else None
+    return pruning_section(ctx.model, calibration=ctx.calibration(ctx.sizes.importance_windows), meter=ctx.meter,
+                           sizes=ctx.sizes, seed=ctx.seed, scores=scores, progress=ctx.progress)
+
+
+# ---------------------------------------------------------------- the commands' edits (commands.py)
+def _on_default_corpus(ctx: Context) -> None:
+    if ctx.user_text:
+        raise NotApplicable("the report's own text: the commands calibrate and measure on the default corpus "
+                            "(run the command with --text FILE for this text)")
+
+
+def prune_command_step(ctx: Context) -> dict:
+    _on_default_corpus(ctx)
+    return commands.prune_section(ctx.model, results=ctx.results_dir, weights=ctx.weights, progress=ctx.progress)
+
+
+def kv_merge_step(ctx: Context) -> dict:
+    if not ctx.user_text:
+        return commands.merge_section(ctx.model, results=ctx.results_dir, weights=ctx.weights, progress=ctx.progress)
+    s = ctx.sizes  # the merge on the user's text, at the report's sizes
+    steps = {k: v for k, v in (("local_steps", s.merge_local_steps), ("uptrain_steps", s.merge_uptrain_steps))
+             if v is not None}
+    return commands.text_merge_section(ctx.model, calibration=ctx.calibration(s.merge_windows), meter=ctx.meter,
+                                       n_windows=s.merge_windows, window=ctx.window, progress=ctx.progress, **steps)
+
+
+def healing_step(ctx: Context) -> dict:
+    _on_default_corpus(ctx)
+    return commands.healing_section(ctx.model, results=ctx.results_dir, weights=ctx.weights, progress=ctx.progress)
+
+
+def command_source(ctx: Context, kind: str) -> dict:
+    """What a command step reads or runs, as cache-key parameters."""
+    if ctx.user_text:
+        s = ctx.sizes
+        return {"source": "text", "windows": s.merge_windows, "eval": s.eval_windows,
+                "steps": [s.merge_local_steps, s.merge_uptrain_steps]}
+    return commands.command_source(ctx.results_dir, ctx.name, kind, ctx.weights)
+
+
+# ------------------------------------------------------------------------------------ trained steps
+def gates_step(ctx: Context) -> dict:
+    """The gates bench's saved result for this model when there is one, else a short run here."""
+    if gates_source(ctx.results_dir, ctx.name, ctx.weights)["source"] == "saved":
+        return saved_gates(ctx.results_dir, ctx.name, ctx.weights)
+    s = ctx.sizes
+    gw = min(s.gate_window, ctx.window)
+    return gates_section(ctx.model, calibration=ctx.calibration(s.gate_windows, gw), meter=ctx.meter,
+                         steps=s.gate_steps, n_windows=s.gate_windows, window=gw, calibration_windows=s.gate_windows,
+                         lr=s.gate_lr, progress=ctx.progress)
+
+
+def experiment_step(name: str, ctx: Context) -> dict:
+    return experiment_section(name, results=ctx.results_dir, seed=ctx.seed, progress=ctx.progress)
+
+
+def report_steps(ctx: Context) -> list[Step]:
+    """The report's steps in order, each with its cache key's parameters (with the step's own sizes)."""
+    s = ctx.sizes
+    sized = {"seed": ctx.seed, "window": ctx.window}
+    cal_key = {"calibration": s.importance_windows, "eval": s.eval_windows, "sentences": s.encoder_sentences}
+    domain_key = {"domains": [s.domain_windows, s.domain_window]}  # code and source too
+    steps = [
+        Step("shape", {"version": 2}, shape_step),  # 2: q/k norms, post norms, windows, gated GELU, RMSNorm
+        Step("checks", {"sentence": ctx.sample, "version": 3}, checks_step),
+        Step("sample", {"sentence": ctx.sample}, sample_step),
+        Step("roles", sized | {"tokens": s.roles_tokens, "sentences": s.roles_sentences}, roles_step),
+        Step("faithfulness", sized | {"layers": ctx.faithfulness_layers, "examples": s.faithfulness_examples,
+                                      "steps": s.faithfulness_steps}, faithfulness_step),
+        Step("rank", sized | {"examples": s.rank_examples}, rank_step),
+        Step("importance", sized | {"windows": s.importance_windows, "method": ctx.method}, importance_step),
+        Step("pruning", sized | cal_key | domain_key | {"fractions": list(s.pruning_fractions), "order": ctx.method,
+                                                        "random": list(s.random_fractions), "defaults": 2},
+             pruning_step),
+        Step("prune_command", {"version": 2} | command_source(ctx, "prune"), prune_command_step),  # 2: run_edit
+        Step("kv_merge", {"version": 5} | command_source(ctx, "merge"), kv_merge_step),  # 5: run_edit
+        Step("healing", {"version": 2} | command_source(ctx, "heal"), healing_step),  # 2: tasks
+        Step("gates", sized | cal_key | gates_source(ctx.results_dir, ctx.name, ctx.weights)
+             | {"steps": s.gate_steps, "windows": s.gate_windows, "version": 3, "gate_window": s.gate_window,
+                "lr": s.gate_lr}, gates_step),
+    ]
+    for name in EXPERIMENT_NAMES:
+        steps.append(Step(f"experiment-{name}", {"seed": ctx.seed} | experiment_source(name, ctx.results_dir),
+                          functools.partial(experiment_step, name), model_free=True))
+    return steps
