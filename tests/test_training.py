@@ -162,3 +162,24 @@ def test_layer_checkpointing_gives_the_same_gradients():
     with pytest.raises(ValueError, match="gradient_checkpointing"):
         with layer_checkpointing([torch.nn.Linear(2, 2)]):
             pass
+
+
+def test_heal_and_uptrain_are_cut_to_a_budget_below_one_step():
+    """max_seconds far below a step's time: after three timed steps both runs plan the least steps (4) and
+    stop there, their schedules re-sized (the run still ends on its planned steps, not an interrupted one)."""
+    from headcount.models.copying import attention_copy
+    from headcount.models.decoder import Decoder, DecoderConfig
+    from headcount.surgery import heal, prune, uptrain
+
+    torch.manual_seed(0)
+    cfg = DecoderConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48,
+                        max_position=64)
+    teacher = Decoder(cfg).eval()
+    windows = torch.randint(0, 64, (24, 32), generator=torch.Generator().manual_seed(1))
+    model = attention_copy(teacher)
+    prune(model, {0: [1, 2]}, compensate="none")
+    r = heal(model, teacher, steps=40, tokens=24 * 32, calibration=windows, window=32, batch_size=2,
+             validation_windows=4, lr=1e-3, patience=40, held_out=False, progress=False, max_seconds=1e-9)
+    assert (r.planned_steps, r.steps, len(r.train_losses)) == (4, 4, 4)
+    u = uptrain(model, 40, lr=1e-3, calibration=windows, batch_size=2, window=32, progress=False, max_seconds=1e-9)
+    assert (u.steps, len(u.losses)) == (4, 4)

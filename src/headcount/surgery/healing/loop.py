@@ -44,7 +44,6 @@ import sys
 import torch
 
 from headcount.surgery.healing.result import HealResult
-from headcount.surgery.healing.step import CACHE_BYTES  # noqa: F401  (memory.py reads the cache's bound here)
 from headcount.surgery.healing.step import Masters as _Masters
 from headcount.surgery.healing.step import Share, distilled, train_step
 from headcount.surgery.healing.step import Teacher as _Teacher
@@ -54,8 +53,6 @@ from headcount.training.budget import TimeBudget
 from headcount.training.checkpointing import layer_checkpointing
 from headcount.training.optimizer import Optimizer
 from headcount.training.schedule import WarmupCosine
-
-_kl = distilled  # the names the bench and the tests reach through this module
 
 DEFAULT_PARAMS = "attention"
 DEFAULT_STEPS = 200

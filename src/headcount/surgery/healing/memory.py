@@ -10,7 +10,7 @@ The terms (b = bytes per weight of `dtype`, m = the weights that move, N = token
   models.copying.attention_copy);
 - moved weights: fp32 master (4) + AdamW's two fp32 moments (8) when b < 4, else the moments only, plus the
   best-validation copy (b): m x (12 + b) (fp32: m x (8 + 4));
-- the teacher's cached hidden states: windows x (window - 1) x d_model x b (0 when past loop.CACHE_BYTES);
+- the teacher's cached hidden states: windows x (window - 1) x d_model x b (0 when past step.CACHE_BYTES);
 - the heal's own runtime (RUNTIME_BYTES, measured: the modules it imports, autograd's engine);
 - then the larger of (a) the step's activations: autograd's saved tensors per token and layer from the first
   edited layer on, counted on the decoder (bf16: 2 x (3 d_ff + 6 d_model + 3 n_heads head_dim + 3 n_kv_heads
@@ -68,7 +68,8 @@ def heal_memory(shape, *, dtype: str = "bf16", edited_layers: int | None = None,
     windows of WINDOW tokens a step, DEFAULT_TOKENS // WINDOW windows cached)."""
     from headcount.cost.accounts import param_counts
     from headcount.models.decoder import LOGIT_ELEMENTS_GRAD
-    from headcount.surgery.healing.loop import BATCH_SIZE, CACHE_BYTES, DEFAULT_TOKENS, WINDOW
+    from headcount.surgery.healing.loop import BATCH_SIZE, DEFAULT_TOKENS, WINDOW
+    from headcount.surgery.healing.step import CACHE_BYTES
 
     batch_windows = BATCH_SIZE if batch_windows is None else batch_windows
     window = WINDOW if window is None else window

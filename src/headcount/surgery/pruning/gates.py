@@ -19,7 +19,8 @@ log(-gamma / zeta)): the expected L0 is the sum of that over gates (`expected_l0
 list with one [B, n_heads] tensor per layer: each example of a batch draws its own gates), i.e. at the
 input of o_proj, where a gate of 0 is exactly the structural removal of that head.
 
-Joint training (joint=True, Voita's own setup; gates_joint.py): the same loop, but the chosen weights of the
+One loop drives either run through the same face (batch_rows / loss / step / close): gates_frozen.FrozenRun,
+or for joint training (joint=True, Voita's own setup) gates_joint.JointRun, where the chosen weights of the
 model ("attention", the default, or "all") train with the gates (healing's optimizer), in place, on distinct
 calibration windows, against a frozen copy of the unedited model; for the last `hard` share of the steps the
 gates are fixed at the heads kept; apply_gates then removes the heads from that trained model with
