@@ -23,6 +23,9 @@ from headcount.models.options import DEVICE_HELP, DTYPE_HELP
 from headcount.surgery.cli_common import EVAL_HELP
 
 
+TEACHER_STREAM = "teacher"  # --calibration: the teacher's own samples (healing/teacher_text.py)
+
+
 def check_heal_steps(heal_steps: int) -> None:
     if heal_steps is None or heal_steps < 0:
         raise ValueError(f"--heal-steps: expected a number of steps >= 0 (0 = no healing), got {heal_steps}")
@@ -146,8 +149,9 @@ def register(app, bench_app) -> None:
                                             "into calibration (distilled on) and held-out parts (measured as the "
                                             "domain 'text' beside the three); default: the mixed corpus"),
         stream: str = typer.Option("mixed", "--calibration", help="the calibration stream without --text: mixed "
-                                   "(prose + torch/numpy docstrings and comments) or prose+source (prose + the "
-                                   "same files' verbatim source: for code models)"),
+                                   "(prose + torch/numpy docstrings and comments), prose+source (prose + the "
+                                   "same files' verbatim source: for code models) or teacher (the teacher's own "
+                                   "sampled continuations of mixed's calibration prompts, --tokens of them)"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
         evals: Optional[list[str]] = typer.Option(None, "--eval", help=EVAL_HELP + " (before edit: the teacher)"),
@@ -168,8 +172,9 @@ def register(app, bench_app) -> None:
             if lr is not None and not lr > 0:
                 raise ValueError(f"--lr: expected a positive learning rate, got {lr}")
             from headcount.analysis.batches import STREAMS
-            if stream not in STREAMS:
-                raise ValueError(f"--calibration: expected one of {', '.join(STREAMS)}, got {stream!r}")
+            if stream not in (*STREAMS, TEACHER_STREAM):
+                raise ValueError(f"--calibration: expected one of {', '.join((*STREAMS, TEACHER_STREAM))}, "
+                                 f"got {stream!r}")
             if text is not None and stream != "mixed":
                 raise ValueError(f"--calibration: {stream!r} and --text both choose the calibration; give one")
             from headcount.models.options import parse_device, parse_dtype
@@ -196,15 +201,21 @@ def register(app, bench_app) -> None:
                 from headcount.surgery.healing.loop import heal
 
                 known = {"before_edit": dict(before.perplexity), "after_edit": dict(after.perplexity)}
+                calibration_now, stream_now = calibration, stream
+                if stream == TEACHER_STREAM:  # written by the teacher now, from the mixed stream's prompts
+                    from headcount.surgery.healing.teacher_text import teacher_texts
+                    calibration_now, stream_now = teacher_texts(original, tokens, progress=main), "mixed"
                 try:
                     result = heal(model, original, steps=steps, tokens=tokens, params=params, lr=lr, known=known,
-                                  eval_windows=eval_windows, group=group, **text_args(calibration, held_out, stream))
+                                  eval_windows=eval_windows, group=group,
+                                  **text_args(calibration_now, held_out, stream_now))
                 except ValueError as e:
                     if str(e).startswith("tokens:"):
                         raise ValueError(f"--{e}") from None
                     raise
                 model.healing = {**result.metadata(), "teacher": teacher,
-                                 **({"calibration": str(text)} if text else {})}
+                                 **({"calibration": str(text)} if text else {}),
+                                 **({"calibration": TEACHER_STREAM} if stream == TEACHER_STREAM else {})}
                 return result.to_json()
 
             # the teacher is the model before the edit, the student after it: the three held-out domains, with
@@ -219,7 +230,8 @@ def register(app, bench_app) -> None:
         from headcount.surgery.cli_common import command_line
         # weights_sha256: the unedited model's (the teacher: the weights before the edit, what a saved result is
         # keyed by); edited_weights_sha256: the student's before healing
-        data = {**report.healing, "teacher": teacher, "out": str(out), "weights_sha256": report.weights_sha256,
+        data = {**report.healing, **({"calibration": TEACHER_STREAM} if stream == TEACHER_STREAM else {}),
+                "teacher": teacher, "out": str(out), "weights_sha256": report.weights_sha256,
                 "edited_weights_sha256": report.edited_weights_sha256, "command": command_line()}
         if specs:
             data["tasks"] = report.tasks()
