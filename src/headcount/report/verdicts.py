@@ -76,8 +76,10 @@ def command_source(section: Edit | dict, model: str | None = None) -> str:
 
 
 def sizes_words(section: Domains) -> str:
-    n, w = ((section.domain_sizes or {}).get("prose") or [None, None])[:2]
-    return f" ({n} held-out windows of {w} tokens per domain, as the command measures)" if n else ""
+    if not section.domain_sizes or not section.domain_sizes.get("prose"):
+        return ""
+    n, w = section.domain_sizes["prose"][:2]
+    return f" ({n} held-out windows of {w} tokens per domain, as the command measures)"
 
 
 def domain_table(section: Domains | dict | None) -> list[tuple[str, float, float]]:
