@@ -42,8 +42,8 @@ def register(app, bench_app) -> None:
                                               "--save, the other methods' saved points are kept"),
         models: Optional[str] = typer.Option(None, "--models", help="gates part: smollm2, minilm or both (default)"),
     ) -> None:
-        """Every measured number of issues 7 and 16: pruning curves (smollm2 prose and code, minilm), costs, merging,
-        trained L0 gates vs retraining-free (--part gates, --png)."""
+        """Every measured number of pruning, merging and healing: pruning curves (smollm2 prose and code, minilm),
+        costs, merging, trained L0 gates vs retraining-free (--part gates, --png)."""
         with _one_line_errors("bench surgery"):
             if part not in ("prune", "merge", "gates", "heal", "all"):
                 raise ValueError(f"--part: expected prune, merge, gates, heal or all, got {part!r}")

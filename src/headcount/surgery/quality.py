@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from headcount.arguments import positive_int
 from headcount.surgery.held_out import EVAL_WINDOWS
 
 
@@ -85,9 +86,8 @@ class QualityMeter:
     def __init__(self, held_out=None, *, eval_windows: int = EVAL_WINDOWS, window: int = 512, extra: dict | None = None,
                  sizes: dict | None = None, domains: bool = True, tasks=(), batch_size: int = 8,
                  max_new_tokens: int = 512, log=None, references: dict | None = None):
-        for name, value in (("eval_windows", eval_windows), ("window", window)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < (2 if name == "window" else 1):
-                raise ValueError(f"{name}: expected an int >= {2 if name == 'window' else 1}, got {value!r}")
+        positive_int("eval_windows", eval_windows)
+        positive_int("window", window, 2)
         if extra is not None and (not isinstance(extra, dict) or not all(
                 isinstance(k, str) and isinstance(v, list) and v and all(isinstance(t, str) for t in v)
                 for k, v in extra.items())):

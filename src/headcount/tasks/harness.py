@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from headcount.arguments import positive_int
 from headcount.tasks.problems import Completion, Problem, load_problems, task_label
 from headcount.tasks.prompts import PromptFormat, choose_format, completion_of, prompt_ids
 from headcount.tasks.scoring import ScoredSample, score, summarize
@@ -57,10 +58,9 @@ class Settings:
 
 
 def check_settings(settings: Settings) -> None:
-    for name, value, minimum in (("--max-new-tokens", settings.max_new_tokens, 1), ("--batch-size",
-                                 settings.batch_size, 1), ("--samples-per-task", settings.samples_per_task, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name}: expected a whole number >= {minimum}, got {value!r}")
+    for name, value in (("--max-new-tokens", settings.max_new_tokens), ("--batch-size", settings.batch_size),
+                        ("--samples-per-task", settings.samples_per_task)):
+        positive_int(name, value, expected="a whole number >= 1")
     if not isinstance(settings.temperature, (int, float)) or settings.temperature < 0:
         raise ValueError(f"--temperature: expected a number >= 0, got {settings.temperature!r}")
     if settings.samples_per_task > 1 and settings.temperature == 0:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from headcount.arguments import positive_int
+
 TASKS = ("humaneval",)
 PROBLEM_FIELDS = ("task_id", "prompt", "test", "entry_point")  # each a required string
 
@@ -43,8 +45,7 @@ class Completion:
 
 def load_problems(task: str | os.PathLike, *, limit: int | None = None) -> list[Problem]:
     """The problems of a built-in task (TASKS) or of a JSONL file in HumanEval's format, the first `limit`."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise TaskError(f"--limit: expected a positive whole number, got {limit!r}")
+    positive_int("--limit", limit, expected="a positive whole number", none=True, error=TaskError)
     problems = _read_problems(_problem_file(task))
     return problems if limit is None else problems[:limit]
 

@@ -47,6 +47,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from headcount.arguments import positive_int
+
 NOBODY = 65534  # uid and gid the program runs as
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/bin/python3", "/usr/local/bin/python3")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # all the program sees of an environment
@@ -114,8 +116,7 @@ def run_program(source: str, *, timeout: float = 10.0, memory_bytes: int = 4 << 
     """Run `source` (a program ending with check(entry_point)) isolated; passed / failed / timed out."""
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < math.inf):
         raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
-    if isinstance(memory_bytes, bool) or not isinstance(memory_bytes, int) or memory_bytes < 1 << 26:
-        raise ValueError(f"memory_bytes: expected a whole number of bytes >= 64 MiB, got {memory_bytes!r}")
+    positive_int("memory_bytes", memory_bytes, 1 << 26, expected="a whole number of bytes >= 64 MiB")
     mode = check_isolation(unsafe_exec)
     way = _working(mode) if mode else _Way("none", _system_python() or sys.executable)
     if way is None:  # a mode named by a test's monkeypatch that does not work here

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Callable, Iterable
 
+from headcount.arguments import positive_int
 from headcount.tasks import sandbox
 from headcount.tasks.problems import Completion, Problem, TaskError
 
@@ -60,8 +61,7 @@ def score(problems: list[Problem], completions: list[Completion], *, timeout: fl
           on_result: Callable[[ScoredSample], None] | None = None) -> list[ScoredSample]:
     """Run each completion's program in the sandbox, `workers` at a time; results in the completions' order.
     on_result(sample) is called in this thread as each one finishes (a progress bar)."""
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise TaskError(f"--workers: expected a positive whole number, got {workers!r}")
+    positive_int("--workers", workers, expected="a positive whole number", error=TaskError)
     by_id = {p.task_id: p for p in problems}
     for c in completions:
         if c.task_id not in by_id:
@@ -103,8 +103,7 @@ def summarize(samples: Iterable[ScoredSample], ks: Iterable[int] = (1,)) -> dict
     out: dict = {"n_problems": len(n), "n_samples": sum(n.values()), "passed": sum(c.values())}
     fewest = min(n.values(), default=0)
     for k in ks:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"ks: expected positive whole numbers, got {k!r}")
+        positive_int("ks", k, expected="positive whole numbers")
         if k <= fewest:
             out[f"pass_at_{k}"] = sum(pass_at_k(n[t], c[t], k) for t in n) / len(n)
     return out
