@@ -1,4 +1,4 @@
-"""`headcount merge-kv` (issue 7). Registered through headcount.surgery.cli; no torch import at module level.
+"""`headcount merge-kv`. Registered through headcount.surgery.cli; no torch import at module level.
 
     headcount merge-kv --model smollm2 --kv-heads 1 [--method aware|mean] [--layers 0,5,7]
                        [--local-steps N] [--local-tokens N] [--uptrain-steps N] [--out DIR [--force]] [--json]
@@ -11,7 +11,7 @@ Bad input (a KV-head count of 0, above the current count or one the method canno
 of range, an existing --out without --force) is one line on stderr and exit status 2, before
 anything is loaded or written where possible, and always before any weight changes.
 
-Under torchrun (`torchrun --nproc-per-node N -m headcount merge-kv ...`, issue 15) the calibration windows
+Under torchrun (`torchrun --nproc-per-node N -m headcount merge-kv ...`) the calibration windows
 are split over the ranks and the merge's sums all-reduced (merge_kv(group=)): every rank computes the same
 merged model; rank 0 alone prints and writes --out, at the end. Errors are one line prefixed with the rank;
 a rank that dies makes the others' next collective fail within --timeout, one line each, nothing written.
@@ -35,7 +35,7 @@ JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv
              "kv_bytes_per_token_after", "ppl_before", "ppl_after")
 
 
-# The defaults a user runs are merge_kv's own (issue 26: one truth; surgery/merging/kv_merge.py has them and why):
+# The defaults a user runs are merge_kv's own (one truth; surgery/merging/kv_merge.py has them and why):
 # this command calls merge_kv with its flags and nothing else: `headcount merge-kv --kv-heads 1` is merge_kv(model, 1).
 from headcount.surgery.merging.defaults import (CALIBRATION_WINDOWS, LOCAL_STEPS, UPTRAIN_LR,  # noqa: E402,F401
                                                 UPTRAIN_STEPS, UPTRAIN_WINDOW, uptrain_windows)
