@@ -47,8 +47,8 @@ def c11_pruning(pruning: Pruning | dict | None, command: Edit | dict | None = No
         if found is not None:
             return found
     if pruning is None:
-        return claim("C11", title, text, f">= {PRUNE_FRACTION:.0%} of heads removed with {limit_words(True, PRUNE_PPL_RISE)}",
-                     NOT_MEASURED, "the pruning curve is not available in this report")
+        test = f">= {PRUNE_FRACTION:.0%} of heads removed with {limit_words(True, PRUNE_PPL_RISE)}"
+        return claim("C11", title, text, test, NOT_MEASURED, "the pruning curve is not available in this report")
     # prune_to's defaults at exactly PRUNE_FRACTION: that point decides
     base, default = pruning.base_ppl, pruning.default
     test = (f"{PRUNE_FRACTION:.0%} of the heads removed by prune_to with the project's default order and "
