@@ -1,5 +1,5 @@
 """Run the surgery commands the head report quotes, each in a fresh process, and save their --json results where
-the report reads them (issue 26: the report says what the commands do).
+the report reads them (the report says what the commands do, from their own output).
 
     python benchmarks/command_results.py [--model smollm2] [--only prune,merge,heal] [--results DIR]
 

@@ -3,7 +3,8 @@
     python benchmarks/decode.py [--prompt-tokens 512] [--new-tokens 64] [--repeats 3] [--json]
 
 The same as `headcount bench decode`. Prints the medians of prefill time and decode tokens/s, side by
-side, with the ratios and the issue's targets (decode >= 1.3x, prefill <= 0.9x).
+side, with the ratios and the targets (models/bench.py's TARGET_*): decode at least 1.3x transformers'
+tokens/s, prefill in at most 0.9x its time.
 """
 
 import os

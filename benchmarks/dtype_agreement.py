@@ -1,4 +1,4 @@
-"""Does the dissection depend on the weights' dtype? (issue 15: Spearman >= 0.99 against fp32, pruning
+"""Does the dissection depend on the weights' dtype? (The targets: Spearman >= 0.99 against fp32, pruning
 perplexity within 1% of fp32's.)
 
 The same model loaded in fp32 and in bf16 (and fp16 with --dtypes): importance by gradient and by

@@ -1,5 +1,5 @@
 """headcount against transformers on the same weights (same as `headcount bench exactness`): the
-embedded minilm and smollm2, qwen2.5-coder-0.5b and gemma3-270m (issue 14), and a random small model of
+embedded minilm and smollm2, qwen2.5-coder-0.5b and gemma3-270m (models people ship), and a random small model of
 every family headcount reads (llama, qwen2, qwen3, mistral, gemma3_text causal and bidirectional,
 gemma3's language model; no download).
 

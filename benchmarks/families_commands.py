@@ -1,5 +1,5 @@
-"""Every user command on every family's small random checkpoint (issue 27: "every command runs on each
-family's small config"): the model that `headcount bench exactness --families` checks against transformers,
+"""Every user command on every family's small random checkpoint (every command must run on each family's
+small config): the model that `headcount bench exactness --families` checks against transformers,
 saved as a transformers checkpoint with smollm2's tokenizer beside it, then each command run as a user
 would run it (a fresh process, `python -m headcount ...`). Prints one row per family: the exit status and
 seconds of each command; the first line of stderr for any that failed.

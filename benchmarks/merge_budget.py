@@ -1,4 +1,4 @@
-"""How much local reconstruction does every-layer MQA on smollm2 need? (issue 15: merge-kv <= 3 minutes)
+"""How much local reconstruction does every-layer MQA on smollm2 need? (The target: merge-kv within 3 minutes.)
 
 Every layer merged to 1 KV head (aware, 16 calibration windows of 512), with `local_steps` in --steps;
 held-out perplexity on prose, code and standard-library source (4 windows of 512 each), the merge's

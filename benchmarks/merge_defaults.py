@@ -1,4 +1,5 @@
-"""Which defaults should `headcount merge-kv --model smollm2 --kv-heads 1` use? (issues 15 and 16)
+"""Which defaults should `headcount merge-kv --model smollm2 --kv-heads 1` use? (Within its time budget, and
+holding on text nobody calibrated on.)
 
 Every layer of smollm2 merged to ONE K/V head (MQA) under several candidate settings (calibration windows and
 their prose / code mixture, local-reconstruction steps, an end-to-end distillation after the merge). Each

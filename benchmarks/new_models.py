@@ -1,4 +1,4 @@
-"""Issue 14's numbers for the models people ship: the roles found on each model, and the pruning curve at
+"""The numbers for the models people ship: the roles found on each model, and the pruning curve at
 10 / 20 / 30% with the DEFAULT settings (prune_to's default order, compensation and calibration), held-out
 perplexity on prose, code and standard-library source (4 windows of 512 each). One JSON line per result.
 

@@ -1,4 +1,4 @@
-"""Retraining-free pruning that holds on GQA models (issue 26): which per-layer limits on the reconstruction
+"""Retraining-free pruning that holds on GQA models: which per-layer limits on the reconstruction
 order keep the curve monotone? One JSON line per (fraction, candidate) on stdout.
 
 The order (reconstruction, on the default "mixed" calibration of 8 x 512 tokens) is scored ONCE; each

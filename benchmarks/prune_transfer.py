@@ -1,4 +1,4 @@
-"""Which pruning defaults hold on text nobody calibrated on? (issue 16)
+"""Which pruning defaults hold on text nobody calibrated on?
 
 smollm2, 20% of query heads, several (order, calibration, compensation, ridge) candidates. Each candidate is
 CHOSEN by validation perplexity on calibration-part windows it was not fitted on (prose and code, the
@@ -34,7 +34,7 @@ CANDIDATES = {
     "recon-mixed-local": dict(order="reconstruction", calibration="mixed", compensate="lstsq", ridge=0.05,
                               target="local"),
     "recon-mixed-mean": dict(order="reconstruction", calibration="mixed", compensate="mean"),
-    # the calibration size (the scale issue's time budget): the default 16 windows against 8 and 4
+    # the calibration size (its cost in prune's time budget): the then default 16 windows against 8 and 4
     "recon-prose-lstsq-16": dict(order="reconstruction", calibration="prose", compensate="lstsq", ridge=0.05,
                                  windows=16),
     "recon-mixed-lstsq-16": dict(order="reconstruction", calibration="mixed", compensate="lstsq", ridge=0.05,

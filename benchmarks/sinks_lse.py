@@ -1,4 +1,4 @@
-"""Per-head sinks on the fused path (issue 27, GPT-OSS): what keeping the sink costs on the CPU.
+"""Per-head sinks on the fused path (GPT-OSS): what keeping the sink costs on the CPU.
 
     python benchmarks/sinks_lse.py [T]
 

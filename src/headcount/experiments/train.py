@@ -19,6 +19,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
+from headcount.arguments import positive_int
 from headcount.training.optimizer import Optimizer
 from headcount.training.schedule import WarmupCosine
 
@@ -60,12 +61,9 @@ def resolve_config(name: str, quick: bool, defaults_quick: dict, defaults_full: 
 
 
 def check_steps(steps) -> int:
-    """A positive number of training steps, or a ValueError naming --steps."""
-    if isinstance(steps, bool) or not isinstance(steps, int):
-        raise TypeError(f"steps: expected a positive whole number, got {steps!r}")
-    if steps < 1:
-        raise ValueError(f"steps: expected a positive number of training steps, got {steps}")
-    return steps
+    """A positive number of training steps; else a ValueError naming steps (a TypeError for a value that is not an
+    int, with its type)."""
+    return positive_int("steps", steps, expected="a positive whole number of training steps", type_error=TypeError)
 
 
 def schedule(steps: int, warmup: int) -> WarmupCosine:

@@ -8,7 +8,7 @@ norms around attention and MLP, gated tanh-GELU) and GPT-2 (LayerNorm, learned p
 
 (post_attn_norm / post_mlp_norm only with `post_norms`, Gemma's "sandwich" norms.)
 
-Issue 27's switches (the defaults change nothing):
+The switches for Gemma 2, GPT-NeoX / Pythia and OLMo 2 (the defaults change nothing):
 - `pre_norms=False` (OLMo 2): no attn_norm / mlp_norm, only the norms after each sub-layer:
   x + post_attn_norm(attn(x)) ; x + post_mlp_norm(mlp(x)).
 - `parallel_residual` (GPT-NeoX / Pythia): x + attn(attn_norm(x)) + mlp(mlp_norm(x)), both from the same x.
@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from headcount.arguments import positive_float, positive_int
 from headcount.attention import MultiHeadAttention
 from headcount.cache import KVCache
 from headcount.models.moe import MoEConfig, MoEFeedForward
@@ -90,7 +91,7 @@ class DecoderConfig:
     eos_token_id: int | None = None
     pad_token_id: int | None = None
     family: str = "llama"
-    # --- issue 14: what Gemma 3 / Qwen3 / Mistral add (the defaults change nothing) ---
+    # --- what Gemma 3 / Qwen3 / Mistral add (the defaults change nothing) ---
     rope_scaling: float = 1.0  # linear rotary scaling (angles / factor) on full-attention layers
     rope_local_theta: float | None = None  # rotary base of sliding-window layers; None = rope_theta
     qk_norm: bool = False  # RMSNorm of each head's q and k over head_dim (eps = norm_eps), before rotary
@@ -100,12 +101,12 @@ class DecoderConfig:
     embed_scale: float | None = None  # embeddings x this, rounded to the weight dtype (Gemma: sqrt(d_model))
     post_norms: bool = False  # norms after the attention and the MLP as well (Gemma)
     causal: bool = True  # False: bidirectional attention (embedding models: encoder.BidirectionalEncoder)
-    # --- issue 27: what Gemma 2 / GPT-NeoX (Pythia) / OLMo 2 add (the defaults change nothing) ---
+    # --- what Gemma 2 / GPT-NeoX (Pythia) / OLMo 2 add (the defaults change nothing) ---
     rotary_dim: int | None = None  # partial rotary: only the first rotary_dim dims of each head rotate
-    # --- issue 27: mixture-of-experts feed-forward and per-head sink logits (GPT-OSS) ---
+    # --- mixture-of-experts feed-forward and per-head sink logits (GPT-OSS) ---
     moe: MoEConfig | None = None  # routed experts instead of the dense MLP (moe.py); a dict is converted
     attn_sinks: bool = False  # a learned sink logit per head in every row's softmax (MultiHeadAttention.sinks)
-    # --- issue 27: rope types, NoPE layers, Granite's multipliers (the defaults change nothing) ---
+    # --- rope types, NoPE layers, Granite's multipliers (the defaults change nothing) ---
     rope_type: str = "default"  # transformers' rope type (rotary.ROPE_TYPES); "linear" stays rope_scaling
     rope_parameters: dict | None = None  # that type's fields (factor, original_max_position_embeddings, ...)
     nope_layers: tuple[int, ...] = ()  # layers that leave rotary out (SmolLM3's no_rope_layers zeros)
@@ -128,9 +129,7 @@ class DecoderConfig:
         for name, allowed in (("norm", NORMS), ("mlp", MLPS), ("position", POSITIONS)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name}: expected one of {allowed}, got {getattr(self, name)!r}")
-        w = self.sliding_window
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
-            raise ValueError(f"sliding_window: expected a positive int or None, got {w!r}")
+        w = positive_int("sliding_window", self.sliding_window, none=True)
         if self.layer_types is not None:
             types = tuple(self.layer_types)
             if len(types) != self.n_layers or any(t not in LAYER_TYPES for t in types):
@@ -139,21 +138,16 @@ class DecoderConfig:
             if SLIDING in types and w is None:
                 raise ValueError("layer_types: sliding_attention layers need a sliding_window")
             self.layer_types = types
-        if self.rope_scaling <= 0:
-            raise ValueError(f"rope_scaling: expected a positive factor, got {self.rope_scaling!r}")
+        positive_float("rope_scaling", self.rope_scaling, expected="a positive factor")
         self.moe = MoEConfig.from_value(self.moe)
         self.nope_layers = tuple(int(i) for i in self.nope_layers)
         if any(not 0 <= i < self.n_layers for i in self.nope_layers):
             raise ValueError(f"nope_layers: expected layer indices below n_layers={self.n_layers}, "
                              f"got {list(self.nope_layers)}")
         for name in ("embedding_multiplier", "residual_multiplier", "logits_scaling"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name}: expected a positive number, got {getattr(self, name)!r}")
-
+            positive_float(name, getattr(self, name), expected="a positive number")
         for name in ("attn_softcap", "final_softcap"):
-            cap = getattr(self, name)
-            if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0):
-                raise ValueError(f"{name}: expected a positive float or None, got {cap!r}")
+            positive_float(name, getattr(self, name), none=True)
         if not self.pre_norms and not self.post_norms:
             raise ValueError("pre_norms: False needs post_norms (a block with no norm at all is not a family)")
         if self.qk_norm_full and not self.qk_norm:
@@ -386,10 +380,8 @@ def chunked_nll(hidden: Tensor, targets: Tensor, lm_head: nn.Module, *, chunk: i
                          f"got {list(targets.shape)}")
     vocab = lm_head.weight.shape[0]
     grad = torch.is_grad_enabled() and (hidden.requires_grad or any(p.requires_grad for p in lm_head.parameters()))
-    if chunk is None:
+    if positive_int("chunk", chunk, none=True) is None:
         chunk = max(1, (LOGIT_ELEMENTS_GRAD if grad else LOGIT_ELEMENTS) // vocab)
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk: expected a positive int or None, got {chunk!r}")
     flat_h = hidden.reshape(-1, hidden.shape[-1])
     flat_t = targets.reshape(-1)
 

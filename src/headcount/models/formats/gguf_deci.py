@@ -11,7 +11,7 @@ export_gguf(model, path) writes a (pruned / merged) decoder as a llama.cpp GGUF 
 Reading: load_deci(path) builds the Decoder directly from a deci file (a transformers checkpoint cannot hold
 per-layer counts, so there is no safetensors cache for these files); qwen2 / gemma3 files are read by gguf.py.
 
-What can carry per-layer head counts (issue 7):
+What can carry per-layer head counts (what a pruned model needs: its layers keep different numbers of heads):
   - transformers (checked on 5.x): `per_layer_config` is accepted by LlamaConfig, but LlamaAttention reads
     the global num_attention_heads, so every layer is built with one count (formats/hf.py refuses).
   - llama.cpp's GGUF: `{arch}.attention.head_count` / `head_count_kv` may be arrays with one entry per

@@ -30,11 +30,11 @@ the refused fields (the last item) it implements: hf_config_write.py writes conf
   query_pre_attn_scalar ** -0.5; embeddings x hidden_size ** 0.5. use_bidirectional_attention gives
   causal=False with the window transformers uses, |p - j| < sliding_window // 2 + 1.
 - gemma3 (image + text): its text_config (tie_word_embeddings and token ids from the outer config).
-- mixtral / qwen3_moe / olmoe / gpt_oss (issue 27): llama-like attention (qwen3_moe: per-head q/k norms;
+- mixtral / qwen3_moe / olmoe / gpt_oss: llama-like attention (qwen3_moe: per-head q/k norms;
   olmoe: q/k norms over the whole projection; gpt_oss: biases, per-head sinks, alternating windows) and
   the routed feed-forward of moe.py (expert counts, top-k, each router's normalisation; Qwen3-MoE's
   mlp_only_layers / decoder_sparse_step give dense layers; OLMoE's clip_qkv is refused).
-- gemma2 (issue 27): Gemma2Config's defaults fill what a file leaves out; attn_logit_softcapping and
+- gemma2: Gemma2Config's defaults fill what a file leaves out; attn_logit_softcapping and
   final_logit_softcapping; layer_types (default: sliding on even layers, full on odd); one rotary base;
   query_pre_attn_scalar; sandwich norms; embeddings x hidden_size ** 0.5. use_bidirectional_attention refused.
 - gpt_neox (Pythia): head_dim = hidden_size / num_attention_heads; partial rotary (rotary_pct, or
@@ -51,6 +51,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from headcount.arguments import fraction, positive_float, positive_int, positive_ints
 from headcount.models.decoder import DecoderConfig
 from headcount.models.moe import MoEConfig
 from headcount.models.encoder import EncoderConfig
@@ -98,9 +99,8 @@ def _rope_block(block: dict, theta: float, source: str, where: str) -> tuple[flo
                               f"supported (rotary on the whole head)")
     factor = 1.0
     if kind == "linear":
-        factor = block.get("factor")
-        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
-            raise CheckpointError(f"{source}: {where}: linear rotary scaling needs a positive 'factor', got {factor!r}")
+        factor = positive_float(f"{source}: {where}.factor", block.get("factor"),
+                                expected="a positive factor for linear rotary scaling", error=CheckpointError)
     return float(block.get("rope_theta", theta)), float(factor)
 
 
@@ -119,8 +119,7 @@ def _rope_fields(cfg: dict, kind: str, head_dim: int, source: str) -> dict:
     if partial != 1.0 and "partial_rotary_factor" not in BY_MODEL_TYPE[kind].reads:
         raise CheckpointError(f"{source}: {where}.partial_rotary_factor={partial!r} is not supported for {kind} "
                               "(transformers rotates the whole head there)")
-    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
-        raise CheckpointError(f"{source}: partial_rotary_factor: expected a number in (0, 1], got {partial!r}")
+    fraction(f"{source}: partial_rotary_factor", partial, include_high=True, error=CheckpointError)
     kind_of_rope = block.get("rope_type", block.get("type", "default")) or "default"
     if kind == "phi3":
         kind_of_rope = "longrope" if kind_of_rope in ("su", "yarn") else kind_of_rope  # as Phi3Config reads it
@@ -151,9 +150,8 @@ def _nope_layers(cfg: dict, n_layers: int, source: str) -> tuple[int, ...]:
     no_rope_layer_interval-th layer (as SmolLM3Config builds the list)."""
     flags = cfg.get("no_rope_layers")
     if flags is None:
-        interval = cfg.get("no_rope_layer_interval", 4)
-        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-            raise CheckpointError(f"{source}: no_rope_layer_interval: expected a positive int, got {interval!r}")
+        interval = positive_int(f"{source}: no_rope_layer_interval", cfg.get("no_rope_layer_interval", 4),
+                                error=CheckpointError)
         flags = [int((i + 1) % interval != 0) for i in range(n_layers)]
     if not isinstance(flags, (list, tuple)) or len(flags) != n_layers or any(f not in (0, 1) for f in flags):
         raise CheckpointError(f"{source}: no_rope_layers: expected {n_layers} entries of 0 / 1 (num_hidden_layers), "
@@ -270,10 +268,7 @@ def _count(cfg: dict, keys: tuple[str, ...], source: str, *, low: int = 1) -> in
     key = next((k for k in keys if cfg.get(k) is not None), None)
     if key is None:
         raise CheckpointError(f"{source}: config has no {keys[0]!r}")
-    value = cfg[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise CheckpointError(f"{source}: {key}={value!r}, expected an int >= {low}")
-    return value
+    return positive_int(f"{source}: {key}", cfg[key], low, expected=f"an int >= {low}", error=CheckpointError)
 
 
 def _moe(cfg: dict, kind: str, source: str) -> DecoderConfig:
@@ -303,8 +298,9 @@ def _moe(cfg: dict, kind: str, source: str) -> DecoderConfig:
         moe["normalize"] = bool(cfg.get("norm_topk_prob", False))
         step = _count(cfg, ("decoder_sparse_step",), source) if "decoder_sparse_step" in cfg else 1
         only = cfg.get("mlp_only_layers") or []
-        if not isinstance(only, (list, tuple)) or any(isinstance(i, bool) or not isinstance(i, int) for i in only):
-            raise CheckpointError(f"{source}: mlp_only_layers={only!r}, expected a list of layer indices")
+        if only:  # an empty list (no dense layer) is transformers' default
+            positive_ints(f"{source}: mlp_only_layers", only, 0, expected="a list of layer indices",
+                          error=CheckpointError)
         moe["dense_layers"] = tuple(i for i in range(n_layers) if i in only or (i + 1) % step)
         extra = {"qk_norm": True}
     elif kind == "olmoe":
@@ -320,9 +316,8 @@ def _moe(cfg: dict, kind: str, source: str) -> DecoderConfig:
         extra = {"attn_sinks": True, "norm": "rms_float"}
         if window is None or "sliding_attention" not in types:
             window, types = None, None
-    if window is not None:
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise CheckpointError(f"{source}: sliding_window={window!r}, expected a positive int or null")
+    positive_int(f"{source}: sliding_window", window, none=True, expected="a positive int or null",
+                 error=CheckpointError)
     moe_cfg = MoEConfig(**moe) if n_experts else None
     return DecoderConfig(**{**fields, "norm": "rms", "mlp": "gated_silu", **rope,
                             "sliding_window": window, "layer_types": types, "moe": moe_cfg, "family": kind, **extra})
@@ -397,12 +392,8 @@ GEMMA2_DEFAULTS = {
 
 
 def _positive_or_none(cfg: dict, key: str, source: str) -> float | None:
-    value = cfg.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise CheckpointError(f"{source}: {key}={value!r}, expected a positive number or null")
-    return float(value)
+    return positive_float(f"{source}: {key}", cfg.get(key), none=True, expected="a positive number or null",
+                          error=CheckpointError)
 
 
 def _gemma2(cfg: dict, kind: str, source: str) -> DecoderConfig:
@@ -447,8 +438,8 @@ def _gpt_neox(cfg: dict, kind: str, source: str) -> DecoderConfig:
     block = dict(block)
     pct = block.setdefault("partial_rotary_factor", cfg.get("rotary_pct", 0.25))
     block.setdefault("rope_theta", cfg.get("rotary_emb_base", cfg.get("rope_theta", 10000.0)))
-    if isinstance(pct, bool) or not isinstance(pct, (int, float)) or not 0 < pct <= 1:
-        raise CheckpointError(f"{source}: rotary_pct / partial_rotary_factor={pct!r}, expected a fraction in (0, 1]")
+    fraction(f"{source}: rotary_pct / partial_rotary_factor", pct, include_high=True,
+             expected="a fraction in (0, 1]", error=CheckpointError)
     rope = _rope_fields({"rope_parameters": block, "max_position_embeddings": cfg.get("max_position_embeddings", 2048)},
                         "gpt_neox", head_dim, source)
     rotary_dim = int(head_dim * pct)

@@ -1,4 +1,4 @@
-"""`headcount bench surgery --part heal` (issue 26): what healing costs and what it buys.
+"""`headcount bench surgery --part heal`: what healing costs and what it buys.
 
     run_heal(quick=False, log=print, png=None) -> dict (JSON-ready)
     render(result, console=None), plot(result, png)

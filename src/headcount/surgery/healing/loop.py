@@ -8,9 +8,9 @@ on calibration windows only: `tokens` distinct calibration tokens are drawn thro
 (analysis.batches.calibration_batches); the last `validation_windows` windows are held aside as a validation
 split, measured every `eval_every` steps: the weights with the lowest validation KL are the ones kept. A
 measurement with no new best sends the run back to the best weights so far with its learning rate scaled by
-BACKOFF (and the optimizer's moments reset): a model the edit barely hurt (qwen2.5-coder-0.5b at 20%, its
-validation KL 0.069) is pushed off by the default lr (measured: no new best in 36 steps at 3e-4). The run
-stops early after `patience` such measurements in a row (headcount.training's BestWeights). The held-out domains
+BACKOFF (and the optimizer's moments reset): a model the edit barely hurt starts near its best, and a step
+too large only pushes it off (docs/healing.md has the run that showed it). The run stops early after `patience`
+such measurements in a row (headcount.training's BestWeights). The held-out domains
 (headcount.data.held_out_domains) are only measured, never chosen on.
 
 The optimizer, schedule, time budget and layer checkpointing are headcount.training's: AdamW, a linear warm-up
@@ -30,8 +30,8 @@ Low-precision weights (bf16; fp16 on a GPU): the weights that move get fp32 mast
 state) only for them (step.Masters): the gradient is cast to the master, the step taken in fp32, the model's
 weights copied back from the masters, so small updates are not lost to bf16 rounding (memory.py gives the peak).
 
-The defaults (DEFAULT_*) are the budget issue 26's targets are measured at: chosen on the validation split of
-smollm2's edits (docs/healing.md has the table and the commands).
+The defaults (DEFAULT_*) are the budget healing's targets (docs/healing.md) are measured at: chosen on the
+validation split of smollm2's edits (docs/healing.md has the table and the commands).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ import sys
 
 import torch
 
+from headcount.arguments import one_of, positive_float, positive_int
 from headcount.surgery.healing.result import HealResult
 from headcount.surgery.healing.step import Masters as _Masters
 from headcount.surgery.healing.step import Share, distilled, train_step
@@ -56,19 +57,16 @@ from headcount.training.schedule import WarmupCosine
 
 DEFAULT_PARAMS = "attention"
 DEFAULT_STEPS = 200
-DEFAULT_TOKENS = 98_304  # 192 windows of 512 tokens: the issue's budget is 100k calibration tokens
+DEFAULT_TOKENS = 98_304  # 192 windows of 512 tokens: healing is meant to cost at most 100k calibration tokens
 # attention: merge-kv's uptrain rate, chosen on validation windows for the same job (benchmarks/merge_defaults.py)
 DEFAULT_LR = {"attention": 3e-4, "all": 1e-4, "lora": 1e-3}
 # AdamW moves every weight by about its lr a step, whatever the weight's size: DEFAULT_LR is for attention weights
 # of RMS >= REFERENCE_RMS (SmolLM2's are 0.194); a model whose attention weights are smaller gets the lr scaled by
-# its RMS / REFERENCE_RMS, the same relative step (default_lr). Measured on qwen2.5-coder-0.5b 20% pruned (RMS
-# 0.019): 3e-4, 1.5e-4 and 7.5e-5 each took the validation KL from 0.069 to 0.29 / 0.18 / 0.12 within 12 steps;
-# 2.5e-5 took it from 0.085 to 0.069 in 24 steps (a shorter run's validation split).
+# its RMS / REFERENCE_RMS, the same relative step (default_lr): a 10x larger relative step undid the heal of a
+# model with 10x smaller weights (qwen2.5-coder-0.5b's, RMS 0.019; docs/healing.md has the runs).
 REFERENCE_RMS = 0.19
 # one window of 512 tokens a step, the length the held-out perplexity is measured on: with 2 windows of 256 the
-# student never trained at positions 256-511. Same tokens a step; measured on smollm2 at the default budget (AMD
-# EPYC, alone, docs/healing.md): 30% pruned +6.0/+3.1/+15.1 -> +4.0/+1.7/+14.9, 50% +16.8/+15.7/+48.5 ->
-# +15.1/+15.0/+47.7 (prose / code / source)
+# student never trained at positions 256-511 (docs/healing.md, "Windows of 512", has the runs and their commands)
 WINDOW = 512
 BATCH_SIZE = 1  # windows per step
 VALIDATION_WINDOWS = 8
@@ -77,6 +75,7 @@ PATIENCE = 3
 BACKOFF = 0.5  # the lr's factor after a validation measurement with no new best (back to the best weights)
 WARMUP = 0.05
 EVAL_WINDOWS = 4  # held-out windows of 512 tokens per domain, as `headcount prune` measures
+_COUNT = "an int >= 1"  # the wording of every count check below: "steps: expected an int >= 1, got 0"
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,8 +110,7 @@ def relative_lr(lr: float, model) -> float:
     (the unedited one) whose attention weights' RMS is under REFERENCE_RMS: the same relative step. Every default
     lr that trains a model's weights goes through it (heal, merge-kv's uptrain, the joint gates' weights).
     An encoder's rate stays `lr`: its joint gates train on embedding fidelity, not the KL the rule was measured
-    on, and minilm (RMS 0.07; joint, 200 steps, cosine at 50% / 75% removed) measured the scaled 1.1e-4 at
-    0.931 / 0.872, 3e-4 at 0.935 / 0.891, 1e-3 at 0.929 / 0.883 (docs/healing.md)."""
+    on, and minilm's joint gates do no better at the scaled rate (docs/healing.md has the lr sweep)."""
     from headcount.analysis.batches import is_decoder
 
     return lr * min(1.0, weight_rms(model) / REFERENCE_RMS) if is_decoder(model) else lr
@@ -121,8 +119,7 @@ def relative_lr(lr: float, model) -> float:
 def default_lr(teacher, params: str = DEFAULT_PARAMS) -> float:
     """heal()'s lr when none is given: DEFAULT_LR[params], scaled down in proportion for a model (the unedited
     `teacher`) whose attention weights' RMS is under REFERENCE_RMS; see REFERENCE_RMS."""
-    if params not in DEFAULT_LR:
-        raise ValueError(f"params: expected one of {', '.join(DEFAULT_LR)}, got {params!r}")
+    one_of("params", params, DEFAULT_LR)
     return relative_lr(DEFAULT_LR[params], teacher)
 
 
@@ -136,14 +133,6 @@ def _calibration_name(calibration) -> str:
     if isinstance(calibration, list) and all(isinstance(t, str) for t in calibration):
         return "text"
     return "windows"  # token windows or ready batches
-
-
-def _check_int(name: str, value, minimum: int):
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return value
 
 
 def _windows(model, calibration, n_windows: int, window: int) -> torch.Tensor:
@@ -164,21 +153,19 @@ class _Healing:
         check_teacher(model, teacher)
         check_trainable_dtype(model)
         self.model, self.teacher, self.params, self.calibration, self.seed = model, teacher, params, calibration, seed
-        self.steps = steps = DEFAULT_STEPS if steps is None else _check_int("steps", steps, 1)
-        tokens = DEFAULT_TOKENS if tokens is None else _check_int("tokens", tokens, 1)
-        _check_int("batch_size", batch_size, 1), _check_int("validation_windows", validation_windows, 1)  # None passes
-        self.patience = _check_int("patience", patience, 1)
-        _check_int("window", window, 2)
-        if params not in DEFAULT_LR:
-            raise ValueError(f"params: expected one of {', '.join(DEFAULT_LR)}, got {params!r}")
+        self.steps = steps = DEFAULT_STEPS if steps is None else positive_int("steps", steps, expected=_COUNT)
+        tokens = DEFAULT_TOKENS if tokens is None else positive_int("tokens", tokens, expected=_COUNT)
+        positive_int("batch_size", batch_size, expected=_COUNT, none=True)  # None: resolved below
+        positive_int("validation_windows", validation_windows, expected=_COUNT)
+        self.patience = positive_int("patience", patience, expected=_COUNT)
+        positive_int("window", window, 2)
+        one_of("params", params, DEFAULT_LR)
         lr = default_lr(teacher, params) if lr is None else lr
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
-            raise ValueError(f"lr: expected a positive learning rate, got {lr!r}")
-        self.lr = lr
+        self.lr = positive_float("lr", lr, expected="a positive learning rate")
         self.budget = TimeBudget(max_seconds)
-        self.checkpoints = sorted({_check_int("checkpoints", c, 0) for c in checkpoints})
+        self.checkpoints = sorted({positive_int("checkpoints", c, 0) for c in checkpoints})
         self.eval_every = max(1, steps // EVALUATIONS) if eval_every is None else \
-            _check_int("eval_every", eval_every, 1)
+            positive_int("eval_every", eval_every, expected=_COUNT)
         from headcount.distributed import DataParallel
         self.dp = dp = DataParallel(group)
         self.batch_size = batch_size = max(BATCH_SIZE, dp.world) if batch_size is None else batch_size

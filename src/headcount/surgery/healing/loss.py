@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from headcount.arguments import positive_int
 from headcount.models.decoder import LOGIT_ELEMENTS, LOGIT_ELEMENTS_GRAD
 
 Tensor = torch.Tensor
@@ -94,10 +95,8 @@ def distill_kl(student_hidden: Tensor, teacher_hidden: Tensor, student_head, tea
     grad = torch.is_grad_enabled() and (student_hidden.requires_grad
                                         or any(p.requires_grad for p in student_head.parameters()))
     fused = _plain(student_head) and _plain(teacher_head)
-    if chunk is None:  # the fused path holds ~3 fp32 [chunk, vocab] tensors with or without a gradient
-        chunk = max(1, (LOGIT_ELEMENTS_GRAD if grad or fused else LOGIT_ELEMENTS) // vocab)
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ValueError(f"chunk: expected a positive int or None, got {chunk!r}")
+    if positive_int("chunk", chunk, none=True) is None:  # the fused path holds ~3 fp32 [chunk, vocab] tensors
+        chunk = max(1, (LOGIT_ELEMENTS_GRAD if grad or fused else LOGIT_ELEMENTS) // vocab)  # with or without grad
     h_s = student_hidden.reshape(-1, student_hidden.shape[-1])
     h_t = teacher_hidden.reshape(-1, teacher_hidden.shape[-1]).detach()
     if fused:

@@ -1,5 +1,5 @@
-"""What a heal holds at its peak, as a formula of the model's shape (issue 26: "the 1.5B model heals in bf16
-within 2x its weights + 1 GiB"), and the measurement it is checked against.
+"""What a heal holds at its peak, as a formula of the model's shape (the bound it must meet: a 1.5B model heals in
+bf16 within 2x its weights + 1 GiB), and the measurement it is checked against.
 
     heal_memory(shape, *, dtype="bf16", edited_layers=None, teacher="separate", ...) -> {term: bytes, "total": ...}
     measure_peak(config, *, dtype="bf16", ...) -> [{"peak_bytes", "formula_bytes", ...}]   (in a fresh process)

@@ -1,6 +1,6 @@
 """HealResult: what one heal did and reached, as data (the CLI and the bench only format it).
 
-to_json keys (a contract, issue 26): seconds, forward_equivalents, tokens, steps, and the held-out perplexity
+to_json keys (a contract: the report and saved command results read them): seconds, forward_equivalents, tokens, steps, and the held-out perplexity
 per domain before the edit (the teacher), after the edit (the student as handed in) and after healing.
 """
 

@@ -1,4 +1,4 @@
-"""The K/V-merging measurements of issue 7: `run(quick=False) -> dict`, `render(result, console)`.
+"""The K/V-merging measurements: `run(quick=False) -> dict`, `render(result, console)`.
 
 Called by `headcount bench surgery --part merge`. Every choice (fits, groupings, plans, uptraining) uses
 calibration text; every number is measured on held-out text: the held-out part of the default corpus
@@ -25,7 +25,7 @@ import time
 
 import torch
 
-UPTRAIN_SECONDS = 15 * 60  # the issue's bound for the MQA uptrain, on 2 cores
+UPTRAIN_SECONDS = 15 * 60  # the MQA uptrain's bound on 2 cores: a merge with its uptrain stays a CPU job
 CURVE_UPTRAIN_SECONDS = 3 * 60
 BUDGETS = (2 / 3, 0.9, 0.5)  # the one-third point first
 LOCAL_STEPS = 100  # merge_kv(local_steps=): block-wise reconstruction of each merged layer
@@ -177,7 +177,7 @@ def _minilm(s: dict) -> dict:
 
 
 def run(quick: bool = False, parts=("smollm2", "minilm"), **settings) -> dict:
-    """Every K/V-merging number of issue 7 (see the module docstring); settings override _settings()."""
+    """Every K/V-merging number (see the module docstring); settings override _settings()."""
     start = time.perf_counter()
     s = {**_settings(quick), **settings}
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""uptrain: a short CPU fine-tune after merging or pruning, on calibration text (issue 7).
+"""uptrain: a short CPU fine-tune after merging or pruning, on calibration text.
 
     uptrain(model, steps, *, lr=1e-4, trainable="attention", calibration=None, batch_size=1, window=256,
             teacher=None) -> UptrainResult
@@ -17,12 +17,12 @@ frozen for the run and restored afterwards; the model is left in eval mode.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from headcount.arguments import fraction, positive_float, positive_int
 from headcount.surgery.merging.stream import calibration_batches, is_decoder
 from headcount.training.budget import TimeBudget
 from headcount.training.optimizer import Optimizer
@@ -122,14 +122,10 @@ def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calib
     (the schedule is re-sized to the new step count, so it still ends at a learning rate of 0)."""
     from tqdm.auto import tqdm
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps: expected a positive int, got {steps!r}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
-        raise ValueError(f"lr: expected a positive float, got {lr!r}")
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size: expected a positive int, got {batch_size!r}")
-    if not 0.0 <= warmup < 1.0:
-        raise ValueError(f"warmup: expected a fraction of the steps in [0, 1), got {warmup!r}")
+    positive_int("steps", steps)
+    lr = positive_float("lr", lr)
+    positive_int("batch_size", batch_size)
+    fraction("warmup", warmup, include_low=True, expected="a fraction of the steps in [0, 1)")
     budget = TimeBudget(max_seconds)
     decoder = is_decoder(model)
     if not decoder and teacher is None:

@@ -36,8 +36,9 @@ def settings(quick: bool) -> dict:
         return {"fractions": (0.1, 0.2, 0.3), "orders": ("reconstruction", "random"), "seeds": (0,),
                 "compensations": ("none", "lstsq"), "calibration_windows": 8, "eval_windows": 4, "score_windows": 1,
                 "timing_repeats": 3, "minilm_orders": ("reconstruction", "random")}
-    # 8 calibration windows (the issue allows 16) and 4 + 4 held-out windows: the full grid (105 points
-    # for smollm2) then fits in about an hour on 2 cores; ratios against the base are paired (same windows)
+    # 8 calibration windows (prune's default; 16 double the cost) and 4 + 4 held-out windows: the full grid
+    # (105 points for smollm2) then fits in about an hour on 2 cores; ratios against the base are paired (same
+    # windows)
     return {"fractions": (0.1, 0.2, 0.3, 0.4, 0.5), "orders": ORDERS, "seeds": (0, 1, 2),
             "compensations": COMPENSATIONS, "calibration_windows": 8, "eval_windows": 4, "score_windows": 2,
             "timing_repeats": 5, "minilm_orders": ("ablation", "confidence", "reconstruction", "random")}
