@@ -10,8 +10,8 @@ Two paths, the same value and gradient:
 - plain heads (both exactly nn.Linear without bias, every zoo decoder but Gemma 2's soft-capped and Granite's
   scaled heads): one pass per chunk computes both logits, the KL and, when a gradient is wanted, the gradient
   at once (d KL / d student logits = softmax(student) - softmax(teacher)), projected straight onto the
-  student's hidden states and head weight (the fused linear-loss trick: no logits saved, none recomputed;
-  measured: the healing step's ratio to a plain PyTorch step fell from 1.25 to ~1.05 on a 49k vocabulary).
+  student's hidden states and head weight (the fused linear-loss trick: no logits saved, none recomputed,
+  so the healing step costs no more than a plain PyTorch step; docs/healing.md has the timing).
 - any other head: each chunk's logits are recomputed in backward (torch.utils.checkpoint), so training holds
   one chunk of logits.
 """

@@ -6,18 +6,11 @@ al. 2019, arXiv 1905.09418), trained on a frozen model, then the closed heads re
     apply_gates(model, gates, *, compensate="lstsq", calibration=None, force=False) -> PruneResult
     prune_l0(model, *, fraction=None, heads_to_keep=None, steps, ...) -> PruneResult (method "l0")
 
-The gate. One log_alpha per head (mode="query") or per GQA group (mode="group": one gate shared by the
-query heads that read one KV head). A sample is
-
-    u ~ U(0, 1),  s = sigmoid((log u - log(1 - u) + log_alpha) / beta),  beta = 2/3,
-    z = clamp(s * (zeta - gamma) + gamma, 0, 1),  (gamma, zeta) = (-0.1, 1.1)
-
-so z is exactly 0 or exactly 1 with positive probability, and P(z != 0) = sigmoid(log_alpha - beta *
-log(-gamma / zeta)): the expected L0 is the sum of that over gates (`expected_l0`). The deterministic
-(test-time) gate is the standard estimator clamp(sigmoid(log_alpha) * (zeta - gamma) + gamma, 0, 1)
-(`deterministic_gates`). Gates enter the model through its public `head_gates=` forward argument (a
-list with one [B, n_heads] tensor per layer: each example of a batch draws its own gates), i.e. at the
-input of o_proj, where a gate of 0 is exactly the structural removal of that head.
+The gate (hard_concrete.py: its sample, expected L0 and deterministic value). One log_alpha per head
+(mode="query") or per GQA group (mode="group": one gate shared by the query heads that read one KV head).
+Gates enter the model through its public `head_gates=` forward argument (a list with one [B, n_heads] tensor
+per layer: each example of a batch draws its own gates), i.e. at the input of o_proj, where a gate of 0 is
+exactly the structural removal of that head.
 
 One loop drives either run through the same face (batch_rows / loss / step / close): gates_frozen.FrozenRun,
 or for joint training (joint=True, Voita's own setup) gates_joint.JointRun, where the chosen weights of the
@@ -46,11 +39,8 @@ on the model, so hitting a requested head count means sweeping it; the multiplie
 the constraint holds and shrinks when it overshoots, so one run lands on the target for any model and
 loss. The warm-up keeps the distillation loss in charge early, while the gates learn which heads matter.
 
-Short runs (a CPU affords ~100-300 steps) make the Lagrangian's dynamics matter; the settings below were
-chosen on a simulation (a loss sum_i w_i (1 - z_i), w log-normal with sigma 0.1-2.5, loss scales 1e-3-3,
-8-270 gates, 30-300 steps with lr x steps >= 15): the expected L0 ended within a few % of the gates from
-the target, where Adam with its default momentum on the multipliers overshot by 20-30% of the gates and
-left gates saturated. On minilm (72 heads, 50% removed, 100 steps, lr 0.1) it ended at 36.1 for 36.
+Short runs (a CPU affords ~100-300 steps) make the Lagrangian's dynamics matter, hence these settings
+(docs/pruning.md, "History", has the runs they were chosen on and the command that repeats them):
   - the multipliers: Adam lr `lambda_lr` = 1.0 with NO momentum (betas (0, 0.99)): the multiplier turns as
     soon as the constraint is crossed (momentum there is what overshoots: integral wind-up);
   - the gates: Adam with betas (0.5, 0.99) (less lag than 0.9), and log_alpha clamped to [-6, 6] after each
@@ -76,20 +66,16 @@ prune's default (removal.resolve_default: mixed prose + code-like text for a dec
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from headcount import arguments
 from headcount.surgery.pruning import plan as _plan
+from headcount.surgery.pruning.hard_concrete import deterministic_gates, expected_l0, open_probability, sample_gates
 
 Tensor = torch.Tensor
-
-BETA = 2.0 / 3.0
-GAMMA, ZETA = -0.1, 1.1
-_LOG_RATIO = math.log(-GAMMA / ZETA)  # log(0.1 / 1.1)
-_EPS = 1e-6
 
 MODES = ("query", "group")
 N_WINDOWS = 8
@@ -102,31 +88,6 @@ WARMUP = 0.7
 JOINT_WARMUP = 0.5  # joint: the target reached by half the steps, before the gates are fixed (JOINT_HARD)
 JOINT_HARD = 0.25  # joint: the last quarter of the steps trains the weights with the gates fixed
 REACH_TOLERANCE = 0.10  # |E[L0] - target| above this share of the gates: the target was not reached
-
-
-# ------------------------------------------------------------------------------------ hard concrete
-def sample_gates(log_alpha: Tensor, *, generator: torch.Generator | None = None, u: Tensor | None = None) -> Tensor:
-    """One hard-concrete sample per entry of log_alpha (same shape; differentiable in log_alpha)."""
-    if u is None:
-        u = torch.rand(log_alpha.shape, generator=generator, device=log_alpha.device, dtype=log_alpha.dtype)
-    u = u.clamp(_EPS, 1 - _EPS)
-    s = torch.sigmoid((torch.log(u) - torch.log1p(-u) + log_alpha) / BETA)
-    return (s * (ZETA - GAMMA) + GAMMA).clamp(0.0, 1.0)
-
-
-def open_probability(log_alpha: Tensor) -> Tensor:
-    """P(gate != 0) per entry: sigmoid(log_alpha - beta * log(-gamma / zeta))."""
-    return torch.sigmoid(log_alpha - BETA * _LOG_RATIO)
-
-
-def expected_l0(log_alpha: Tensor) -> Tensor:
-    """The expected number of non-zero gates (a scalar, differentiable)."""
-    return open_probability(log_alpha).sum()
-
-
-def deterministic_gates(log_alpha: Tensor) -> Tensor:
-    """The test-time gates: clamp(sigmoid(log_alpha) * (zeta - gamma) + gamma, 0, 1)."""
-    return (torch.sigmoid(log_alpha) * (ZETA - GAMMA) + GAMMA).clamp(0.0, 1.0)
 
 
 # ------------------------------------------------------------------------------------------- result
@@ -207,19 +168,6 @@ class GateResult:
         }
 
 
-# ------------------------------------------------------------------------------------------- checks
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return value
-
-
-def _check_positive(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name}: expected a positive number, got {value!r}")
-    return float(value)
-
-
 def _units(model, mode: str) -> list[tuple[int, list[int], Tensor]]:
     """Per layer: (number of gates, [original query heads of each gate...] flattened per gate, index
     [n_heads] mapping each current query head to its gate)."""
@@ -253,7 +201,7 @@ def resolve_target(n_gates: int, n_layers: int, heads_to_keep=None, fraction=Non
         keep = n_gates - round(fraction * n_gates)
         name = "fraction"
     else:
-        keep = _check_int("heads_to_keep", heads_to_keep, 0)
+        keep = arguments.positive_int("heads_to_keep", heads_to_keep, 0)
         name = "heads_to_keep"
     what = f"{keep} of {n_gates} {unit}"
     if keep == 0:
@@ -298,26 +246,26 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
     from headcount.training.optimizer import Optimizer
 
     _plan.check_mode(mode)
-    steps = _check_int("steps", steps, 1)
-    lr = _check_positive("lr", lr)
-    lambda_lr = _check_positive("lambda_lr", lambda_lr)
+    steps = arguments.positive_int("steps", steps, expected="an int >= 1")
+    lr = arguments.positive_float("lr", lr, expected="a positive number")
+    lambda_lr = arguments.positive_float("lambda_lr", lambda_lr, expected="a positive number")
     if warmup is None:
         warmup = JOINT_WARMUP if joint else WARMUP
     if hard is None:
         hard = JOINT_HARD if joint else 0.0
-    if isinstance(hard, bool) or not isinstance(hard, (int, float)) or not 0 <= hard < 1:
-        raise ValueError(f"hard: expected a share of the steps in [0, 1), got {hard!r}")
+    hard = arguments.fraction("hard", hard, include_low=True, expected="a share of the steps in [0, 1)")
     if hard and not joint:
         raise ValueError(f"hard: only with joint=True (fixed gates train nothing on a frozen model), got {hard!r}")
-    if isinstance(warmup, bool) or not isinstance(warmup, (int, float)) or not 0 <= warmup <= 1:
-        raise ValueError(f"warmup: expected a share of the steps in [0, 1], got {warmup!r}")
-    history_every = max(1, steps // 20) if history_every is None else _check_int("history_every", history_every, 1)
-    if not isinstance(joint, bool):
-        raise ValueError(f"joint: expected True or False, got {joint!r}")
+    warmup = arguments.fraction("warmup", warmup, include_low=True, include_high=True,
+                                expected="a share of the steps in [0, 1]")
+    history_every = max(1, steps // 20) if history_every is None else \
+        arguments.positive_int("history_every", history_every, expected="an int >= 1")
+    arguments.boolean("joint", joint, expected="True or False")
     if joint:
         params = _joint.check_params(_joint.DEFAULT_PARAMS if params is None else params)
         from headcount.surgery.healing.loop import default_lr  # healing's: scaled down for a decoder's small weights
-        weight_lr = _check_positive("weight_lr", default_lr(model, params) if weight_lr is None else weight_lr)
+        weight_lr = default_lr(model, params) if weight_lr is None else weight_lr
+        weight_lr = arguments.positive_float("weight_lr", weight_lr, expected="a positive number")
     elif params is not None or weight_lr is not None:
         raise ValueError(f"{'params' if params is not None else 'weight_lr'}: only with joint=True (the frozen "
                          "variant trains no weight)")
@@ -428,7 +376,8 @@ def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | No
         steps=steps, lr=lr, layout=[list(k) for k, _ in _plan.layout(model)],
         gates=[g.tolist() for g in _split(det if fixed is None else fixed.cpu(), offsets, units)],
         log_alpha=[la[offsets[l]:offsets[l + 1]].tolist() for l in range(len(units))],
-        kept={l: sorted(v) for l, v in sorted(kept.items())}, removed={l: sorted(v) for l, v in sorted(removed.items())},
+        kept={l: sorted(v) for l, v in sorted(kept.items())},
+        removed={l: sorted(v) for l, v in sorted(removed.items())},
         expected_l0=expected, target_l0=targets, loss=losses, history=history,
         lambdas=tuple(float(v) for v in lambdas.detach().cpu()), n_closed=int(closed.sum()),
         n_removed_closed=n_removed_closed, n_removed_ranked=n_gates - keep - n_removed_closed,
@@ -498,7 +447,8 @@ def apply_gates(model, gates: GateResult, *, compensate: str | None = None, cali
     if not gates.reached and not force:
         unit = "query heads" if gates.mode == "query" else "KV groups"
         raise ValueError(f"steps: the L0 target is unreachable in the steps given: after {gates.steps} steps the "
-                         f"expected number of open gates is {gates.final_expected_l0:.1f}, target {gates.heads_to_keep} "
+                         f"expected number of open gates is {gates.final_expected_l0:.1f}, "
+                         f"target {gates.heads_to_keep} "
                          f"of {gates.n_gates} {unit} (more than {REACH_TOLERANCE:.0%} off); give more steps or a "
                          "larger lr, or force to prune by the gates' ranking anyway")
     if compensate in ("none", "mean"):

@@ -14,8 +14,7 @@ Which weights move (`params`, the choice healing offers):
 The run is healing's (surgery/healing/loop.py), with the gates in the student's forward:
   - calibration: DISTINCT windows, steps x batch_size of them up to healing's 98k-token budget, each seen
     once (the frozen variant cycles 8 windows: enough for 270 numbers, but a model's weights trained on
-    2k tokens repeated 40 times learn those tokens; measured: smollm2 50% joint on them, +74% held-out prose,
-    worse than the frozen gates' +52%);
+    2k tokens repeated 40 times learn those tokens, and the held-out text pays: docs/pruning.md has the run);
   - the teacher's final hidden states cached per window and the fused chunked KL (healing/loss.py);
   - the weights: AdamW at healing's default lr for those params (healing.loop.default_lr: DEFAULT_LR, scaled
     down for a decoder's small attention weights; an encoder's unscaled, relative_lr says why),
