@@ -1,6 +1,6 @@
 """The commands of headcount.surgery, registered by the switchboard (headcount.cli): `prune` (pruning/cli.py),
-`merge-kv` (merging/cli.py), `heal` (healing/cli.py) and `bench surgery` (here: it runs both rooms' benches). Shared helpers live in
-cli_common.py, which both command families import. No torch import at module level."""
+`merge-kv` (merging/cli.py), `heal` (healing/cli.py) and `bench surgery` (here: it runs both rooms' benches).
+Shared helpers live in cli_common.py, which both command families import. No torch import at module level."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ from typing import Optional
 
 import typer
 
+PARTS = ("prune", "merge", "gates", "heal", "all")  # bench surgery --part
 
 def register(app, bench_app) -> None:
     """Add this room's commands to the `headcount` app and its `bench` sub-app."""
+    from headcount.arguments import one_of
     from headcount.cli_errors import one_line_errors as _one_line_errors
     from headcount.surgery.healing import cli as healing_cli
     from headcount.surgery.merging import cli as merging_cli
@@ -45,8 +47,7 @@ def register(app, bench_app) -> None:
         """Every measured number of pruning, merging and healing: pruning curves (smollm2 prose and code, minilm),
         costs, merging, trained L0 gates vs retraining-free (--part gates, --png)."""
         with _one_line_errors("bench surgery"):
-            if part not in ("prune", "merge", "gates", "heal", "all"):
-                raise ValueError(f"--part: expected prune, merge, gates, heal or all, got {part!r}")
+            one_of("--part", part, PARTS, expected="prune, merge, gates, heal or all")
             if png is not None:
                 if part not in ("gates", "heal", "all"):
                     raise ValueError(f"--png: the plot is the gates or heal part's; use --part gates, heal (or all), "

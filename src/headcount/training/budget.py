@@ -15,10 +15,9 @@ steps, so the caller passes the mean over ranks of the seconds a step.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 
-from headcount.arguments import is_number
+from headcount.arguments import positive_float
 
 TIMED = 3  # steps timed before the plan is fitted to the budget
 LEAST = 4  # a budget never cuts a run below this many steps
@@ -27,9 +26,7 @@ LEAST = 4  # a budget never cuts a run below this many steps
 class TimeBudget:
     def __init__(self, max_seconds: float | None = None, *, timed: int = TIMED, least: int = LEAST,
                  clock=time.perf_counter):
-        if max_seconds is not None and not (is_number(max_seconds) and max_seconds > 0 and
-                                            not math.isnan(max_seconds)):
-            raise ValueError(f"max_seconds: expected a positive number of seconds or None, got {max_seconds!r}")
+        positive_float("max_seconds", max_seconds, none=True, expected="a positive number of seconds or None")
         self.max_seconds, self.timed, self.least, self.clock = max_seconds, timed, least, clock
         self.started = None
         self.excluded = 0.0  # seconds spent paused

@@ -13,11 +13,9 @@ forward, and the numbers are the same (a backward into None gradients).
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from headcount.arguments import is_number
+from headcount.arguments import fraction, positive_float
 
 
 def clipped_step(optimizer: torch.optim.Optimizer, params: list, clip: float | None = 1.0) -> None:
@@ -37,10 +35,8 @@ class Optimizer:
         self.params = list(params)
         if not self.params:
             raise ValueError("params: expected at least one parameter to train, got none")
-        if not (is_number(lr) and lr > 0 and math.isfinite(lr)):
-            raise ValueError(f"lr: expected a positive learning rate, got {lr!r}")
-        if clip is not None and not (is_number(clip) and clip > 0):
-            raise ValueError(f"clip: expected a positive gradient norm or None, got {clip!r}")
+        positive_float("lr", lr, expected="a positive learning rate")
+        positive_float("clip", clip, none=True, finite=False, expected="a positive gradient norm or None")
         self.clip, self.schedule = clip, schedule
         self.adamw = torch.optim.AdamW(self.params, lr=lr, betas=betas, weight_decay=weight_decay, maximize=maximize)
         self.scheduler = None if schedule is None else torch.optim.lr_scheduler.LambdaLR(self.adamw, schedule)
@@ -63,8 +59,7 @@ class Optimizer:
     def back_off(self, factor: float, step: int) -> float:
         """The peak lr scaled by `factor` from `step` on and AdamW's moments reset (the weights have just gone back
         to earlier ones, which the moments were not gathered on); returns the new peak lr."""
-        if not (is_number(factor) and 0 < factor <= 1):
-            raise ValueError(f"factor: expected a share of the lr in (0, 1], got {factor!r}")
+        fraction("factor", factor, include_high=True, expected="a share of the lr in (0, 1]")
         self.adamw.state.clear()
         if self.scheduler is None:
             for group in self.adamw.param_groups:

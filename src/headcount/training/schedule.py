@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from headcount.arguments import is_int, is_number
+from headcount.arguments import fraction, is_int, positive_int
 
 
 def warmup_cosine(step: int, warm: int, total: int, *, floor: float = 0.0, peak_in_warmup: bool = False) -> float:
@@ -34,17 +34,14 @@ class WarmupCosine:
 
     def __init__(self, total: int, *, warm: int | None = None, share: float | None = None, floor: float = 0.0,
                  peak_in_warmup: bool = False):
-        if not is_int(total) or total < 1:
-            raise ValueError(f"total: expected a positive number of steps, got {total!r}")
+        positive_int("total", total, expected="a positive number of steps")
         if (warm is None) == (share is None):
             raise ValueError(f"warm, share: expected exactly one (warm-up steps, or their share of the steps), got "
                              f"warm={warm!r}, share={share!r}")
-        if share is not None and not (is_number(share) and 0 <= share <= 1):
-            raise ValueError(f"share: expected a share of the steps in [0, 1], got {share!r}")
-        if warm is not None and not (is_int(warm) and warm >= 0):
-            raise ValueError(f"warm: expected a number of warm-up steps >= 0, got {warm!r}")
-        if not (is_number(floor) and 0 <= floor <= 1):
-            raise ValueError(f"floor: expected a share of the peak in [0, 1], got {floor!r}")
+        fraction("share", share, include_low=True, include_high=True, none=True,
+                 expected="a share of the steps in [0, 1]")
+        positive_int("warm", warm, 0, none=True, expected="a number of warm-up steps >= 0")
+        fraction("floor", floor, include_low=True, include_high=True, expected="a share of the peak in [0, 1]")
         self.total, self.share, self.floor, self.peak_in_warmup = total, share, floor, peak_in_warmup
         self.warm = int(share * total) if warm is None else warm
 

@@ -17,6 +17,7 @@ EXPORT_TARGETS = ("transformers", "gguf", "gguf-f16", "vllm")
 
 def register(app) -> None:
     """Add `headcount export`."""
+    from headcount.arguments import one_of
     from headcount.cli_errors import one_line_errors as _one_line_errors
 
     @app.command("export")
@@ -35,8 +36,7 @@ def register(app) -> None:
         llama.cpp GGUF file: the model's own architecture (qwen2, gemma3) where llama.cpp's graph can hold its head
         counts, else deci (per-layer head counts); the printout says which and why."""
         with _one_line_errors("export"):
-            if to not in EXPORT_TARGETS:
-                raise ValueError(f"--to: expected one of {', '.join(EXPORT_TARGETS)}, got {to!r}")
+            one_of("--to", to, EXPORT_TARGETS)
             if to in ("transformers", "vllm"):
                 out = check_out_dir(out, force)
             else:

@@ -56,6 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
+from headcount.arguments import one_of
 from headcount.models.formats.gguf import (GGUFError, dequantized, field, open_reader, permute, reverse_permute,
                                           token_ids, tokenizer_backend, tokenizer_info)
 from headcount.models.formats.gguf_own import (check_gemma3, gemma3_layout, gemma3_zero_heads, own_file, qwen2_misfit,
@@ -372,8 +373,7 @@ def plan_gguf_export(model, dtype: str = "f32") -> dict:
     sliding-window layers stop at their window in both runtimes (llama.cpp keeps the window plus one batch of
     cells), so they are a fixed `kv_bytes_window_*` at a full window. `grows` is True when the exported KV
     cache is larger than the model's (a warning to print). Raises what export_gguf would raise for the model."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    one_of("dtype", dtype, DTYPES)
     arch, why = choose_architecture(model)
     dh = model.config.head_dim
     heads, kv_written, kv_model = [], [], []
@@ -417,8 +417,7 @@ def export_gguf(model, path, *, dtype: str = "f32", force: bool = False, tokeniz
     tokenizer_from: a .gguf file to copy the tokenizer.* fields from (default: the model's source GGUF).
     Read back with headcount.models.load(path).
     """
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
+    one_of("dtype", dtype, DTYPES)
     path = check_gguf_path(path, force)
     arch, _ = choose_architecture(model)
     tok_fields = tokenizer_fields(model, tokenizer_source(model, tokenizer_from))

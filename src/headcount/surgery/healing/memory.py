@@ -32,6 +32,8 @@ import os
 import subprocess
 import sys
 
+from headcount.arguments import one_of
+
 BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 LOGIT_COPIES = 4  # fp32 [rows, vocab] tensors alive at once in loss._fused (3, plus a linear's output in flight)
 # measured on random configs (tests/test_surgery_heal_scale.py, docs/healing.md): the resident peak of a step's
@@ -75,10 +77,8 @@ def heal_memory(shape, *, dtype: str = "bf16", edited_layers: int | None = None,
     window = WINDOW if window is None else window
     cached_windows = DEFAULT_TOKENS // window if cached_windows is None else cached_windows
 
-    if dtype not in BYTES:
-        raise ValueError(f"dtype: expected one of {', '.join(BYTES)}, got {dtype!r}")
-    if teacher not in ("separate", "shared"):
-        raise ValueError(f"teacher: expected 'separate' or 'shared', got {teacher!r}")
+    one_of("dtype", dtype, BYTES)
+    one_of("teacher", teacher, ("separate", "shared"), expected="'separate' or 'shared'")
     b = BYTES[dtype]
     layers = shape.n_layers if edited_layers is None else edited_layers
     weights = param_counts(shape)["total"]

@@ -24,6 +24,8 @@ import itertools
 
 import torch
 
+from headcount.arguments import one_of
+
 PARAMS = ("attention", "all", "lora")
 LORA_RANK = 16
 LORA_ALPHA = 32
@@ -142,8 +144,7 @@ class Mover:
 
     def __init__(self, model, teacher, params: str, layers: list[int], *, rank: int = LORA_RANK,
                  alpha: int = LORA_ALPHA):
-        if params not in PARAMS:
-            raise ValueError(f"params: expected one of {', '.join(PARAMS)}, got {params!r}")
+        one_of("params", params, PARAMS)
         self.model, self.params, self.layers = model, params, list(layers)
         self.lora, self.rank = None, rank
         if params == "lora":
