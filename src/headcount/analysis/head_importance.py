@@ -48,13 +48,14 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
+from functools import lru_cache
 from typing import Sequence
 
 import torch
 
 from headcount.analysis import grad_memory, objectives
 from headcount.analysis.batches import sentence_batches, split_sentences, token_windows
-from headcount.analysis.refit import DEFAULT_RIDGE, GramStats, objective, removal_errors
+from headcount.analysis.refit import DEFAULT_RIDGE, GramStats, RemovalSequence
 from headcount.analysis.scores import HeadScores
 
 Tensor = torch.Tensor
@@ -373,15 +374,20 @@ def _reconstruction_stats(model, batches, hpl, group: _Group, probes: int, progr
 
 def _upper(a: Tensor) -> Tensor:
     """The upper triangle of a symmetric [n, n] matrix, row by row, as one [n (n + 1) / 2] vector."""
-    n = a.shape[0]
-    rows, cols = torch.triu_indices(n, n, device=a.device)
+    rows, cols = _triu(a.shape[0], a.device)
     return a[rows, cols]
+
+
+@lru_cache(maxsize=4)
+def _triu(n: int, device) -> tuple[Tensor, Tensor]:
+    """torch.triu_indices(n, n), made once per width (every batch packs every layer's Gram matrix)."""
+    return tuple(torch.triu_indices(n, n, device=device))
 
 
 def _symmetric(packed: Tensor) -> Tensor:
     """The [n, n] symmetric matrix whose upper triangle `packed` holds (the inverse of _upper)."""
     n = int(round(((8 * packed.numel() + 1) ** 0.5 - 1) / 2))
-    rows, cols = torch.triu_indices(n, n, device=packed.device)
+    rows, cols = _triu(n, packed.device)
     out = packed.new_empty(n, n)
     out[rows, cols] = packed
     out[cols, rows] = packed
@@ -443,9 +449,12 @@ def _reconstruction(model, batches, hpl, group: _Group, probes: int, ridge: floa
         remaining = list(range(n))
         r = DEFAULT_RIDGE if ridge is None else ridge
         all_cols = list(range(n * dh))
+        # the second-order term's refits along the greedy sequence: one inverse per layer, downdated per removal
+        seq = (RemovalSequence(stats, [list(range(h * dh, (h + 1) * dh)) for h in remaining], ridge=r,
+                               weights=weights) if estimator in ("second", "both") else None)
         previous = 0.0  # the estimate with every head kept (the ridge refit is not exactly o_proj)
-        if estimator in ("second", "both"):
-            previous += objective(stats, all_cols, ridge=r, weights=weights) / norm
+        if seq is not None:
+            previous += seq.objective() / norm
         if estimator in ("first", "both") and decoder:
             previous += _first_order_kept(stats, all_cols, xtg, gy, lam) / norm
         running = -float("inf")
@@ -453,9 +462,8 @@ def _reconstruction(model, batches, hpl, group: _Group, probes: int, ridge: floa
         while remaining:
             cols = [list(range(h * dh, (h + 1) * dh)) for h in remaining]
             value = torch.zeros(len(remaining), dtype=torch.float64)
-            if estimator in ("second", "both"):
-                value += removal_errors(stats, cols, ridge=DEFAULT_RIDGE if ridge is None else ridge,
-                                        weights=weights) / norm
+            if seq is not None:
+                value += seq.errors() / norm
             if estimator in ("first", "both") and decoder:
                 value += _first_order(stats, cols, xtg, gy, lam) / norm
             if not greedy:  # one step: each head's cost when it alone is removed
@@ -464,6 +472,8 @@ def _reconstruction(model, batches, hpl, group: _Group, probes: int, ridge: floa
                 break
             j = int(torch.argmin(value))  # ties: the lowest head index
             h = remaining.pop(j)
+            if seq is not None:
+                seq.remove(j)
             cost = float(value[j])
             running = max(running, cost - previous)  # non-decreasing along the layer's sequence
             marginal[h] = running

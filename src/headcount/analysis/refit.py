@@ -35,6 +35,9 @@ o_proj's output, Y = o_proj(X), so the unpruned layer reproduces it exactly).
         from one inverse of the kept Gram block: the increase over keeping head h is
         beta_S^T (P_SS)^{-1} beta_S (P = the inverse, beta = the full solution, S = head h's columns).
 
+    RemovalSequence(stats, kept_cols_by_head, ...): .errors() is removal_errors, .remove(j) takes head j out
+        (a downdate of the inverse, no new one): the greedy reconstruction order's loop, one inverse per layer.
+
     objective(stats, keep_cols, *, ridge, weights=None, fit_bias=True) -> float    the same quantity
         for one explicit column set (the brute-force definition removal_errors is tested against).
 
@@ -272,27 +275,95 @@ def removal_errors(stats: GramStats, kept_cols_by_head: Sequence[Sequence[int]],
                    ridge: float = DEFAULT_RIDGE, weights: Tensor | None = None,
                    fit_bias: bool = True) -> Tensor:
     """[H] float64: the refit objective after removing each listed head (see the module docstring)."""
-    heads = [sorted({int(c) for c in cols}) for cols in kept_cols_by_head]
-    if not heads:
-        raise ValueError("kept_cols_by_head: expected at least one head's columns, got none")
-    seen: set[int] = set()
-    for cols in heads:
-        if seen & set(cols):
-            raise ValueError("kept_cols_by_head: two heads share a column")
-        seen |= set(cols)
-    idx = _cols(stats, seen, fit_bias)
-    lam = _lam(stats, ridge)
-    a, c = _system(stats, idx, lam)
-    w = _weights(stats, weights)
-    pinv = torch.linalg.inv(a) if a.shape[0] else a
-    beta = pinv @ c  # [K, d_model], the refit with every listed head
-    base = stats.yty - (beta * c).sum(0)  # per output dim: yty - c^T A^-1 c
-    position = {int(col): k for k, col in enumerate(idx.tolist())}
-    out = torch.empty(len(heads), dtype=torch.float64)
-    for h, cols in enumerate(heads):
-        s = torch.tensor([position[col] for col in cols], dtype=torch.long)
-        p_ss = pinv[s][:, s]
-        b_s = beta[s]  # [|S|, d_model]
-        inc = (b_s * torch.linalg.solve(p_ss, b_s)).sum(0) if len(cols) else torch.zeros_like(base)
-        out[h] = float(((base + inc) * w).sum())
-    return out
+    return RemovalSequence(stats, kept_cols_by_head, ridge=ridge, weights=weights, fit_bias=fit_bias).errors()
+
+
+class RemovalSequence:
+    """removal_errors for a sequence of removals (a greedy order removes the cheapest head, then asks again):
+    one inverse of the kept Gram block, then per removal the inverse of what is left by a rank-|S| downdate,
+    P_RR - P_RS P_SS^-1 P_SR (the Schur complement), and the refit beta_R - P_RS P_SS^-1 beta_S, instead of a
+    new inverse per step (a layer of 9 heads: 1 inverse instead of 9).
+
+        seq = RemovalSequence(stats, kept_cols_by_head, ridge=..., weights=...)
+        seq.objective()  the objective with every listed head kept
+        seq.errors()     [H'] the objective after removing each head still listed (in listed order)
+        seq.remove(j)    remove the j-th head still listed
+    """
+
+    def __init__(self, stats: GramStats, kept_cols_by_head: Sequence[Sequence[int]], *,
+                 ridge: float = DEFAULT_RIDGE, weights: Tensor | None = None, fit_bias: bool = True):
+        heads = [sorted({int(c) for c in cols}) for cols in kept_cols_by_head]
+        if not heads:
+            raise ValueError("kept_cols_by_head: expected at least one head's columns, got none")
+        seen: set[int] = set()
+        for cols in heads:
+            if seen & set(cols):
+                raise ValueError("kept_cols_by_head: two heads share a column")
+            seen |= set(cols)
+        idx = _cols(stats, seen, fit_bias)
+        a, self._c = _system(stats, idx, _lam(stats, ridge))
+        self._yty, self._w = stats.yty, _weights(stats, weights)
+        self._p = _inverse(a)  # [K, K]: rows and columns follow self._idx
+        self._beta = self._p @ self._c  # [K, d_model], the refit with every listed head
+        self._idx = idx.tolist()
+        self._heads = heads
+
+    def _base(self) -> Tensor:
+        """Per output dim: yty - c^T A^-1 c, the refit's residual with the columns now kept."""
+        return self._yty - (self._beta * self._c).sum(0)
+
+    def objective(self) -> float:
+        return float((self._base() * self._w).sum())
+
+    def _positions(self) -> list[Tensor]:
+        position = {col: k for k, col in enumerate(self._idx)}
+        return [torch.tensor([position[col] for col in cols], dtype=torch.long) for cols in self._heads]
+
+    def errors(self) -> Tensor:
+        """[H'] float64: the objective after removing each listed head and refitting on the rest.
+
+        Head h's increase, summed over output dims with weights w, is trace(P_SS^-1 M), M = beta_S diag(w) beta_S^T:
+        an inverse of |S| x |S| per head instead of a solve with d_model right-hand sides."""
+        base = float((self._base() * self._w).sum())
+        positions = self._positions()
+        widths = {len(s) for s in positions}
+        if len(widths) == 1 and 0 not in widths:  # every head as wide: batched, no loop over heads
+            s = torch.stack(positions)  # [H', dh]
+            b_s = self._beta[s]  # [H', dh, d_model]
+            m = (b_s * self._w) @ b_s.mT  # [H', dh, dh]
+            return base + (torch.linalg.inv(self._p[s[:, :, None], s[:, None, :]]) * m).sum((1, 2))
+        out = torch.empty(len(positions), dtype=torch.float64)
+        for h, s in enumerate(positions):
+            b_s = self._beta[s]
+            out[h] = base + (float((torch.linalg.inv(self._p[s][:, s]) * ((b_s * self._w) @ b_s.T)).sum())
+                             if len(s) else 0.0)
+        return out
+
+    def remove(self, j: int) -> None:
+        """Remove the j-th head still listed: its columns leave the refit (the downdate in the class doc)."""
+        s = self._positions()[j]
+        gone = set(s.tolist())
+        if not gone:  # a head with no columns: nothing leaves the refit
+            del self._heads[j]
+            return
+        r = torch.tensor([k for k in range(len(self._idx)) if k not in gone], dtype=torch.long)
+        p_rs = self._p[r][:, s]
+        left = p_rs @ torch.linalg.inv(self._p[s][:, s])  # P_RS P_SS^-1, [K', |S|]
+        p = self._p[r][:, r] - left @ p_rs.T
+        self._p = (p + p.T) / 2  # symmetric, as the inverse of a symmetric block is
+        self._beta = self._beta[r] - left @ self._beta[s]
+        self._c = self._c[r]
+        self._idx = [self._idx[k] for k in r.tolist()]
+        del self._heads[j]
+
+
+def _inverse(a: Tensor) -> Tensor:
+    """The inverse of a symmetric positive definite block (Cholesky), or of any invertible one (LU)."""
+    if a.shape[0] == 0:
+        return a
+    chol, info = torch.linalg.cholesky_ex(a)
+    if int(info) != 0:
+        return torch.linalg.inv(a)
+    # cholesky_solve against I, not cholesky_inverse: the latter took 1.3 s for a 577 x 577 block here (torch 2.13
+    # CPU), this 27 ms and LU's inv 79 ms
+    return torch.cholesky_solve(torch.eye(a.shape[0], dtype=a.dtype, device=a.device), chol)

@@ -189,9 +189,10 @@ def prune_sequential(model, plan: dict[int, list[int]], batches: list[tuple[Tens
             layer = model.layers[l]
             if l not in plan:
                 for s in streams:
+                    shared = s[1] is s[0]  # no layer pruned yet: the two streams are one
                     s[0] = require_finite(layer(s[0], **s[2])[0], f"layer {l}'s output")
                     if need_orig:
-                        s[1] = layer(s[1], **s[2])[0]
+                        s[1] = s[0] if shared else layer(s[1], **s[2])[0]
                 bar.update(1)
                 continue
             attn = layer.attn
@@ -205,37 +206,47 @@ def prune_sequential(model, plan: dict[int, list[int]], batches: list[tuple[Tens
             b_full = (attn.o_proj.bias.detach().double() if attn.o_proj.bias is not None
                       else torch.zeros(w_full.shape[0], dtype=torch.float64, device=device))
             cap: dict = {}
-            h_pre = attn.o_proj.register_forward_pre_hook(lambda m, a: cap.__setitem__("z", a[0].detach()))
+
+            def pre(module, args):
+                cap["z"] = args[0].detach()
+                if cap.get("stop") == "z":
+                    raise _Stop  # only o_proj's input was wanted: skip o_proj and the rest of the layer
 
             def post(module, args, output):
                 cap["y"] = output.detach()
-                if cap.get("stop"):
+                if cap.get("stop") == "y":
                     raise _Stop  # only the attention output was wanted: skip the rest of the layer
 
+            h_pre = attn.o_proj.register_forward_pre_hook(pre)
             h_post = attn.o_proj.register_forward_hook(post)
             stats, zsum, n_tok = None, None, 0
             try:
                 for s in streams:
                     x_p, x_o, kwargs, sel = s
-                    cap["stop"] = True
-                    try:
-                        layer(x_p, **kwargs)
-                    except _Stop:
-                        pass
-                    cap["stop"] = False
-                    z = _flat(cap["z"], sel).double()
-                    t = _flat(cap["y"], sel).double()  # local target
+                    shared = need_orig and x_o is x_p  # the first pruned layer: one pass serves both streams
+                    if not shared:  # the unpruned layer on the pruned stream, up to what is wanted
+                        cap["stop"] = "z" if need_orig else "y"
+                        try:
+                            layer(x_p, **kwargs)
+                        except _Stop:
+                            pass
+                        cap["stop"] = None
+                        z = cap["z"]
                     if need_orig:
                         x_o_next = layer(x_o, **kwargs)[0]
+                        z = cap["z"] if shared else z
                         t = _flat(cap["y"], sel).double()
                         if target == "residual":
                             t = t + _flat(x_o, sel).double() - _flat(x_p, sel).double()
                         s[1] = x_o_next
-                    zk = z.index_select(1, keep_cols)
+                    else:
+                        t = _flat(cap["y"], sel).double()  # local target
+                    z = _flat(z, sel)
+                    zk = z.index_select(1, keep_cols).double()  # columns first: only what is summed is widened
                     x1 = torch.cat([zk, torch.ones(zk.shape[0], 1, dtype=zk.dtype, device=device)], dim=1)
                     part = GramStats(x1.T @ x1, x1.T @ t, (t * t).sum(0), int(zk.shape[0]))
                     stats = part if stats is None else stats + part
-                    zr = z.index_select(1, drop_cols).sum(0)
+                    zr = z.index_select(1, drop_cols).double().sum(0)
                     zsum = zr if zsum is None else zsum + zr
                     n_tok += z.shape[0]
             finally:

@@ -300,4 +300,4 @@ def _protected_layers(model, calibration) -> list[int]:
         ids = calibration[0][0]
     else:
         ids = calibration_batches(model, calibration)[0][0]
-    return residual_outliers(model, ids).protected
+    return residual_outliers(model, ids, stop_when_formed=True).protected  # the layers past it are not needed
