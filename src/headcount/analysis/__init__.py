@@ -1,4 +1,4 @@
-"""READ-ONLY questions about a model (issues 7, 8): which heads matter, what each does.
+"""READ-ONLY questions about a model: which heads matter, what each does.
 
     importance(model, texts=None, method=...) -> HeadScores     head_importance.py, scores.py
     capture(model, batch)                                        capturing.py

@@ -1,4 +1,4 @@
-"""Head importance: `importance(model, texts=None, method="gradient") -> HeadScores` (issue 7).
+"""Head importance: `importance(model, texts=None, method="gradient") -> HeadScores`.
 
 Methods (higher score = more important; every score is a mean over calibration tokens / sentences):
 
@@ -33,7 +33,7 @@ Methods (higher score = more important; every score is a mean over calibration t
                   express, and its cost is a curvature effect (for an encoder the first-order term is
                   exactly zero); the first-order term g.r is signed and noisy per head. A check of the
                   estimators against the true loss after prune-and-refit on a separate calibration
-                  subset was started but not finished in the time available (see the issue's report);
+                  subset was started but not finished in the time available;
                   `estimator=` keeps the alternatives available for that comparison.
 
 Data-parallel (group=): with a torch.distributed process group (or "auto" = the default group when

@@ -1,4 +1,4 @@
-"""`headcount importance` and `headcount bench importance` (issue 7). Registered through headcount.analysis.cli.
+"""`headcount importance` and `headcount bench importance`. Registered through headcount.analysis.cli.
 
     headcount importance --model smollm2 --method gradient [--text FILE] [--json] [--png FILE]
                          [--windows N] [--window T] [--normalize]
@@ -110,7 +110,7 @@ def register(app, bench_app) -> None:
             from headcount.models.options import load_model
 
             group, main = None, True
-            if "WORLD_SIZE" in os.environ:  # under torchrun: each rank scores a shard of the text (issue 10)
+            if "WORLD_SIZE" in os.environ:  # under torchrun: each rank scores a shard of the text
                 from headcount import distributed as runtime
                 group = runtime.init()
                 main = runtime.is_main(group)

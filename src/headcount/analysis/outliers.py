@@ -10,7 +10,7 @@ large language models"): read-only, one forward with a hook on each public `mode
 
 Why pruning asks: an error in the layers that create the outliers is not a small error downstream. On
 qwen2.5-coder-0.5b the reconstruction order ranked 8 of layer 0's 14 heads cheapest and the local refit left a
-relative error of 0.004 there, yet held-out prose lost 79% (issue 26). Measured on 2 x 512 calibration tokens
+relative error of 0.004 there, yet held-out prose lost 79%. Measured on 2 x 512 calibration tokens
 (max / median of |h|): qwen2.5-coder-0.5b layer 1 -> 2: 6 / 0.13 -> 995 / 0.16 (x6,000); smollm2 layer 1 -> 2:
 136 / 0.78 -> 767 / 0.91 (x840); gemma3-270m layer 0: 2,984 / 0.56 (x5,300). The threshold (500) sits between
 a layer before them (smollm2's layer 1: x175) and the layers where they appear.

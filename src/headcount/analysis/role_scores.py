@@ -16,7 +16,7 @@
                      decoder; every position for an encoder)
 
 Pattern scores (patterns.py) count the query rows where the pattern has a target. The thresholds for
-previous-token (0.5) and induction (0.4) are the issue's; duplicate-token follows previous-token.
+previous-token (0.5) and induction (0.4) are the thresholds the roles are named by; duplicate-token follows previous-token.
 Syntactic details (directions, the causal restriction, first-subword alignment): syntax.py.
 
 Inputs (texts=None = the calibration part of the default corpus):
@@ -26,7 +26,7 @@ Inputs (texts=None = the calibration part of the default corpus):
   tokens, each repeated twice; only the second copy's rows have a target;
 - sentences (headcount.analysis.batches.split_sentences), one per row, for syntactic and rare_word.
 
-Data parallelism (group=, issue 15): every rank builds the same inputs, then takes a share: the window batches
+Data parallelism (group=): every rank builds the same inputs, then takes a share: the window batches
 r::world (as one process runs them; with fewer batches than ranks, the windows r::world), the induction
 sequences (one batch) on the last rank, and the sentence batches r::world (the batches of sentences of
 similar length that one process would run, unchanged); every role's sums and counts are all-reduced once in

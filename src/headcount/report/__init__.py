@@ -1,4 +1,4 @@
-"""The head report (issue 8): one offline HTML page + report.json from analysis and surgery results.
+"""The head report: one offline HTML page + report.json from analysis and surgery results.
 
     build_report(model, texts=None, out=None, ...)   build.py
 """

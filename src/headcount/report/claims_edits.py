@@ -42,7 +42,7 @@ def c11_pruning(pruning: Pruning | dict | None, command: Edit | dict | None = No
         "A large share of heads can be pruned at inference without a marked drop: 20% (translation) to 40% "
         "(BERT) in Michel et al. 2019; 38 of 48 encoder heads in Voita et al. 2019.")
     pruning, command = _read(Pruning, pruning), _read(Edit, command)
-    if command is not None:  # what the command gives (issue 26): it decides
+    if command is not None:  # what the command gives decides: the report says what users get
         found = _c11_command(title, text, command, model)
         if found is not None:
             return found
@@ -84,7 +84,7 @@ def c15_gqa(accounts: Accounts | dict | None, merge: Edit | dict | None, merge_m
     finding = "KV cache per token in " + accounts.dtype + ": " + ", ".join(bits)
     number = None
     q = None if merge is None else quality(merge.ppl_before, merge.ppl_after)
-    if q is not None and merge.source != "text":  # what `headcount merge-kv --kv-heads 1` gives (issue 26)
+    if q is not None and merge.source != "text":  # what `headcount merge-kv --kv-heads 1` gives
         _, words, number = q
         finding += (f". `{merge.command}` ({merge_how(merge)}) takes the K/V heads from {merge.heads_before} "
                     f"to {merge.heads_after} over all layers and gives {words}{sizes_words(merge)}: the memory "

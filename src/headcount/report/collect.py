@@ -59,7 +59,7 @@ class Sizes:
     gate_windows: int = 4  # its calibration windows, of gate_window tokens, batches of 2
     gate_window: int = 64
     gate_lr: float = 1.0  # Adam's on log_alpha: large, so that a dozen steps reach the target (measured on smollm2)
-    domain_windows: int = 2  # held-out windows of the two other domains (code, stdlib source: issue 16) ...
+    domain_windows: int = 2  # held-out windows of the two other domains (code, stdlib source) ...
     domain_window: int = 128  # ... of this many tokens: small, the prose measure above stays the headline
 
 

@@ -1,4 +1,4 @@
-"""What the surgery commands give on the report's model (issue 26: the report says what the commands do): the
+"""What the surgery commands give on the report's model (the report says what the commands do): the
 commands' own saved --json results, or their defaults run here, never the report's own smaller settings.
 
     COMMANDS                                       prune (C11), merge (C15), heal: the command each section quotes

@@ -92,7 +92,7 @@ def example_report(n_layers: int = 4, n_heads: int = 4, *, missing: tuple[str, .
                           "heads_removed": round(0.2 * n_layers * n_heads), "heads_before": n_layers * n_heads,
                           "via": "prune_to", "ppl": 10.3}
     pruning["points"].append(dict(pruning["default"]))
-    sizes = {"prose": [4, 256], "code": [2, 128], "source": [2, 128]}  # the three held-out domains (issue 16)
+    sizes = {"prose": [4, 256], "code": [2, 128], "source": [2, 128]}  # the three held-out domains
     base = {"prose": 10.0, "code": 20.0, "source": 6.0}
     pruning |= {"ppl_by_domain_before": base, "ppl_by_domain_after": {"prose": 10.3, "code": 21.0, "source": 6.6},
                 "domain_sizes": sizes}

@@ -333,7 +333,7 @@ def _surgery(r: dict) -> str:
 
 
 def _healing(r: dict) -> str:
-    """The healed edit: held-out perplexity per domain before the edit, after it and after healing (issue 26)."""
+    """The healed edit: held-out perplexity per domain before the edit, after it and after healing."""
     h = r.get("healing")
     if not h:
         reason = (r.get("unavailable") or {}).get("healing", "not measured for this report")
@@ -383,7 +383,7 @@ DOMAINS_LEDE = (" Under the curve and the merge, held-out perplexity on three do
 
 
 def _domains(section: dict, after: str) -> str:
-    """The three held-out domains before / after an edit (issue 16): one row per domain, or why not measured."""
+    """The three held-out domains before / after an edit: one row per domain, or why not measured."""
     rows = domain_table(section)
     if not rows:
         note = section.get("domains_note")

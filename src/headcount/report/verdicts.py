@@ -83,7 +83,7 @@ def sizes_words(section: Domains) -> str:
 
 
 def domain_table(section: Domains | dict | None) -> list[tuple[str, float, float]]:
-    """[(domain, before, after)] of a pruning / merge section's three held-out domains (issue 16), through
+    """[(domain, before, after)] of a pruning / merge section's three held-out domains, through
     surgery's own domain_rows (the table `headcount prune` / `merge-kv` print); [] when not measured."""
     from headcount.surgery.cli_common import domain_rows
 

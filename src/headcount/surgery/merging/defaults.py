@@ -1,8 +1,8 @@
-"""merge_kv's defaults, which are `headcount merge-kv`'s (issue 26: one truth; merge_kv(model, 1) is
+"""merge_kv's defaults, which are `headcount merge-kv`'s (one truth; merge_kv(model, 1) is
 `headcount merge-kv --kv-heads 1`). No torch import: the command reads them for its --help.
 
 Chosen on validation windows of the calibration text by benchmarks/merge_defaults.py (docs/merging.md has its
-table; issue 15: <= 3 minutes for every layer of smollm2 to MQA on 2 cores): the per-layer merge with LOCAL_STEPS
+table; the aim: <= 3 minutes for every layer of smollm2 to MQA on 2 cores): the per-layer merge with LOCAL_STEPS
 of block-wise reconstruction per layer, then a short distillation from the unmerged model on the same calibration
 windows (UPTRAIN_STEPS), which corrects what the layers' errors do together.
 """

@@ -1,4 +1,4 @@
-"""K/V-head merging on a whole model: MHA -> GQA -> MQA, in place (issue 7).
+"""K/V-head merging on a whole model: MHA -> GQA -> MQA, in place.
 
     merge_kv(model, n_kv_heads, *, layers=None, method="aware", calibration=None, ...) -> MergeResult
     merge_plan(model, budget, *, calibration=None, ...) -> MergePlan      (merge_planner.py)
@@ -35,7 +35,7 @@ tokens, half prose, half code-like text; encoders: the default corpus's calibrat
 reads held-out text. The defaults are the command's: merge_kv(model, 1) is `headcount merge-kv --kv-heads 1`
 (the local reconstruction and the short uptrain included; see merge_kv).
 
-Data parallelism (group=, issue 15): the calibration batches are split over the ranks, batches r::world
+Data parallelism (group=): the calibration batches are split over the ranks, batches r::world
 (with fewer batches than ranks, the rows: global window / sentence w on rank w % world;
 merging.stream.shard_batches); every statistic a solve reads (the key and
 value moments, the o_proj Gram matrices, the errors) is summed over the ranks in float64 first, and the

@@ -1,4 +1,4 @@
-"""merge_plan: which layers to merge, and to how many KV heads, for a KV-cache budget (issue 7).
+"""merge_plan: which layers to merge, and to how many KV heads, for a KV-cache budget.
 
     plan = merge_plan(model, 0.67)           # keep at most 67% of the current KV bytes per token
     plan = merge_plan(model, 12_000)         # or at most 12,000 bytes per token (an int)

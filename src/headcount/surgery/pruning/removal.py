@@ -33,7 +33,7 @@ Tensor = torch.Tensor
 
 DEFAULT_MAX_SHARE = None  # prune_to's per-layer cap (docs/pruning.md, "Holding on GQA models")
 DEFAULT_PROTECT = "auto"  # prune_to's protected layers: where the massive activations form (docs/pruning.md)
-CALIBRATION_WINDOWS = 8  # the curve in docs/pruning.md was measured with 8; 16 doubles the cost (issue 15)
+CALIBRATION_WINDOWS = 8  # the curve in docs/pruning.md was measured with 8; 16 doubles the cost
 WINDOW = 512
 CALIBRATION_SENTENCES = 256
 DEFAULT_CALIBRATION = None  # decoders: "mixed"; encoders: the default corpus's calibration sentences
@@ -249,8 +249,8 @@ def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "que
     layer, and in query mode the same number from every GQA group. Other keywords go to prune().
     protect: layers that lose no head. "auto" (decoders, when something calibrates): the layers up to the one
         where the residual stream's massive activations form (headcount.analysis.outliers, first batch);
-        an order measures each layer's error alone, and an error there is not small downstream (issue 26:
-        qwen2.5-coder-0.5b lost 79% at 10% removed, 8 of layer 0's 14 heads among them). () = none.
+        an order measures each layer's error alone, and an error there is not small downstream
+        (qwen2.5-coder-0.5b lost 79% at 10% removed, 8 of layer 0's 14 heads among them). () = none.
     max_share: at most floor(max_share x a layer's heads) from one layer (None: no cap). Both limits are
     lifted, cap first, only when they leave fewer heads than `fraction` asks; neither applies to uniform.
     """
