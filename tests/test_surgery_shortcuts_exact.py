@@ -10,17 +10,13 @@ import pytest
 import torch
 
 from headcount.analysis.outliers import residual_outliers
-from headcount.analysis.refit import GramStats, RemovalSequence, objective
+from headcount.analysis.refit import RemovalSequence, objective
 from headcount.attention import MultiHeadAttention
 from headcount.models import Decoder, DecoderConfig
 from headcount.surgery.merging.refine import expanded_kv
+from test_analysis_refit import _stats  # the Gram statistics of (x, y), bias column included
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-def _stats(x: torch.Tensor, y: torch.Tensor) -> GramStats:
-    x1 = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], 1)
-    return GramStats(x1.T @ x1, x1.T @ y, (y * y).sum(0), x.shape[0])
-
 
 def _data(n=200, d=12, m=5, seed=0):
     g = torch.Generator().manual_seed(seed)
