@@ -15,6 +15,9 @@ from headcount.engines.rows import EngineUnavailable
 
 KV_DTYPE = "fp16"  # llama.cpp's default cache type, the one served here
 WEIGHT_DTYPE = "fp32"  # the f32 GGUF: the same weights as headcount's fp32 model
+# uneven GQA groups (a query-mode prune) padded with zero query heads where that writes the smaller KV cache,
+# so the served file keeps the model's KV cache instead of growing it with K/V copies
+GROUPS = "auto"
 
 
 def tools_dir() -> Path:
@@ -36,15 +39,40 @@ def check() -> Path:
 
 
 def export(model, path: Path) -> dict:
-    """The f32 GGUF of `model` at `path` (reused when it is there: the name carries the weights' hash), and the
-    export's plan: the architecture llama.cpp gets and the heads it holds (zero heads included)."""
+    """The f32 GGUF of `model` at `path`, groups=GROUPS (reused when it is there: the caller's name carries the
+    weights' hash and the layout), and the export's plan: the architecture llama.cpp gets and the heads it holds
+    (zero heads included)."""
     from headcount.models.formats.gguf_deci import export_gguf, plan_gguf_export
 
-    plan = plan_gguf_export(model, "f32")
+    plan = plan_gguf_export(model, "f32", groups=GROUPS)
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        export_gguf(model, path, dtype="f32")
+        export_gguf(model, path, dtype="f32", groups=GROUPS)
     return plan
+
+
+def notes(plan: dict) -> list[str]:
+    """A row's notes on what the GGUF holds: why this architecture, and which group layout was written."""
+    out = [plan["reason"]]
+    if plan["architecture"] == "gemma3" and plan.get("zero_query_heads"):
+        out.append(f"saves nothing: {plan['zero_query_heads']} pruned query heads are written as zero heads "
+                   "(llama.cpp's graph has one head count for every layer) and computed; `headcount prune --uniform` "
+                   "gives a GGUF that saves")
+        return out
+    layouts = plan["layouts"]
+    padded, copied = layouts.count("pad"), layouts.count("copy")
+    if padded:
+        out.append(f"groups {plan['groups']}: {padded} layer(s) with uneven GQA groups padded with "
+                   f"{plan['zero_query_heads']} zero query heads (computed), each KV head written once: "
+                   "the model's KV cache")
+    if copied:
+        out.append(f"groups {plan['groups']}: {copied} layer(s) with uneven GQA groups written with "
+                   f"{plan['kv_heads_copied']} K/V heads copied")
+    if not padded and not copied:
+        out.append("groups: every layer's GQA groups are equal, written as they are")
+    if plan.get("grows"):
+        out.append("llama.cpp's cache is LARGER than the model's")
+    return out
 
 
 def serve(gguf: Path, prompt: list[int], *, batch: int, new_tokens: int, threads: int, timeout: float = 3600) -> dict:

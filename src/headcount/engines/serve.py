@@ -164,17 +164,10 @@ def run_serve(model_name: str, edited: list[str], engines: list[str], contexts: 
             elif engine == "llamacpp":
                 llamacpp_engine.check()
                 for v in variants:
-                    gguf = workdir / f"{_slug(v.source)}-{v.digest}.gguf"
+                    gguf = workdir / f"{_slug(v.source)}-{v.digest}-{llamacpp_engine.GROUPS}.gguf"
                     bar.set_description(f"llamacpp: exporting {v.label}")
                     plan = llamacpp_engine.export(models[v.edited], gguf)
-                    notes = [plan["reason"]]
-                    if plan.get("zero_query_heads"):
-                        notes.append(f"saves nothing: {plan['zero_query_heads']} pruned query heads are written as zero "
-                                     "heads (llama.cpp's graph has one head count for every layer) and computed; "
-                                     "`headcount prune --uniform` gives a GGUF that saves")
-                    if plan.get("grows"):
-                        notes.append(f"{plan['kv_heads_copied']} K/V heads written as copies (uneven groups): "
-                                     "llama.cpp's cache is LARGER than the model's")
+                    notes = llamacpp_engine.notes(plan)
                     for context in contexts:
                         for batch in batches:
                             bar.set_description(f"llamacpp {v.label} {context}x{batch}")

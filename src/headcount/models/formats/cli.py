@@ -31,12 +31,22 @@ def register(app) -> None:
                                "per-layer K/V head counts and its configuration code)"),
         out: Optional[Path] = typer.Option(None, "--out", help="directory (transformers) or FILE.gguf to write"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
+        groups: Optional[str] = typer.Option(None, "--groups", help="gguf: how a layer with unequal GQA groups (a "
+                                             "query-mode prune) is written, both exact: copy (default: K/V heads "
+                                             "copied, the KV cache grows), pad (zero query heads added, the KV cache "
+                                             "stays the model's) or auto (per layer, the smaller KV cache)"),
     ) -> None:
         """Write a checkpoint that transformers loads with no headcount code (LlamaForCausalLM / BertModel), or a
         llama.cpp GGUF file: the model's own architecture (qwen2, gemma3) where llama.cpp's graph can hold its head
         counts, else deci (per-layer head counts); the printout says which and why."""
         with _one_line_errors("export"):
             one_of("--to", to, EXPORT_TARGETS)
+            if groups is not None:
+                from headcount.models.formats.gguf_write import GROUPS
+
+                one_of("--groups", groups, GROUPS)
+                if not to.startswith("gguf"):
+                    raise ValueError(f"--groups: applies to --to gguf / gguf-f16 only, got --to {to}")
             if to in ("transformers", "vllm"):
                 out = check_out_dir(out, force)
             else:
@@ -57,8 +67,8 @@ def register(app) -> None:
             else:
                 from headcount.models.formats.gguf_deci import export_gguf, plan_gguf_export
 
-                summary = plan_gguf_export(lm, "f16" if to == "gguf-f16" else "f32")
-                export_gguf(lm, out, dtype=summary["dtype"], force=force)
+                summary = plan_gguf_export(lm, "f16" if to == "gguf-f16" else "f32", groups=groups or "copy")
+                export_gguf(lm, out, dtype=summary["dtype"], force=force, groups=summary["groups"])
         _print_summary(to, out, summary)
 
 
@@ -123,11 +133,18 @@ def _print_summary(to: str, out: Path, summary: dict) -> None:
                    f"{summary['sliding_layers']} sliding-window layers once {window:,} tokens fill their window "
                    f"(this model's own: {summary['kv_bytes_window_model'] / 2**20:,.2f} MiB; llama.cpp allocates "
                    "the window plus one batch of cells)")
-    if summary.get("zero_query_heads"):
+    if summary["architecture"] == "gemma3" and summary.get("zero_query_heads"):
         typer.echo(f"note: {summary['zero_query_heads']} query heads are written as exact zeros so that every layer has "
                    f"{max(summary['query_heads_written'])}: llama.cpp runs them, so the GGUF saves no compute for the "
                    "heads pruned (its logits are this model's); `headcount prune --uniform` gives one that does")
+    elif summary["architecture"] != "gemma3" and "pad" in summary["layouts"]:
+        cache = "equal to" if after == before else ("smaller than" if after < before else "larger than")
+        padded = sum(kind == "pad" for kind in summary["layouts"])
+        typer.echo(f"groups {summary['groups']}: {summary['zero_query_heads']} zero query heads written to even out "
+                   f"the GQA groups of {padded} layer(s) (exact: their o_proj columns are zero), KV cache {cache} "
+                   "the model's")
     if summary["grows"]:
         typer.echo(f"warning: llama.cpp needs contiguous equal GQA groups, so {summary['kv_heads_copied']} KV heads are "
-                   "written as copies: the exported KV cache is LARGER than the model's. Prune with --mode group or "
-                   "--uniform (equal groups) to keep the export compact.", err=True)
+                   "written as copies: the exported KV cache is LARGER than the model's. `--groups pad` (or auto) keeps "
+                   "the model's KV cache, padding the groups with zero query heads instead; or prune with --mode group "
+                   "or --uniform (equal groups).", err=True)

@@ -34,15 +34,23 @@ The file:
   what the loader undoes). dtype "f32": every tensor F32. "f16": 2-D weights F16, norms and biases F32 (what
   llama.cpp's converter does); general.file_type says which.
 
-Groups (gguf_write.group_layout). llama.cpp needs each layer's groups contiguous and equal. A layer pruned
-unevenly (group sizes 3, 2, 3) or merged into non-contiguous groups (kv_head_of 0 0 0 1 1 1 0 0 0) is still
-written EXACTLY: its query heads are reordered group by group, and KV head k, read by s_k query heads, is
-written s_k / g times (identical copies), g = gcd of the group sizes. That is the smallest exact expansion
-with K/V copies. Cost: the layer's KV cache in llama.cpp grows from n_kv to n_heads / g heads (sizes 3, 2, 3:
-3 -> 8, 8/3 x; sizes 6, 3: 2 -> 3, 1.5 x); weights grow by the copied K/V rows. Uniform layers are unchanged.
-(Padding the small groups with zero query heads would keep the KV cache and cost query compute
-instead; not done: the brief asks for K/V duplication, and a reader would then see dummy heads.)
-headcount.models.load reads the file back with the file's counts (the copies stay separate KV heads).
+Groups (gguf_write.layer_layout, export_gguf's `groups=`). llama.cpp needs each layer's groups contiguous and
+equal. A layer pruned unevenly (group sizes 3, 2, 3) or merged into non-contiguous groups (kv_head_of
+0 0 0 1 1 1 0 0 0) is still written EXACTLY, in one of two layouts, its query heads reordered group by group:
+  - groups="copy" (the default; group_layout): KV head k, read by s_k query heads, is written s_k / g times
+    (identical copies), g = gcd of the group sizes: the smallest exact expansion with K/V copies. The layer's
+    KV cache in llama.cpp grows from n_kv to n_heads / g heads (sizes 3, 2, 3: 3 -> 8, 8/3 x; sizes 6, 3:
+    2 -> 3, 1.5 x); weights grow by the copied K/V rows.
+  - groups="pad" (padded_group_layout): every group is filled up to the layer's largest with zero query heads
+    (zero Q rows and q bias, zero o_proj columns: the head's context meets zero columns and adds exactly
+    nothing), each KV head written once. The KV cache is the model's; llama.cpp runs the zero heads (sizes
+    3, 2, 3: 9 query heads for 8, KV 3; sizes 6, 5: 12 for 11, KV 2); weights grow by their Q rows and O columns.
+  - groups="auto": per layer, the smaller KV cache (on a tie the fewer parameters). Padding writes K KV heads
+    against copying's n_heads / g >= K, equal only for equal groups, so auto pads every uneven layer.
+Uniform layers are unchanged in every mode. A qwen2 whose layers are padded no longer fills d_model with query
+heads, so it is written as deci. Gemma 3 has its own padding (gguf_own.gemma3_layout) and ignores `groups`.
+headcount.models.load reads the file back with the file's counts (copies stay separate KV heads, zero query heads
+stay heads with zero weights).
 A layer with no query heads cannot arise (MultiHeadAttention and prune_heads refuse it); export refuses
 one anyway rather than write llama.cpp's attention-free block, whose semantics differ when o_proj has a bias.
 
@@ -61,12 +69,14 @@ from headcount.models.formats.gguf import (GGUFError, dequantized, field, open_r
                                           token_ids, tokenizer_backend, tokenizer_info)
 from headcount.models.formats.gguf_own import (check_gemma3, gemma3_layout, gemma3_zero_heads, own_file, qwen2_misfit,
                                                window_layers)
-from headcount.models.formats.gguf_write import (DTYPES, check_gguf_path, display_name, finish, group_layout,
-                                                 mlp_tensors, numpy32, output_tensors, rows, source_gguf, tokenizer_fields, tokenizer_source,
-                                                 write_gguf)
+from headcount.models.formats.gguf_write import (DTYPES, GROUPS, check_gguf_path, display_name, finish, group_layout,
+                                                 heads_of, layer_layout, mlp_tensors, numpy32, output_tensors,
+                                                 padded_group_layout, source_gguf, tokenizer_fields,
+                                                 tokenizer_source, write_gguf)
 
-__all__ = ["ARCH", "DTYPES", "check_gguf_path", "choose_architecture", "display_name", "export_gguf", "group_layout",
-           "load_deci", "plan_gguf_export", "read_deci", "source_gguf"]
+__all__ = ["ARCH", "DTYPES", "GROUPS", "check_gguf_path", "choose_architecture", "display_name", "export_gguf",
+           "group_layout", "layer_layout", "load_deci", "padded_group_layout", "plan_gguf_export", "read_deci",
+           "source_gguf"]
 
 ARCH = "deci"
 
@@ -292,9 +302,12 @@ def _check_deci(model) -> None:
                              f"1/sqrt(head_dim) = {1 / math.sqrt(attn.head_dim)}")
 
 
-def choose_architecture(model) -> tuple[str, str]:
+def choose_architecture(model, groups: str = "copy") -> tuple[str, str]:
     """(llama.cpp architecture export_gguf writes for `model`, why), or a one-line ValueError naming what no
-    llama.cpp architecture can run (and the alternatives)."""
+    llama.cpp architecture can run (and the alternatives). groups: how uneven layers are written (layer_layout);
+    a qwen2 whose layers get zero query heads no longer fills d_model, so it is written as deci. Gemma 3 is
+    padded its own way (gemma3_layout) whatever `groups` says."""
+    one_of("groups", groups, GROUPS)
     _check_common(model)
     family = model.config.family
     if family == "gemma3":
@@ -310,6 +323,10 @@ def choose_architecture(model) -> tuple[str, str]:
     _check_deci(model)
     if family == "qwen2":
         why = qwen2_misfit(model)
+        padded = [i for i, layer in enumerate(model.layers) if layer_layout(layer.attn.kv_head_of, groups)[0] == "pad"]
+        if why is None and padded:
+            why = (f"groups={groups!r} pads layer {padded[0]}'s uneven groups with zero query heads, and llama.cpp's "
+                   "qwen2 builds attn_q / attn_output as d_model x d_model")
         if why is None:
             return "qwen2", "Qwen2's own architecture: every layer keeps its query heads and one KV count"
         return "deci", (f"llama.cpp's qwen2 cannot hold it ({why}); deci is the Llama graph with per-layer head "
@@ -318,8 +335,9 @@ def choose_architecture(model) -> tuple[str, str]:
 
 
 # ------------------------------------------------------------------------------------------ writing
-def _written_tensors(model, dtype: str) -> tuple[dict[str, np.ndarray], list[int], list[int]]:
-    """GGUF name -> array (numpy order [out, in]; the writer reverses it to ggml's ne), per-layer counts."""
+def _written_tensors(model, dtype: str, groups: str = "copy") -> tuple[dict[str, np.ndarray], list[int], list[int]]:
+    """GGUF name -> array (numpy order [out, in]; the writer reverses it to ggml's ne), per-layer counts as
+    written (layer_layout: K/V copies, or zero query heads: zero Q rows, q bias and o_proj columns)."""
     cfg = model.config
     dh, ff = cfg.head_dim, cfg.d_ff
     out: dict[str, np.ndarray] = {"token_embd.weight": numpy32(model.embed.weight)}
@@ -327,33 +345,32 @@ def _written_tensors(model, dtype: str) -> tuple[dict[str, np.ndarray], list[int
     for i, layer in enumerate(model.layers):
         attn, b = layer.attn, f"blk.{i}."
         nh, nkv = attn.n_heads, attn.n_kv_heads
-        order, slots = group_layout(attn.kv_head_of)
-        w = attn.qkv_proj.weight
-        q_rows = rows(order, dh)
-        k_rows, v_rows = rows(slots, dh, nh * dh), rows(slots, dh, (nh + nkv) * dh)
-        n_slots = len(slots)
+        _, order, slots = layer_layout(attn.kv_head_of, groups)
+        n_q, n_slots = len(order), len(slots)
+        w = numpy32(attn.qkv_proj.weight)  # rows [Q heads | K heads | V heads]
+        q, k, v = w[:nh * dh], w[nh * dh:(nh + nkv) * dh], w[(nh + nkv) * dh:]
         out[b + "attn_norm.weight"] = numpy32(layer.attn_norm.weight)
-        out[b + "attn_q.weight"] = permute(numpy32(w[q_rows]), nh)
-        out[b + "attn_k.weight"] = permute(numpy32(w[k_rows]), n_slots)
-        out[b + "attn_v.weight"] = numpy32(w[v_rows])
-        out[b + "attn_output.weight"] = numpy32(attn.o_proj.weight[:, q_rows])
-        bias = attn.qkv_proj.bias
-        if bias is not None:  # llama.cpp's deci: optional, [n_head(il) * key_length] and [n_head_kv(il) * ...]
-            out[b + "attn_q.bias"] = permute(numpy32(bias[q_rows]), nh)
-            out[b + "attn_k.bias"] = permute(numpy32(bias[k_rows]), n_slots)
-            out[b + "attn_v.bias"] = numpy32(bias[v_rows])
+        out[b + "attn_q.weight"] = permute(heads_of(q, order, dh), n_q)
+        out[b + "attn_k.weight"] = permute(heads_of(k, slots, dh), n_slots)
+        out[b + "attn_v.weight"] = heads_of(v, slots, dh)
+        out[b + "attn_output.weight"] = heads_of(numpy32(attn.o_proj.weight), order, dh, axis=1)
+        if attn.qkv_proj.bias is not None:  # llama.cpp's deci: optional, sized by the layer's own counts
+            bias = numpy32(attn.qkv_proj.bias)
+            out[b + "attn_q.bias"] = permute(heads_of(bias[:nh * dh], order, dh), n_q)
+            out[b + "attn_k.bias"] = permute(heads_of(bias[nh * dh:(nh + nkv) * dh], slots, dh), n_slots)
+            out[b + "attn_v.bias"] = heads_of(bias[(nh + nkv) * dh:], slots, dh)
         if attn.o_proj.bias is not None:
             out[b + "attn_output.bias"] = numpy32(attn.o_proj.bias)
         mlp_tensors(out, b, layer, ff)
-        heads.append(nh)
+        heads.append(n_q)
         kv_heads.append(n_slots)
     output_tensors(out, model)
     return finish(out, dtype), heads, kv_heads
 
 
-def _deci_file(model, dtype: str) -> tuple[list[tuple], dict[str, np.ndarray]]:
+def _deci_file(model, dtype: str, groups: str = "copy") -> tuple[list[tuple], dict[str, np.ndarray]]:
     cfg = model.config
-    tensors, heads, kv_heads = _written_tensors(model, dtype)
+    tensors, heads, kv_heads = _written_tensors(model, dtype, groups)
     p = f"{ARCH}."
     meta = [(p + "vocab_size", cfg.vocab_size), (p + "context_length", cfg.max_position),
             (p + "embedding_length", cfg.d_model), (p + "block_count", cfg.n_layers),
@@ -365,26 +382,35 @@ def _deci_file(model, dtype: str) -> tuple[list[tuple], dict[str, np.ndarray]]:
     return meta, tensors
 
 
-def plan_gguf_export(model, dtype: str = "f32") -> dict:
+def _layouts(model, arch: str, groups: str) -> list[tuple[str, int, int]]:
+    """Per layer (layout written, query heads written, KV heads written) in the file export_gguf writes."""
+    if arch == "gemma3":
+        return [("pad" if any(k is None or None in qs for k, qs in slots) else "uniform",
+                 sum(len(qs) for _, qs in slots), len(slots)) for slots in gemma3_layout(model)]
+    out = []
+    for layer in model.layers:  # llama.cpp's own qwen2 is written with copies (it was chosen because it fits)
+        kind, order, slots = layer_layout(layer.attn.kv_head_of, groups if arch == ARCH else "copy")
+        out.append((kind, len(order), len(slots)))
+    return out
+
+
+def plan_gguf_export(model, dtype: str = "f32", groups: str = "copy") -> dict:
     """What llama.cpp will hold for this model once exported, against what headcount holds now, computed
     before writing: the architecture chosen and why, per-layer query / KV heads as written (uneven groups cost
-    copied KV heads in deci), KV-cache bytes (both in f16, llama.cpp's default cache type, so the two compare)
-    and parameters. KV bytes per token count the layers whose cache grows with the context; Gemma 3's
-    sliding-window layers stop at their window in both runtimes (llama.cpp keeps the window plus one batch of
-    cells), so they are a fixed `kv_bytes_window_*` at a full window. `grows` is True when the exported KV
-    cache is larger than the model's (a warning to print). Raises what export_gguf would raise for the model."""
+    copied KV heads, or zero query heads with groups="pad"; `layouts` says which per layer), KV-cache bytes
+    (both in f16, llama.cpp's default cache type, so the two compare) and parameters. KV bytes per token count
+    the layers whose cache grows with the context; Gemma 3's sliding-window layers stop at their window in both
+    runtimes (llama.cpp keeps the window plus one batch of cells), so they are a fixed `kv_bytes_window_*` at a
+    full window. `grows` is True when the exported KV cache is larger than the model's (a warning to print).
+    Raises what export_gguf would raise for the model."""
     one_of("dtype", dtype, DTYPES)
-    arch, why = choose_architecture(model)
+    arch, why = choose_architecture(model, groups)
     dh = model.config.head_dim
-    heads, kv_written, kv_model = [], [], []
-    padded = gemma3_layout(model) if arch == "gemma3" else None
-    for i, layer in enumerate(model.layers):
-        attn = layer.attn
-        slots = padded[i] if padded else group_layout(attn.kv_head_of)[1]
-        heads.append(attn.n_heads)
-        kv_written.append(len(slots))
-        kv_model.append(attn.n_kv_heads)
-    heads_written = [sum(len(qs) for _, qs in slots) for slots in padded] if padded else list(heads)
+    layouts = _layouts(model, arch, groups)
+    heads = [layer.attn.n_heads for layer in model.layers]
+    kv_model = [layer.attn.n_kv_heads for layer in model.layers]
+    heads_written = [q for _, q, _ in layouts]
+    kv_written = [k for _, _, k in layouts]
     local = window_layers(model)
     window = model.config.sliding_window if any(local) else None
 
@@ -404,22 +430,30 @@ def plan_gguf_export(model, dtype: str = "f32") -> dict:
             "kv_bytes_window_llama_cpp": kv_bytes(kv_written, True) * (window or 0),
             "kv_heads_copied": sum(kv_written) - sum(kv_model), "params_model": params,
             "params_written": params + extra,
-            "grows": sum(kv_written) > sum(kv_model)}
+            "grows": sum(kv_written) > sum(kv_model),
+            "groups": groups, "layouts": [kind for kind, _, _ in layouts],
+            "zero_query_heads_per_layer": [w - m for w, m in zip(heads_written, heads)],
+            "kv_heads_copied_per_layer": [w - m for w, m in zip(kv_written, kv_model)]}
 
 
-def export_gguf(model, path, *, dtype: str = "f32", force: bool = False, tokenizer_from=None) -> Path:
+def export_gguf(model, path, *, dtype: str = "f32", force: bool = False, tokenizer_from=None,
+                groups: str = "copy") -> Path:
     """Write `model` (a llama, qwen2 or gemma3 Decoder, pruned or merged) to `path` as a llama.cpp GGUF file:
     `deci` for llama (any per-layer heads), `qwen2` or `deci` for qwen2, `gemma3` for gemma3 with the same
     counts in every layer (choose_architecture says which and why; see the module doc).
 
     dtype: "f32" (exact) or "f16" (2-D weights rounded to float16).
+    groups: how a layer with unequal GQA groups is written (both exact; see the module doc's "Groups"):
+      "copy" K/V heads copied until the groups are equal (the KV cache grows), "pad" zero query heads added
+      until they are (the layer keeps its KV heads), "auto" per layer whichever writes the smaller KV cache.
     force: replace an existing `path` (otherwise refused). Written to a temporary sibling and renamed.
     tokenizer_from: a .gguf file to copy the tokenizer.* fields from (default: the model's source GGUF).
     Read back with headcount.models.load(path).
     """
     one_of("dtype", dtype, DTYPES)
+    one_of("groups", groups, GROUPS)
     path = check_gguf_path(path, force)
-    arch, _ = choose_architecture(model)
+    arch, _ = choose_architecture(model, groups)
     tok_fields = tokenizer_fields(model, tokenizer_source(model, tokenizer_from))
-    meta, tensors = _deci_file(model, dtype) if arch == ARCH else own_file(model, arch, dtype)
+    meta, tensors = _deci_file(model, dtype, groups) if arch == ARCH else own_file(model, arch, dtype)
     return write_gguf(path, arch, meta, tok_fields, tensors, model=model, dtype=dtype)

@@ -4,10 +4,17 @@ gguf_deci.py (`deci`: llama and, per-layer, qwen2) and gguf_own.py (qwen2 and ge
 export_gguf (gguf_deci.py) chooses between them.
 
 Groups. llama.cpp reads K/V by broadcasting: query head i of a layer reads KV head i // (n_head / n_head_kv),
-so each layer needs contiguous, equal-size groups. `group_layout` gives the written order: query heads
-reordered group by group (Q rows and o_proj columns move together: the same sum in another order), and
-KV head k, read by s_k query heads, written s_k / g times (identical copies), g = gcd of the group sizes.
-Uniform layers are unchanged.
+so each layer needs contiguous, equal-size groups. Two exact layouts for a layer whose groups are not:
+  - copy (`group_layout`): query heads reordered group by group (Q rows and o_proj columns move together: the
+    same sum in another order), and KV head k, read by s_k query heads, written s_k / g times (identical
+    copies), g = gcd of the group sizes. KV heads written: n / g (n = sum of s_k); query heads: n.
+  - pad (`padded_group_layout`): every group filled up to the layer's largest, m = max s_k, with zero query
+    heads (zero Q rows and q bias, zero o_proj columns: the head's context meets zero columns and adds exactly
+    nothing), each KV head written once. KV heads written: K (the groups); query heads: K * m.
+Since every s_k / g >= 1, K <= n / g, equal only when the groups are equal: padding never writes a larger KV
+cache, and copying never runs more query heads. `layer_layout(kv_head_of, groups)` picks per layer ("copy",
+"pad", or "auto": the smaller KV cache, on a tie the fewer parameters). Uniform layers are unchanged in every
+mode.
 
 Tokenizer. llama.cpp needs the tokenizer.ggml.* fields; they are COPIED from the GGUF the model came from
 (`source_gguf`), or from `tokenizer_from=`, never rebuilt from a tokenizer.json: llama.cpp's pre-tokenizer name
@@ -24,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from headcount.arguments import one_of
 from headcount.models.formats.gguf import GGUFError, open_reader
 
 DTYPES = ("f32", "f16")
@@ -38,18 +46,67 @@ def group_layout(kv_head_of) -> tuple[list[int], list[int]]:
     slots: for each written KV head, which original KV head it copies. With g = gcd(group sizes),
     written query head j reads slot j // g, and slots[j // g] == kv_head_of[order[j]] (exact).
     """
-    kv_head_of = [int(k) for k in kv_head_of]
-    if not kv_head_of:
-        raise ValueError("model: a layer with no query heads cannot be written")
-    readers: dict[int, list[int]] = {}
-    for i, k in enumerate(kv_head_of):
-        readers.setdefault(k, []).append(i)
+    readers = _readers(kv_head_of)
     g = math.gcd(*(len(r) for r in readers.values()))
     order, slots = [], []
     for k in sorted(readers):  # KV heads no query reads are dropped (nothing reads them: exact)
         order += readers[k]
         slots += [k] * (len(readers[k]) // g)
     return order, slots
+
+
+def _readers(kv_head_of) -> dict[int, list[int]]:
+    """KV head -> the query heads that read it, in order (KV heads no query reads are absent)."""
+    kv_head_of = [int(k) for k in kv_head_of]
+    if not kv_head_of:
+        raise ValueError("model: a layer with no query heads cannot be written")
+    readers: dict[int, list[int]] = {}
+    for i, k in enumerate(kv_head_of):
+        readers.setdefault(k, []).append(i)
+    return readers
+
+
+def padded_group_layout(kv_head_of) -> tuple[list[int | None], list[int]]:
+    """(query order, KV heads) with every group padded to the largest: query order holds the original query
+    heads group by group, each group followed by None (a zero query head) up to m = the largest group's size;
+    KV heads: each KV head some query reads, once, in order. Written query head j reads slot j // m, and
+    slots[j // m] == kv_head_of[order[j]] wherever order[j] is not None (exact)."""
+    readers = _readers(kv_head_of)
+    m = max(len(r) for r in readers.values())
+    order: list[int | None] = []
+    for k in sorted(readers):  # KV heads no query reads are dropped, as group_layout does
+        order += readers[k] + [None] * (m - len(readers[k]))
+    return order, sorted(readers)
+
+
+GROUPS = ("copy", "pad", "auto")
+
+
+def layer_layout(kv_head_of, groups: str = "copy") -> tuple[str, list[int | None], list[int]]:
+    """(layout written, query order, KV slots) of one layer: "uniform" (equal groups: no copies, no zero heads,
+    the same in every mode), "copy" (group_layout) or "pad" (padded_group_layout). groups="auto" picks the
+    layout with the smaller KV cache, on a tie the fewer parameters (in head units: copied K and V rows,
+    zero Q rows and o_proj columns)."""
+    one_of("groups", groups, GROUPS)
+    order, slots = group_layout(kv_head_of)
+    if len(set(len(r) for r in _readers(kv_head_of).values())) == 1:
+        return "uniform", list(order), slots
+    if groups == "copy":
+        return "copy", list(order), slots
+    padded, kv = padded_group_layout(kv_head_of)
+    if groups == "pad":
+        return "pad", padded, kv
+    # auto: (KV heads written, extra heads written) for each; the extra are K+V copies or zero Q+O heads
+    n, k = len(order), len(kv)
+    copy_cost, pad_cost = (len(slots), len(slots) - k), (k, len(padded) - n)
+    return ("pad", padded, kv) if pad_cost < copy_cost else ("copy", list(order), slots)
+
+
+def heads_of(a: np.ndarray, order, dh: int, axis: int = 0) -> np.ndarray:
+    """The head blocks (dh wide along `axis`) of `a` in `order`; None writes a block of zeros (a zero head)."""
+    a = np.moveaxis(a, axis, 0)
+    blocks = [a[h * dh:(h + 1) * dh] if h is not None else np.zeros_like(a[:dh]) for h in order]
+    return np.ascontiguousarray(np.moveaxis(np.concatenate(blocks), 0, axis))
 
 
 def rows(heads: list[int], dh: int, offset: int = 0) -> list[int]:
