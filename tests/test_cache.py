@@ -83,3 +83,27 @@ def test_cache_reset_and_truncate():
     torch.testing.assert_close(attn(x, cache=cache, is_causal=True).output, first)
     with pytest.raises(ValueError, match="length"):
         cache.truncate(7)
+
+
+@given(st.integers(1, 6), st.data())
+def test_select_rows_keeps_each_row_whole_in_any_order(batch, data):
+    """select_rows(index) leaves row i of the cache equal to the old row index[i]: compacted in place for an
+    increasing index, gathered otherwise; appending afterwards writes into the kept rows only."""
+    cache = KVCache(batch, 5, 2, 3)
+    gen = torch.Generator().manual_seed(batch)
+    cache.append(torch.randn(batch, 2, 3, 3, generator=gen), torch.randn(batch, 2, 3, 3, generator=gen))
+    k0, v0 = cache.k.clone(), cache.v.clone()
+    rows = data.draw(st.lists(st.integers(0, batch - 1), max_size=batch))
+    if data.draw(st.booleans()):
+        rows = sorted(set(rows))
+    cache.select_rows(torch.tensor(rows, dtype=torch.long))
+    assert cache.batch_size == len(rows)
+    assert torch.equal(cache.k, k0[rows]) and torch.equal(cache.v, v0[rows])
+    k, v = cache.append(torch.ones(len(rows), 2, 1, 3), torch.ones(len(rows), 2, 1, 3))
+    assert torch.equal(k[:, :, :3], k0[rows][:, :, :3]) and bool((k[:, :, 3] == 1).all())
+
+
+def test_select_rows_refuses_rows_outside_the_batch():
+    cache = KVCache(2, 4, 1, 2)
+    with pytest.raises(ValueError, match="index: expected rows in 0..1"):
+        cache.select_rows(torch.tensor([0, 2]))

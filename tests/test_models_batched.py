@@ -7,6 +7,8 @@ import os
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 transformers = pytest.importorskip("transformers")
@@ -157,6 +159,44 @@ def test_continuous_batching_gives_each_prompt_its_own_tokens(family, monkeypatc
     rows = generate_many(ours, prompts, 20, batch_size=3, on_result=lambda i, r: seen.append(i))
     assert [r.new_ids for r in rows] == alone
     assert sorted(seen) == list(range(len(prompts))) and seen != list(range(len(prompts)))  # as each finished
+
+
+@pytest.mark.parametrize("family", ("llama", "gpt_neox"))
+def test_continuous_batching_prefills_a_shared_prefix_once_and_each_row_keeps_its_tokens(family, monkeypatch):
+    """Prompts that share 12 leading tokens (a chat template's system turn, say): the prefix runs through the
+    model once, each row still gets the tokens it gets alone, across several admissions of new rows."""
+    from headcount.models import continuous
+
+    ours = from_transformers(exactness.random_transformers_model(family))
+    shared = _prompts((12,), seed=5)[0]
+    tails = _prompts((9, 1, 17, 4, 13, 6), seed=6)
+    tails[3][0] = (tails[0][0] + 1) % 509 + 3  # no longer common prefix than the 12 tokens
+    prompts = [shared + t for t in tails]
+    assert continuous.shared_prefix(prompts) == 12
+    alone = [generate(ours, p, 12, stop_at_eos=False).new_ids for p in prompts]
+    prefilled = []
+    forward = type(ours).forward
+
+    def counting(self, input_ids, **kw):
+        if input_ids.shape[1] > 1:
+            prefilled.append(input_ids.shape)
+        return forward(self, input_ids, **kw)
+
+    monkeypatch.setattr(type(ours), "forward", counting)
+    rows = continuous.generate_many(ours, prompts, 12, batch_size=4, stop_at_eos=False)
+    assert [r.new_ids for r in rows] == alone
+    assert prefilled[0] == (1, 12)  # the prefix, alone, once
+    assert all(shape[1] <= max(map(len, tails)) for shape in prefilled[1:])  # then only the suffixes
+
+
+@given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=5))
+def test_shared_prefix_is_the_longest_common_prefix_leaving_every_row_a_token(rows):
+    from headcount.models.continuous import shared_prefix
+
+    n = shared_prefix(rows)
+    assert all(r[:n] == rows[0][:n] for r in rows) and n < min(map(len, rows))
+    longer = n + 1
+    assert longer >= min(map(len, rows)) or len({tuple(r[:longer]) for r in rows}) > 1
 
 
 def test_continuous_batching_refuses_sliding_windows():

@@ -102,11 +102,23 @@ class KVCache:
 
     def select_rows(self, index: Tensor) -> None:
         """Keep only the batch rows `index` (1-D long), in that order: batched generation drops the rows
-        that finished, so they cost no more compute. The storage is copied once, [len(index), ...]."""
+        that finished, so they cost no more compute.
+
+        Rows kept in increasing order (what finishing rows leave) move down within the same storage and k, v
+        become views of its first len(index) rows: no allocation, so a decode loop that drops a row every few
+        steps neither copies nor page-faults a whole new cache. Any other order is gathered into new storage."""
         if not isinstance(index, Tensor) or index.dim() != 1 or index.dtype != torch.long:
             raise ValueError(f"index: expected a 1-D long tensor of batch rows, got {index!r}")
-        if index.numel() and not (0 <= int(index.min()) and int(index.max()) < self.batch_size):
-            raise ValueError(f"index: expected rows in 0..{self.batch_size - 1}, got {index.tolist()}")
+        rows = index.tolist()
+        if rows and not (0 <= min(rows) and max(rows) < self.batch_size):
+            raise ValueError(f"index: expected rows in 0..{self.batch_size - 1}, got {rows}")
+        if all(a < b for a, b in zip(rows, rows[1:])):
+            for new, old in enumerate(rows):  # new <= old: each row is read before anything overwrites it
+                if new != old:
+                    self.k[new].copy_(self.k[old])
+                    self.v[new].copy_(self.v[old])
+            self.k, self.v = self.k[:len(rows)], self.v[:len(rows)]
+            return
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
 

@@ -8,6 +8,11 @@ by the next prompt, so a batch never waits on its longest answer.
                          among themselves), and one new cache of width max(n_r, prompt lengths) takes the live rows'
                          last columns and the new rows' prefill, all right-aligned
 
+A prefix every prompt shares (a chat template's system turn and the instruction before each problem) is
+prefilled once: its keys are copied into each new row's cache, and only the rows' own suffixes run through the
+model (prefill cache [B, W]: the prefix, the suffixes left-padded among themselves; the merge places each row's
+prefix right before its suffix).
+
 Right alignment keeps each row's keys contiguous and ending at the current column, so one forward serves
 rows of any age; positions come from each row's own count, so its tokens are those it gets alone (batched.py's
 equality, up to the float rounding of batched products). Models whose keys depend on the column (a
@@ -83,35 +88,71 @@ def stream_many(model, prompts: Sequence, max_new_tokens: int = 64, *, batch_siz
                         model.config.eos_token_id if stop_at_eos else None, stop)
 
 
-def _prefill(model, rows: list[list[int]], pick) -> tuple[list, list[int]]:
-    """The new rows' caches (left-padded among themselves) and their first tokens."""
+MIN_SHARED = 8  # tokens: a shorter common prefix is not worth its copies
+
+
+def shared_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """How many leading tokens every row shares, leaving each row at least one token of its own (its last
+    token's logits choose its first new token)."""
+    first, n = rows[0], min(len(r) for r in rows) - 1
+    for r in rows[1:]:
+        n = next((i for i in range(n) if r[i] != first[i]), n)
+    return n
+
+
+class _Prefix:
+    """The shared prefix's keys and values, one [1, n_kv_heads, n, head_dim] pair per layer, computed once."""
+
+    def __init__(self, model, ids: list[int]):
+        self.n = len(ids)
+        self.cache = model.new_cache(1, self.n)
+        device = model.embed.weight.device
+        model(torch.tensor([ids], dtype=torch.long, device=device), cache=self.cache, compute_logits=False)
+
+
+def _prefill(model, rows: list[list[int]], pick, prefix: _Prefix | None = None) -> tuple[list, list[int]]:
+    """The new rows' caches and their first tokens. Without a prefix the rows are left-padded among themselves;
+    with one, each row's cache holds [the prefix, padding, the row's suffix] (see _merged_cache)."""
     device = model.embed.weight.device
-    width = max(len(r) for r in rows)
+    p = prefix.n if prefix is not None else 0
+    tails = [r[p:] for r in rows]
+    width = max(len(t) for t in tails)
     ids = torch.zeros((len(rows), width), dtype=torch.long, device=device)
-    mask = torch.zeros((len(rows), width), dtype=torch.bool, device=device)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
-        mask[i, width - len(r):] = True
+    mask = torch.zeros((len(rows), p + width), dtype=torch.bool, device=device)
+    mask[:, :p] = True
+    for i, t in enumerate(tails):
+        ids[i, width - len(t):] = torch.tensor(t, dtype=torch.long)
+        mask[i, p + width - len(t):] = True
     padded = not bool(mask.all())
-    cache = model.new_cache(len(rows), width)
-    positions = (mask.cumsum(1) - 1).clamp(min=0) if padded else None
+    cache = model.new_cache(len(rows), p + width)
+    if prefix is not None:
+        for layer_cache, shared in zip(cache, prefix.cache):
+            layer_cache.k[:, :, :p] = shared.k[:, :, :p]
+            layer_cache.v[:, :, :p] = shared.v[:, :, :p]
+            layer_cache.length = p
+    positions = (mask[:, p:].cumsum(1) - 1).clamp(min=0) + p if padded else None
     logits = model(ids, cache=cache, attention_mask=mask if padded else None, position_ids=positions,
                    last_only=True).logits[:, -1]
     return cache, pick(logits).tolist()
 
 
-def _merged_cache(model, old, old_n: list[int], new, new_width: int, room: int):
-    """One cache per layer: the old rows' last max(old_n) columns and the new rows' prefill, right-aligned."""
-    width = max([*old_n, new_width])
+def _merged_cache(model, old, old_n: list[int], new, new_n: list[int], room: int, prefix: int = 0):
+    """One cache per layer: the old rows' last max(old_n) columns and the new rows' prefill, right-aligned.
+
+    new_n: each new row's token count. With a shared prefix of `prefix` tokens the new rows' prefill cache is
+    [prefix | padding | suffix]: the suffix block goes to the right edge, then each row's prefix right before its
+    own suffix (over the padding's columns)."""
+    width = max([*old_n, *new_n])
     capacity = min(width + room, model.config.max_position)
     keep = max(old_n, default=0)
+    new_width = max(new_n, default=0)
     merged = []
     for i, layer in enumerate(model.layers):
         parts = []
         if old is not None and old_n:
             parts.append((old[i], old[i].length - keep, keep))
         if new is not None:
-            parts.append((new[i], 0, new_width))
+            parts.append((new[i], prefix, new_width - prefix))
         batch = sum(p[0].batch_size for p in parts)
         cache = layer.attn.new_cache(batch, capacity)
         row = 0
@@ -120,6 +161,12 @@ def _merged_cache(model, old, old_n: list[int], new, new_width: int, room: int):
             cache.k[row:row + b, :, width - cols:width] = src.k[:, :, start:start + cols]
             cache.v[row:row + b, :, width - cols:width] = src.v[:, :, start:start + cols]
             row += b
+        if new is not None and prefix:
+            first = row - new[i].batch_size
+            for j, n in enumerate(new_n):
+                at = width - n  # the row's first column
+                cache.k[first + j, :, at:at + prefix] = new[i].k[j, :, :prefix]
+                cache.v[first + j, :, at:at + prefix] = new[i].v[j, :, :prefix]
         cache.length = width
         merged.append(cache)
     return merged
@@ -132,6 +179,8 @@ def _run(model, rows, max_new_tokens, batch_size, pick, eos, stop) -> Iterator[t
     pending = list(range(len(rows)))
     live, cache = _Rows(), None
     admit_at = max(1, batch_size // 4)  # free slots that make a prefill + cache rebuild worth its copy
+    p = shared_prefix(rows) if len(rows) > 1 else 0
+    prefix = _Prefix(model, rows[0][:p]) if p >= MIN_SHARED else None
 
     def finish(slot: int, reason: str, hit: str | None) -> tuple[int, GenerationResult]:
         index, new = live.index[slot], live.new[slot]
@@ -148,10 +197,10 @@ def _run(model, rows, max_new_tokens, batch_size, pick, eos, stop) -> Iterator[t
         room_left = cache is None or cache[0].length + 1 > cache[0].max_len
         if pending and (free >= admit_at or not live) or (live and room_left):
             take, pending = pending[:free], pending[free:]
-            new_cache, first = _prefill(model, [rows[i] for i in take], pick) if take else (None, [])
+            new_cache, first = _prefill(model, [rows[i] for i in take], pick, prefix) if take else (None, [])
             t0 = time.perf_counter()
-            cache = _merged_cache(model, cache, live.n, new_cache,
-                                  max((len(rows[i]) for i in take), default=0), max_new_tokens)
+            cache = _merged_cache(model, cache, live.n, new_cache, [len(rows[i]) for i in take], max_new_tokens,
+                                  prefix.n if prefix is not None else 0)
             live.index += take
             live.n += [len(rows[i]) for i in take]
             live.next += first
