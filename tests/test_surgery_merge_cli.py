@@ -1,10 +1,12 @@
 """`headcount merge-kv`: bad input exits 2 with one line and writes nothing; a real run's JSON keys; the
-merged model saved, reloaded, and giving the same logits."""
+merged model saved, reloaded, and giving the same logits; the default uptrain's accounts (a tiny saved decoder:
+they are counts of windows and tokens, the same for any decoder)."""
 
 import json
 
 import pytest
 import torch
+from conftest import tiny_byte_decoder
 from typer.testing import CliRunner
 
 from headcount.cli import app
@@ -99,11 +101,22 @@ def test_uptrain_windows_cuts_the_calibration_windows_in_order():
     assert uptrain_windows(windows[:, :256], 256).shape == (2, 256)
 
 
-def test_default_uptrain_runs_on_the_merge_windows_and_is_counted(monkeypatch):
+@pytest.fixture(scope="module")
+def saved_tiny(tmp_path_factory):
+    """conftest's 2-layer random GQA decoder (2 KV heads) with a byte-level tokenizer, saved: what `headcount
+    merge-kv --model DIR` loads; 512 positions, the calibration and held-out windows' length."""
+    from headcount.surgery import save
+
+    path = tmp_path_factory.mktemp("merge_cli") / "tiny"
+    save(tiny_byte_decoder(max_position=512), path)
+    return str(path)
+
+
+def test_default_uptrain_runs_on_the_merge_windows_and_is_counted(monkeypatch, saved_tiny, one_thread_for_tiny_models):
     from headcount.surgery.merging import cli, defaults
 
     monkeypatch.setattr(defaults, "UPTRAIN_STEPS", 2)  # the default's path (merge_kv's), with a test's step count
-    out = cli.run_merge("smollm2", 2, layers=[1], calibration_windows=2, local_steps=0, eval_windows=1)
+    out = cli.run_merge(saved_tiny, 1, layers=[1], calibration_windows=2, local_steps=0, eval_windows=1)
     data, extra = out["json"], out["extra"]
     up = extra["uptrain"]
     assert up["steps"] == 2 and up["objective"] == "kl_to_teacher"
@@ -118,5 +131,5 @@ def test_default_uptrain_runs_on_the_merge_windows_and_is_counted(monkeypatch):
     assert data["forward_equivalents"] > 4 * 2 * cli.UPTRAIN_WINDOW / (2 * 512)
     assert data["seconds"] >= round(up["seconds"], 1)
     # the mean-pooling merge gets no uptrain unless asked for
-    mean = cli.run_merge("smollm2", 1, method="mean", layers=[1], eval_windows=1)
+    mean = cli.run_merge(saved_tiny, 1, method="mean", layers=[1], eval_windows=1)
     assert mean["extra"]["uptrain"] is None
