@@ -148,20 +148,28 @@ def test_bench_surgery_from_refuses_what_save_did_not_write(tmp_path, content, m
     bad(["bench", "surgery", "--from", str(path)], match)
 
 
-def test_prune_smollm2_reports_every_held_out_domain_its_cost_and_the_fraction_removed(tmp_path):
-    """Issues 14-16: --uniform says up front that it removes 33.3%, not the 20% asked (one head of every group
-    of three); --json carries forward_equivalents, seconds, the fraction actually removed and the held-out
-    perplexity on prose, code and standard-library source (which nothing calibrates on); --dtype bf16 saves
-    bf16 weights."""
-    result = runner.invoke(app, ["prune", "--model", "smollm2", "--fraction", "0.2", "--uniform", "--order", "random",
-                                 "--compensate", "none", "--out", str(tmp_path / "p"), "--json",
+def test_prune_reports_every_held_out_domain_its_cost_and_the_fraction_removed(tmp_path):
+    """Issues 14-16: --uniform says up front that it removes more than asked (one head of every GQA group: 33.3%
+    of smollm2's groups of three at 0.2; here conftest's tiny decoder, 2 layers of two groups of two query heads,
+    saved as `--model DIR` loads it: 50% at 0.3); --json carries forward_equivalents, seconds, the fraction
+    actually removed and the held-out perplexity on prose, code and standard-library source (which nothing
+    calibrates on); --dtype bf16 saves bf16 weights. The counts are the model's shape; no real model needed."""
+    from conftest import tiny_byte_decoder
+
+    model = tiny_byte_decoder(max_position=512)  # the held-out windows are 512 tokens
+    save(model, tmp_path / "tiny")
+    heads = sum(layer.attn.n_heads for layer in model.layers)
+    groups = sum(layer.attn.n_kv_heads for layer in model.layers)  # uniform: one query head of each goes
+    result = runner.invoke(app, ["prune", "--model", str(tmp_path / "tiny"), "--fraction", "0.3", "--uniform",
+                                 "--order", "random", "--compensate", "none", "--out", str(tmp_path / "p"), "--json",
                                  "--eval-windows", "1", "--dtype", "bf16"])
     assert result.exit_code == 0, result.output
-    assert "removing 90 of 270 query heads (33.3%), not the 20.0% asked" in result.output
+    assert (f"removing {groups} of {heads} query heads ({groups / heads:.1%}), not the 30.0% asked"
+            in result.output)
     data = json.loads(result.stdout[result.stdout.index("{"):])
     assert set(data["ppl_by_domain_before"]) == {"prose", "code", "source"}
     assert data["ppl_by_domain_before"]["prose"] == data["ppl_before"]
-    assert data["fraction_removed"] == round(90 / 270, 4) and data["forward_equivalents"] == 0  # random, no refit
+    assert data["fraction_removed"] == round(groups / heads, 4) and data["forward_equivalents"] == 0  # random, no refit
     assert data["seconds"] > 0
     from safetensors import safe_open
     with safe_open(str(tmp_path / "p" / "model.safetensors"), "pt") as f:
