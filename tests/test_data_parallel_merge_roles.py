@@ -136,10 +136,22 @@ def _check_shares_and_heads(case: str, ranks: list, one: dict) -> None:
         assert np.array_equal(a, b)
 
 
+def _merge_rank_all(_) -> dict:
+    return {case: _merge_rank(case) for case in CASES}
+
+
+@pytest.fixture(scope="module")
+def merged_by_rank() -> dict:
+    """{case: [rank 0's result, rank 1's]}: one start of 2 ranks runs every case in turn (each builds its own
+    seeded model and calibration), as starting fresh processes costs more than these small merges."""
+    ranks = distributed.spawn(_merge_rank_all, 2, None, timeout_s=300)
+    return {case: [r[case] for r in ranks] for case in CASES}
+
+
 @pytest.mark.parametrize("case", list(CLOSED))
-def test_merge_two_ranks_equal_one_process(case):
+def test_merge_two_ranks_equal_one_process(case, merged_by_rank):
     one = _merge(case)
-    ranks = distributed.spawn(_merge_rank, 2, case, timeout_s=300)
+    ranks = merged_by_rank[case]
     _check_shares_and_heads(case, ranks, one)
     for r in ranks:
         for a, b in zip(r["weights"], one["weights"]):  # every merged weight, the refit o_proj among them
@@ -148,14 +160,14 @@ def test_merge_two_ranks_equal_one_process(case):
 
 
 @pytest.mark.parametrize("case", list(STEPS))
-def test_merge_gradient_steps_over_two_ranks(case):
+def test_merge_gradient_steps_over_two_ranks(case, merged_by_rank):
     """Whole batches per rank (decoder-auto-steps): the single process's steps, weights to 1e-6. A batch split
     by rows: Adam's first steps are lr * sign(gradient), and right after the refit o_proj's gradient is zero
     up to rounding, so float32 sums taken in another order (two ranks, or one process given its windows in
     another order) move single weights by up to lr: equal within that noise, far below what the steps change.
     Every rank holds exactly the same model either way."""
     one = _merge(case)
-    ranks = distributed.spawn(_merge_rank, 2, case, timeout_s=300)
+    ranks = merged_by_rank[case]
     _check_shares_and_heads(case, ranks, one)
     closed = _merge(case, local_steps=0, refine_steps=0)
     moved = _rel(_whole(one["weights"]), _whole(closed["weights"]))  # what the steps did
