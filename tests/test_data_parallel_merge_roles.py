@@ -241,13 +241,27 @@ def _close(a, b, where=""):
         assert a == b, (where, a, b)
 
 
-@pytest.mark.parametrize("model_name, batch_size", [("tiny", 2), ("minilm", 2), ("tiny", 8)])
-def test_roles_two_ranks_equal_one_process(model_name, batch_size, tiny_lm):
+ROLES_CASES = [("tiny", 2), ("minilm", 2), ("tiny", 8)]
+
+
+def _roles_rank_all(tiny: str) -> dict:
+    return {(name, b): _roles_rank(tiny if name == "tiny" else name, b) for name, b in ROLES_CASES}
+
+
+@pytest.fixture(scope="module")
+def roles_by_rank(tiny_lm) -> dict:
+    """{(model, batch size): [rank 0's JSON, rank 1's]}: one start of 2 ranks runs every case in turn."""
+    ranks = distributed.spawn(_roles_rank_all, 2, str(tiny_lm), timeout_s=300)
+    return {case: [r[case] for r in ranks] for case in ROLES_CASES}
+
+
+@pytest.mark.parametrize("model_name, batch_size", ROLES_CASES)
+def test_roles_two_ranks_equal_one_process(model_name, batch_size, tiny_lm, roles_by_rank):
     """5 windows: in batches of 2 (3 batches, whole ones per rank: 2 + 1), or of 8 (one batch, split by
     windows 3 + 2); the sentence batches r::2; the induction batch on rank 1."""
     name = str(tiny_lm) if model_name == "tiny" else model_name
     one = _roles(name, batch_size)
-    ranks = distributed.spawn(_roles_rank, 2, name, batch_size, timeout_s=300)
+    ranks = roles_by_rank[(model_name, batch_size)]
     assert one["meta"]["window_tokens"] == 5 * one["meta"]["window_length"]
     for r in ranks:
         _close(r, one)  # every role's scores to 1e-6, the labelled heads identical, the counts equal
