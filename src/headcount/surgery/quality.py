@@ -79,12 +79,13 @@ class QualityMeter:
     measured beside them (heal --text's "text" beside the three). eval_windows: windows of `window` tokens per
     domain (encoders: 16 sentences per window). sizes: {domain: (windows, window)} for domains measured on other
     sizes (the report's code / source). tasks: surgery.task_scores.TaskSpec list (--eval), greedy pass@1 with
-    `batch_size` rows and `max_new_tokens`. log: called with a line after each task. references: an encoder's
-    unedited embeddings {domain: [N, d]} when the unedited model is not the first one measured.
+    `batch_size` rows (None: eval's default) and `max_new_tokens`. log: called with a line after each task.
+    references: an encoder's unedited embeddings {domain: [N, d]} when the unedited model is not the first one
+    measured.
     """
 
     def __init__(self, held_out=None, *, eval_windows: int = EVAL_WINDOWS, window: int = 512, extra: dict | None = None,
-                 sizes: dict | None = None, domains: bool = True, tasks=(), batch_size: int = 8,
+                 sizes: dict | None = None, domains: bool = True, tasks=(), batch_size: int | None = None,
                  max_new_tokens: int = 512, log=None, references: dict | None = None):
         positive_int("eval_windows", eval_windows)
         positive_int("window", window, 2)
@@ -151,12 +152,13 @@ class QualityMeter:
 
     def task_scores(self, model) -> dict:
         """{task label: greedy pass@1} for this meter's tasks."""
-        from headcount.tasks.harness import Settings, evaluate
+        from headcount.tasks.harness import BATCH_SIZE, Settings, evaluate
 
         out = {}
         for spec in self.tasks:
             result = evaluate(model, spec.task, problems=list(spec.problems),
-                              settings=Settings(batch_size=self.batch_size, max_new_tokens=self.max_new_tokens))
+                              settings=Settings(batch_size=self.batch_size or BATCH_SIZE,
+                                                max_new_tokens=self.max_new_tokens))
             out[spec.label] = result.pass_at_1
             if self.log is not None:
                 self.log(f"{spec.label}: pass@1 {result.pass_at_1:.3f} ({result.passed}/{result.n_problems}, "

