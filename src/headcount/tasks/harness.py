@@ -45,8 +45,9 @@ class EvalResult:
         return out
 
 
-# rows decoded together: decoding is compute-bound from a few rows on a CPU, and 32 rows of qwen2.5-coder-0.5b
-# ran the full HumanEval at 75 new tokens/s against 66 at 16 (docs/eval.md); their KV cache is under 1 GB
+# rows decoded together: more rows share each read of the weights (qwen2.5-coder-0.5b, alone on 2 cores: the
+# full HumanEval at 75 new tokens/s with 32 rows; 16 problems at 16 rows: 66; docs/eval.md); 32 rows' KV cache
+# of ~1k tokens each is under 1 GB on that model
 BATCH_SIZE = 32
 
 
