@@ -6,14 +6,12 @@ protected layers are not empty and every rank must find the same ones.
 
 Workers are module-level functions: headcount.distributed.spawn starts them in fresh processes."""
 
-import functools
-
 import numpy as np
 import pytest
 import torch
 from conftest import tiny_byte_decoder
 
-from headcount import data, distributed
+from headcount import distributed
 from headcount.models import load
 from headcount.surgery import prune_to, save
 
@@ -31,15 +29,6 @@ def saved(tmp_path_factory):
 
 
 def _prune_all(path: str, group=None) -> list[dict]:
-    # the code half of the "mixed" calibration text, parsed from the installed torch / numpy sources once per
-    # process (deterministic for the installed versions) instead of once per case; every case still builds its
-    # windows from it through the command's path
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(data, "code_corpus", functools.cache(data.code_corpus))
-        return _prune_cases(path, group)
-
-
-def _prune_cases(path: str, group) -> list[dict]:
     out = []
     for compensate, outlier in CASES:
         model = load(path)

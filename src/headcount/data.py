@@ -322,6 +322,7 @@ def _package_files(max_chars: int, read) -> Corpus:
     return Corpus(tuple(d for d in docs if not _held_out(d.name)), tuple(d for d in docs if _held_out(d.name)))
 
 
+@functools.lru_cache(maxsize=4)  # deterministic for the installed files and immutable: read once per process
 def code_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
     """Code-like text from another domain than the default corpus: the docstrings and comments of the
     installed torch and numpy sources (fixed sub-packages, files sorted by path), one document per
@@ -331,6 +332,7 @@ def code_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
     return _package_files(max_chars, _docs_and_comments)
 
 
+@functools.lru_cache(maxsize=4)  # deterministic for the installed files and immutable: read once per process
 def package_source_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
     """The same torch / numpy files as code_corpus, verbatim (code, docstrings and comments), split by the same
     rule: a file held out of code_corpus is held out here, so calibrating on this corpus's calibration part never
@@ -348,6 +350,7 @@ SOURCE_MODULES = ("argparse", "configparser", "csv", "difflib", "email._header_v
 SOURCE_MAX_CHARS = 600_000
 
 
+@functools.lru_cache(maxsize=4)  # deterministic for the installed files and immutable: read once per process
 def source_corpus(max_chars: int = SOURCE_MAX_CHARS) -> Corpus:
     """Standard-library Python source as one held-out domain: Corpus(calibration=(), held_out=files).
 
