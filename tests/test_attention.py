@@ -180,3 +180,41 @@ def test_low_precision_paths_within_flashattention_rule(c, dtype):
             assert not got.isnan().any()
             err = (got.double() - want).abs().max().item()
             assert err <= 2 * max(base, floor), (need_weights, err, base)
+
+
+@given(st.lists(st.integers(0, 2), min_size=1, max_size=7), st.integers(1, 4), st.integers(1, 5),
+       st.sampled_from([None, "bool_per_head", "bool"]), st.booleans(), st.integers(0, 2**16))
+def test_uneven_groups_attend_each_query_heads_kv_head_without_copying_it(heads, tgt, extra, mask, causal, seed):
+    """Query head i reads KV head kv_index[i] (any order, some KV heads unread): the fused path without a
+    gradient (decoding a pruned or merged layer) equals softmax(q k^T / sqrt(d) + mask) v written per head, never
+    gathers K/V per query head, and equals the gathered path that training takes."""
+    from unittest import mock
+
+    from headcount import kernels
+
+    g = torch.Generator().manual_seed(seed)
+    B, nh, nkv, d, S = 2, len(heads), 3, 4, tgt + extra
+    q = torch.randn(B, nh, tgt, d, generator=g, dtype=torch.float64)
+    k = torch.randn(B, nkv, S, d, generator=g, dtype=torch.float64)
+    v = torch.randn(B, nkv, S, d, generator=g, dtype=torch.float64)
+    m = None
+    if mask == "bool_per_head":
+        m = torch.rand(B, nh, tgt, S, generator=g) > 0.3
+    elif mask == "bool":
+        m = torch.rand(B, 1, tgt, S, generator=g) > 0.3
+    own = torch.zeros(tgt, S, dtype=torch.bool)
+    own[torch.arange(tgt), S - tgt + torch.arange(tgt)] = True  # query t sits at position S - T + t
+    m = None if m is None else m | own  # every row sees its own key
+    index = torch.tensor(heads)
+    with torch.no_grad(), mock.patch.object(kernels, "_expand_kv", side_effect=AssertionError("K/V copied")):
+        got = kernels.attend(q, k, v, mask=m, is_causal=causal, kv_index=index)[0]
+    want = torch.empty_like(got)
+    allowed = torch.ones(B, nh, tgt, S, dtype=torch.bool) if m is None else m.expand(B, nh, tgt, S)
+    if causal:
+        allowed = allowed & torch.ones(tgt, S, dtype=torch.bool).tril(S - tgt)
+    for h, kv in enumerate(heads):
+        scores = q[:, h] @ k[:, kv].transpose(-1, -2) / d ** 0.5  # (B, T, S)
+        want[:, h] = torch.softmax(scores.masked_fill(~allowed[:, h], float("-inf")), dim=-1) @ v[:, kv]
+    torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-12)
+    trained = kernels.attend(q.requires_grad_(), k, v, mask=m, is_causal=causal, kv_index=index)[0]
+    torch.testing.assert_close(trained.detach(), got, atol=1e-12, rtol=1e-12)

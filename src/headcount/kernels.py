@@ -28,7 +28,10 @@ keys up to their last query and windowed chunks only their band, so a long input
 
 Both: GQA grouping (query head i reads KV head kv_index[i]; uniform grouping i // (n_heads //
 n_kv_heads) never copies K/V), and a query row whose keys are all masked gives exactly 0 output and
-0 gradient, never NaN.
+0 gradient, never NaN. Uneven groups (a pruned GQA layer: 6 + 5 query heads over 2 K/V heads) on the fused
+path with no gradient run one SDPA call per K/V head over its query heads (`_grouped`), so decoding never
+copies the cache per query head; with a gradient K/V are gathered per query head, since CPU SDPA's
+enable_gqa backward is several times slower than the gathered one.
 """
 
 from __future__ import annotations
@@ -131,6 +134,9 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks=None, sof
     if sinks is not None:
         return _fused_with_sinks(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks)
     n_heads, n_kv = q.shape[1], k.shape[1]
+    if kv_index is not None and _SDPA_HAS_GQA and not (torch.is_grad_enabled() and (
+            q.requires_grad or k.requires_grad or v.requires_grad)):
+        return _grouped(q, k, v, mask, is_causal, dropout_p, scale, kv_index)
     gqa = False
     if kv_index is not None or (n_kv != n_heads and not _SDPA_HAS_GQA):
         k, v = _expand_kv(k, v, n_heads, kv_index)
@@ -139,6 +145,33 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks=None, sof
     kwargs = {"enable_gqa": True} if gqa else {}
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal,
                                           scale=scale, **kwargs)
+
+
+def _grouped(q, k, v, mask, is_causal, dropout_p, scale, kv_index) -> Tensor:
+    """Uneven groups without copying K/V: the query heads of each K/V head (gathered when they are not
+    contiguous) attend that one head through SDPA's enable_gqa, and the outputs return to head order."""
+    heads = kv_index.tolist()
+    order = sorted(range(len(heads)), key=heads.__getitem__)  # stable: head order within each group
+    permuted = order != list(range(len(heads)))
+    if permuted:
+        index = torch.tensor(order, device=q.device)
+        q = q.index_select(1, index)
+        if mask is not None and mask.dim() == 4 and mask.shape[1] != 1:  # a per-head mask follows its head
+            mask = mask.index_select(1, index)
+    outs, start = [], 0
+    for g in sorted(set(heads)):
+        n = heads.count(g)
+        part = mask
+        if mask is not None and mask.dim() == 4 and mask.shape[1] != 1:
+            part = mask[:, start:start + n]
+        outs.append(F.scaled_dot_product_attention(q[:, start:start + n], k[:, g:g + 1], v[:, g:g + 1],
+                                                   attn_mask=part, dropout_p=dropout_p, is_causal=is_causal,
+                                                   scale=scale, enable_gqa=True))
+        start += n
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, nh, T, dh), grouped order
+    if permuted:
+        out = out.index_select(1, torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=q.device))
+    return out
 
 
 # Queries per chunk on the windowed fused path: at least the window, and never so few that the
