@@ -26,7 +26,7 @@ from pathlib import Path
 from headcount.arguments import one_of
 
 __all__ = ["Corpus", "Document", "default_corpus", "corpus_from_text", "read_text", "clean_topic", "code_corpus",
-           "source_corpus", "package_source_corpus", "held_out_domains"]
+           "source_corpus", "package_source_corpus", "held_out_domains", "function_stubs"]
 
 HELD_OUT_MODULUS = 5  # one topic (or paragraph) in five is held out
 
@@ -338,6 +338,48 @@ def package_source_corpus(max_chars: int = CODE_MAX_CHARS) -> Corpus:
     rule: a file held out of code_corpus is held out here, so calibrating on this corpus's calibration part never
     reads a file the held-out "code" domain measures. No standard-library file is in it (the "source" domain)."""
     return _package_files(max_chars, lambda source: source)
+
+
+STUB_DOC_CHARS = 800  # a stub's docstring is cut at a paragraph break before this: torch's run to pages
+STUB_MIN_DOC = 40  # shorter docstrings ("Alias for x.") say too little to be asked to implement
+
+
+def _indented(doc: str) -> str:
+    """A cleaned docstring's lines after the first, indented for a function body (blank lines left blank)."""
+    first, *rest = doc.split("\n")
+    return "\n".join([first] + [f"    {line}" if line.strip() else "" for line in rest])
+
+
+@functools.lru_cache(maxsize=4)  # deterministic for the installed files and immutable: built once per process
+def function_stubs(part: str = "calibration", max_doc_chars: int = STUB_DOC_CHARS) -> tuple[str, ...]:
+    """Python function stubs (signature + docstring, no body: the shape of a HumanEval prompt) of every public
+    function and method with a docstring of at least STUB_MIN_DOC characters in that part of
+    package_source_corpus, in file order. Decorators are dropped; a docstring is cut at the last paragraph break
+    before `max_doc_chars`. A file that does not parse on its own is skipped. The calibration part holds no
+    held-out file and no standard-library one, so no held-out domain and no eval problem reaches a stub."""
+    import ast
+    import copy
+
+    one_of("part", part, ("calibration", "held_out"))
+    stubs: list[str] = []
+    for text in package_source_corpus().texts(part):
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.name.startswith("_"):
+                continue
+            doc = ast.get_docstring(node)
+            if not doc or len(doc) < STUB_MIN_DOC:
+                continue
+            if len(doc) > max_doc_chars:
+                cut = doc.rfind("\n\n", 0, max_doc_chars)
+                doc = doc[:cut if cut > 0 else max_doc_chars].rstrip()
+            stub = copy.copy(node)  # the signature as it stands; the docstring re-indented under it
+            stub.decorator_list, stub.body = [], [ast.Expr(ast.Constant(_indented(doc) + "\n    "))]
+            stubs.append(ast.unparse(stub))
+    return tuple(stubs)
 
 
 # ------------------------------------------------------------------ a domain nothing calibrates on

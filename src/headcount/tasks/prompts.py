@@ -64,11 +64,17 @@ def prompt_ids(model, problem: Problem, fmt: PromptFormat) -> list[int]:
     tokenizer = model.tokenizer
     if fmt.name == "completion":
         return tokenizer.encode(problem.prompt)
-    user = f"{INSTRUCTION}\n```\n{problem.prompt.strip()}\n```\n"
+    return tokenizer.encode(chat_prompt_text(tokenizer, problem.prompt), add_special_tokens=False)
+
+
+def chat_prompt_text(tokenizer, code: str) -> str:
+    """The chat format's prompt as text, special tokens written out: the template's rendering of the instruction
+    about `code` and the assistant's answer up to the opening of its python block."""
+    user = f"{INSTRUCTION}\n```\n{code.strip()}\n```\n"
     answer = f"{RESPONSE}\n```python\n{_SPLIT}\n```\n"
     text = tokenizer.apply_chat_template([{"role": "user", "content": user}, {"role": "assistant", "content": answer}],
                                          add_generation_prompt=False, tokenize=False)
-    return tokenizer.encode(text.split(_SPLIT)[0], add_special_tokens=False)
+    return text.split(_SPLIT)[0]
 
 
 def completion_of(text: str, fmt: PromptFormat) -> str:

@@ -24,6 +24,8 @@ from headcount.surgery.cli_common import EVAL_HELP
 
 
 TEACHER_STREAM = "teacher"  # --calibration: the teacher's own samples (healing/teacher_text.py)
+TEACHER_CHAT = "teacher-chat"  # --calibration: prose and the teacher's chat answers (teacher_chat_windows)
+TEACHER_STREAMS = (TEACHER_STREAM, TEACHER_CHAT)
 
 
 def check_heal_steps(heal_steps: int) -> None:
@@ -150,8 +152,11 @@ def register(app, bench_app) -> None:
                                             "domain 'text' beside the three); default: the mixed corpus"),
         stream: str = typer.Option("mixed", "--calibration", help="the calibration stream without --text: mixed "
                                    "(prose + torch/numpy docstrings and comments), prose+source (prose + the "
-                                   "same files' verbatim source: for code models) or teacher (the teacher's own "
-                                   "sampled continuations of mixed's calibration prompts, --tokens of them)"),
+                                   "same files' verbatim source: for code models), teacher (the teacher's own "
+                                   "sampled continuations of mixed's calibration prompts, --tokens of them) or "
+                                   "teacher-chat (for a chat model judged by its answers: half prose, half the "
+                                   "teacher's greedy chat answers to function stubs of the torch/numpy "
+                                   "calibration source, asked as --eval asks)"),
         force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
         json_out: bool = typer.Option(False, "--json", help="print JSON"),
         evals: Optional[list[str]] = typer.Option(None, "--eval", help=EVAL_HELP + " (before edit: the teacher)"),
@@ -172,8 +177,8 @@ def register(app, bench_app) -> None:
             if lr is not None and not lr > 0:
                 raise ValueError(f"--lr: expected a positive learning rate, got {lr}")
             from headcount.analysis.batches import STREAMS
-            if stream not in (*STREAMS, TEACHER_STREAM):
-                raise ValueError(f"--calibration: expected one of {', '.join((*STREAMS, TEACHER_STREAM))}, "
+            if stream not in (*STREAMS, *TEACHER_STREAMS):
+                raise ValueError(f"--calibration: expected one of {', '.join((*STREAMS, *TEACHER_STREAMS))}, "
                                  f"got {stream!r}")
             if text is not None and stream != "mixed":
                 raise ValueError(f"--calibration: {stream!r} and --text both choose the calibration; give one")
@@ -186,6 +191,9 @@ def register(app, bench_app) -> None:
             specs = task_specs(evals)
             calibration, held_out, _ = calibration_and_held_out(text)
             check_not_calibrated_on(specs, calibration)
+            if stream == TEACHER_CHAT:  # the stubs the teacher is asked about are calibration text too
+                from headcount.data import function_stubs
+                check_not_calibrated_on(specs, list(function_stubs()), "--calibration teacher-chat")
             out = check_out_dir(out, force)
             group, main = None, True
             if "WORLD_SIZE" in os.environ:  # under torchrun: data-parallel healing (DDP), rank 0 writes
@@ -205,6 +213,12 @@ def register(app, bench_app) -> None:
                 if stream == TEACHER_STREAM:  # written by the teacher now, from the mixed stream's prompts
                     from headcount.surgery.healing.teacher_text import teacher_texts
                     calibration_now, stream_now = teacher_texts(original, tokens, progress=main), "mixed"
+                elif stream == TEACHER_CHAT:  # as many windows as the heal draws, half of them the teacher's answers
+                    from headcount.surgery.healing.loop import windows_drawn
+                    from headcount.surgery.healing.teacher_text import teacher_chat_windows
+                    from headcount.distributed import DataParallel
+                    n = windows_drawn(steps, tokens, batch_size=max(1, DataParallel(group).world))
+                    calibration_now, stream_now = teacher_chat_windows(original, n, progress=main), "mixed"
                 try:
                     result = heal(model, original, steps=steps, tokens=tokens, params=params, lr=lr, known=known,
                                   eval_windows=eval_windows, group=group,
@@ -215,7 +229,7 @@ def register(app, bench_app) -> None:
                     raise
                 model.healing = {**result.metadata(), "teacher": teacher,
                                  **({"calibration": str(text)} if text else {}),
-                                 **({"calibration": TEACHER_STREAM} if stream == TEACHER_STREAM else {})}
+                                 **({"calibration": stream} if stream in TEACHER_STREAMS else {})}
                 return result.to_json()
 
             # the teacher is the model before the edit, the student after it: the three held-out domains, with
@@ -230,7 +244,7 @@ def register(app, bench_app) -> None:
         from headcount.surgery.cli_common import command_line
         # weights_sha256: the unedited model's (the teacher: the weights before the edit, what a saved result is
         # keyed by); edited_weights_sha256: the student's before healing
-        data = {**report.healing, **({"calibration": TEACHER_STREAM} if stream == TEACHER_STREAM else {}),
+        data = {**report.healing, **({"calibration": stream} if stream in TEACHER_STREAMS else {}),
                 "teacher": teacher, "out": str(out), "weights_sha256": report.weights_sha256,
                 "edited_weights_sha256": report.edited_weights_sha256, "command": command_line()}
         if specs:

@@ -123,6 +123,19 @@ def default_lr(teacher, params: str = DEFAULT_PARAMS) -> float:
     return relative_lr(DEFAULT_LR[params], teacher)
 
 
+def windows_drawn(steps: int | None = None, tokens: int | None = None, *, window: int = WINDOW,
+                  batch_size: int = BATCH_SIZE, validation_windows: int = VALIDATION_WINDOWS) -> int:
+    """How many calibration windows a heal draws: the steps' windows and the validation ones, within the
+    `tokens` budget (None: the defaults). A budget of fewer than validation_windows + 1 windows: ValueError."""
+    steps = DEFAULT_STEPS if steps is None else steps
+    tokens = DEFAULT_TOKENS if tokens is None else tokens
+    n_budget = tokens // window
+    if n_budget < validation_windows + 1:
+        raise ValueError(f"tokens: {tokens} tokens is {n_budget} windows of {window}; expected at least "
+                         f"{validation_windows + 1} (validation_windows + one to train on)")
+    return min(n_budget - validation_windows, steps * batch_size) + validation_windows
+
+
 def _calibration_name(calibration) -> str:
     """What a heal distilled on, for its result and saved metadata."""
     if calibration is None:
@@ -173,12 +186,9 @@ class _Healing:
             raise ValueError(f"torchrun: {dp.world} ranks but a step of {batch_size} windows (batch_size); use at "
                              f"most {batch_size} ranks")
         window = min(window, model.config.max_position)
-        n_budget = tokens // window
-        if n_budget < validation_windows + 1:
-            raise ValueError(f"tokens: {tokens} tokens is {n_budget} windows of {window}; expected at least "
-                             f"{validation_windows + 1} (validation_windows + one to train on)")
-        n_train = min(n_budget - validation_windows, steps * batch_size)
-        self.windows = windows = _windows(model, calibration, n_train + validation_windows, window)
+        n_drawn = windows_drawn(steps, tokens, window=window, batch_size=batch_size,
+                                validation_windows=validation_windows)
+        self.windows = windows = _windows(model, calibration, n_drawn, window)
         if windows.shape[0] < 2:
             raise ValueError(f"calibration: {windows.shape[0]} window(s) of {window} tokens; expected at least 2")
         self.n_val = n_val = min(validation_windows, windows.shape[0] // 2)  # a short text keeps half to train on

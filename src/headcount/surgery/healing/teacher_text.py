@@ -1,12 +1,22 @@
-"""Calibration the teacher writes itself: its sampled continuations of short calibration prompts.
+"""Calibration the teacher writes itself: its sampled continuations of short calibration prompts, or its chat
+answers to instructions.
 
     texts = teacher_texts(teacher, tokens=98_304)     # list of str, prompt + continuation each
     heal(student, teacher, calibration=texts)
+    windows = teacher_chat_windows(teacher, 108)      # LongTensor [108, 512]: prose and chat answers, interleaved
+    heal(student, teacher, calibration=windows)
 
 Distilling on a fixed corpus teaches the student the teacher's distribution on that corpus only; the teacher's
 own samples (temperature 1, the full distribution) cover what the teacher itself finds likely, code included
 for a code model, without a second corpus. The prompts are consecutive pieces of `stream`'s calibration part,
 so nothing held out (and no eval problem) reaches them; the continuations are sampled with a fixed seed.
+
+The chat form (teacher_chat_windows) is for a chat model that is judged by what it answers: a heal on prose and
+docstrings improved a pruned code model's perplexity and not its HumanEval pass@1 (docs/eval.md). Its instructions
+are the eval's chat format (tasks/prompts.py) about function stubs of the calibration part of the torch / numpy
+source (data.function_stubs: a signature and docstring, no body), and the teacher answers them greedily, as it
+answers when judged: the student is distilled on the states the task visits. Half the windows stay the default
+corpus's calibration prose, interleaved, so the heal keeps the prose domain in view.
 """
 
 from __future__ import annotations
@@ -18,6 +28,8 @@ from headcount.arguments import positive_float, positive_int
 PROMPT_TOKENS = 32
 NEW_TOKENS = 480  # a prompt and its continuation fill one 512-token healing window
 BATCH_SIZE = 16
+CHAT_NEW_TOKENS = 384  # an answer's cap: the eval's answers are ~290 tokens on qwen2.5-coder-0.5b (512 its cap)
+CHAT_BATCH_SIZE = 32  # the eval's batch (tasks.harness.BATCH_SIZE)
 
 
 def teacher_texts(teacher, tokens: int, *, stream: str = "mixed", prompt_tokens: int = PROMPT_TOKENS,
@@ -63,6 +75,69 @@ def teacher_texts(teacher, tokens: int, *, stream: str = "mixed", prompt_tokens:
     return [decode(p) + r.text for p, r in zip(prompts, results)]
 
 
-def _bar(total: int):
+def _bar(total: int, desc: str = "teacher text", unit: str = "sample"):
     from tqdm import tqdm
-    return tqdm(total=total, desc="teacher text", unit="sample", leave=False)
+    return tqdm(total=total, desc=desc, unit=unit, leave=False)
+
+
+def teacher_chat_texts(teacher, n_texts: int, *, new_tokens: int = CHAT_NEW_TOKENS, batch_size: int = CHAT_BATCH_SIZE,
+                       progress: bool = True) -> list[str]:
+    """The first `n_texts` calibration function stubs (data.function_stubs, cycled when there are fewer) asked
+    in the eval's chat format, each with the teacher's greedy answer: prompt text (special tokens written out)
+    + answer + the closing fence. A teacher without a chat template: ValueError."""
+    from headcount.data import function_stubs
+    from headcount.models.continuous import generate_many, supports_continuous
+    from headcount.models.batched import generate_batch
+    from headcount.tasks.prompts import FENCE_STOP, PromptFormat, chat_prompt_text
+
+    positive_int("n_texts", n_texts)
+    positive_int("new_tokens", new_tokens)
+    tokenizer = getattr(teacher, "tokenizer", None)
+    if not hasattr(teacher, "lm_head") or tokenizer is None:
+        raise ValueError("teacher: its chat answers need a decoder with a tokenizer")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("teacher: it has no chat template to be asked through (calibration 'teacher' samples "
+                         "its plain continuations instead)")
+    stubs = function_stubs()
+    prompts = [chat_prompt_text(tokenizer, stubs[i % len(stubs)]) for i in range(n_texts)]
+    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    room = teacher.config.max_position - max(len(i) for i in ids)
+    if room < 1:
+        raise ValueError(f"teacher: a stub's prompt of {max(len(i) for i in ids)} tokens fills its context of "
+                         f"{teacher.config.max_position}")
+    new_tokens = min(new_tokens, room)
+    stop = PromptFormat("chat").stops(tokenizer)
+    bar = _bar(n_texts, "teacher answers", "answer") if progress else None
+    if supports_continuous(teacher):
+        results = generate_many(teacher, ids, new_tokens, batch_size=batch_size, stop=stop,
+                                on_result=(lambda i, r: bar.update(1)) if bar else None)
+    else:
+        results = []
+        for i in range(0, n_texts, batch_size):
+            results += generate_batch(teacher, ids[i:i + batch_size], new_tokens, stop=stop)
+            if bar:
+                bar.update(len(ids[i:i + batch_size]))
+    if bar:
+        bar.close()
+    return [p + r.text + FENCE_STOP + "\n" for p, r in zip(prompts, results)]
+
+
+def teacher_chat_windows(teacher, n_windows: int, *, window: int = 512, progress: bool = True, **kwargs):
+    """`n_windows` token windows [n_windows, window]: the default corpus's calibration prose and the teacher's
+    chat answers (teacher_chat_texts, about as many tokens as half the windows), interleaved prose, chat, prose, ...
+    so that the heal's last (validation) windows hold both. Fewer chat windows than half when the stubs run out."""
+    import torch
+
+    from headcount.analysis.batches import token_windows
+    from headcount.data import default_corpus
+
+    positive_int("n_windows", n_windows, 2)
+    window = min(positive_int("window", window, 2), teacher.config.max_position)
+    n_chat = n_windows // 2
+    # an answer and its prompt are ~500 tokens on qwen2.5-coder-0.5b: ask for one per window, and a few more
+    texts = teacher_chat_texts(teacher, n_chat + max(2, n_chat // 8), progress=progress, **kwargs)
+    chat = token_windows(teacher, texts, window=window, max_windows=n_chat)
+    prose = token_windows(teacher, default_corpus().texts("calibration"), window=window,
+                          max_windows=n_windows - len(chat))
+    rows = [r for pair in zip(prose, chat) for r in pair] + list(prose[len(chat):]) + list(chat[len(prose):])
+    return torch.stack(rows[:n_windows])
