@@ -133,3 +133,20 @@ def test_vllm_capacity_is_the_accounts_kv_only_fit(pair, tmp_path):
     assert caps[True]["num_blocks"] / caps[False]["num_blocks"] == pytest.approx(2.0, rel=0.01)
     rows = {r["edited"] is not None: r for r in out["rows"]}
     assert rows[True]["kv_bytes"] * 2 == rows[False]["kv_bytes"]
+
+
+def test_a_padded_layout_gets_the_accounts_of_the_heads_llama_cpp_computes():
+    from headcount.cost.edited import EditedShape, predict
+    from headcount.engines.serve import Variant, _base_shape, run_shape_note
+
+    model = tiny()
+    base = _base_shape(model)
+    pruned = Variant("p", "p", "p", ((3, 2), (4, 2)), "d", {})  # layer 0 lost a query head: groups 2 + 1
+    assert run_shape_note(base, pruned, pruned.heads, 64, 1) == []  # computed as kept: nothing to add
+    padded = ((4, 2), (4, 2))  # the zero head written back: llama.cpp computes the unedited shape
+    (note,) = run_shape_note(base, pruned, padded, 64, 1)
+    assert "8 query heads, 4 K/V heads; the edit keeps 7 and 4" in note
+    assert "prefill 1.000x" in note and "decode 1.000x" in note  # padding back to the model buys nothing
+    p = predict(base, EditedShape(base.base, ((3, 2), (4, 2))), batch=1, seq=64, kv_dtype="fp16",
+                weight_dtype="fp32")
+    assert p["prefill_speedup"] > 1.0  # while the edit itself would have bought some

@@ -79,6 +79,21 @@ def _variant(model, label: str, edited: str | None, source: str) -> Variant:
     return Variant(label, edited, source, heads, weights_hash(model)[:12], {})
 
 
+def run_shape_note(base_shape, v: Variant, runs: tuple, seq: int, batch: int) -> list[str]:
+    """[] when the engine computes the edit's own heads; else one note with the accounts for the heads it does
+    compute (a padded or copied layout): the predicted columns stay the edit's, this says what the file can buy."""
+    if v.edited is None or runs == v.heads:
+        return []
+    from headcount.cost.edited import EditedShape, predict
+    from headcount.engines import llamacpp_engine
+
+    p = predict(base_shape, EditedShape(base_shape.base, runs, v.label), batch=batch, seq=seq,
+                kv_dtype=llamacpp_engine.KV_DTYPE, weight_dtype=llamacpp_engine.WEIGHT_DTYPE)
+    return [f"the shape llama.cpp computes ({sum(q for q, _ in runs)} query heads, {sum(k for _, k in runs)} K/V heads; "
+            f"the edit keeps {sum(q for q, _ in v.heads)} and {sum(k for _, k in v.heads)}): the accounts predict "
+            f"KV {p['kv_ratio']:.2f}x, prefill {p['prefill_speedup']:.3f}x, decode {p['decode_speedup']:.3f}x for it"]
+
+
 def _base_shape(model):
     from headcount.cost.edited import EditedShape, decoder_config_shape
 
@@ -168,6 +183,8 @@ def run_serve(model_name: str, edited: list[str], engines: list[str], contexts: 
                     bar.set_description(f"llamacpp: exporting {v.label}")
                     plan = llamacpp_engine.export(models[v.edited], gguf)
                     notes = llamacpp_engine.notes(plan)
+                    # the heads the GGUF makes llama.cpp compute (zero query heads, copied K/V heads included)
+                    runs = tuple(zip(plan["query_heads_written"], plan["kv_heads_written"]))
                     for context in contexts:
                         for batch in batches:
                             bar.set_description(f"llamacpp {v.label} {context}x{batch}")
@@ -175,7 +192,8 @@ def run_serve(model_name: str, edited: list[str], engines: list[str], contexts: 
                                 gguf, prompt[:context], batch=batch, new_tokens=new_tokens, threads=threads))
                             row("llamacpp", v, context, batch, out["kv_bytes"], out["peak_rss_bytes"],
                                 out["prefill_s"], out["decode_s"], llamacpp_engine.KV_DTYPE,
-                                llamacpp_engine.WEIGHT_DTYPE, notes)
+                                llamacpp_engine.WEIGHT_DTYPE,
+                                notes + run_shape_note(base_shape, v, runs, context + new_tokens, batch))
                             bar.update(1)
                             planned -= 1
             elif engine == "vllm":
