@@ -23,13 +23,7 @@ from headcount.surgery.healing.teacher_text import teacher_chat_texts, teacher_c
 from headcount.tasks.problems import Problem
 from headcount.tasks.prompts import FENCE_STOP, PromptFormat, chat_prompt_text, prompt_ids
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +101,7 @@ def test_windows_drawn_is_the_steps_and_validation_within_the_budget():
     assert windows_drawn(100, 98_304) == 108  # 100 steps of one window + 8 validation windows
     assert windows_drawn() == 192  # the defaults: 200 steps, but the 98,304-token budget is 192 windows
     assert windows_drawn(4, 98_304, batch_size=2) == 16
+    assert windows_drawn(4, 98_304, world=2) == 16  # under torchrun: one window a step per rank
     with pytest.raises(ValueError, match="tokens"):
         windows_drawn(10, 4096)
 

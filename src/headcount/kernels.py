@@ -36,6 +36,8 @@ enable_gqa backward is several times slower than the gathered one.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -150,28 +152,34 @@ def _fused(q, k, v, mask, is_causal, dropout_p, scale, kv_index, sinks=None, sof
 def _grouped(q, k, v, mask, is_causal, dropout_p, scale, kv_index) -> Tensor:
     """Uneven groups without copying K/V: the query heads of each K/V head (gathered when they are not
     contiguous) attend that one head through SDPA's enable_gqa, and the outputs return to head order."""
-    heads = kv_index.tolist()
-    order = sorted(range(len(heads)), key=heads.__getitem__)  # stable: head order within each group
-    permuted = order != list(range(len(heads)))
-    if permuted:
-        index = torch.tensor(order, device=q.device)
-        q = q.index_select(1, index)
-        if mask is not None and mask.dim() == 4 and mask.shape[1] != 1:  # a per-head mask follows its head
-            mask = mask.index_select(1, index)
-    outs, start = [], 0
+    order, inverse, spans = _group_plan(tuple(kv_index.tolist()), q.device)
+    per_head = mask is not None and mask.dim() == 4 and mask.shape[1] != 1  # a per-head mask follows its head
+    if order is not None:
+        q = q.index_select(1, order)
+        if per_head:
+            mask = mask.index_select(1, order)
+    outs = [F.scaled_dot_product_attention(q[:, a:b], k[:, g:g + 1], v[:, g:g + 1],
+                                           attn_mask=mask[:, a:b] if per_head else mask, dropout_p=dropout_p,
+                                           is_causal=is_causal, scale=scale, enable_gqa=True)
+            for g, a, b in spans]
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, nh, T, dh), grouped order
+    return out if inverse is None else out.index_select(1, inverse)
+
+
+@functools.lru_cache(maxsize=64)  # a model has a few distinct maps, and every decode step asks again
+def _group_plan(heads: tuple[int, ...], device) -> tuple[Tensor | None, Tensor | None, tuple]:
+    """(the query heads sorted by K/V head, stable, or None when already sorted; its inverse permutation;
+    (K/V head, first, end) spans of the sorted heads)."""
+    order = sorted(range(len(heads)), key=heads.__getitem__)
+    spans, start = [], 0
     for g in sorted(set(heads)):
         n = heads.count(g)
-        part = mask
-        if mask is not None and mask.dim() == 4 and mask.shape[1] != 1:
-            part = mask[:, start:start + n]
-        outs.append(F.scaled_dot_product_attention(q[:, start:start + n], k[:, g:g + 1], v[:, g:g + 1],
-                                                   attn_mask=part, dropout_p=dropout_p, is_causal=is_causal,
-                                                   scale=scale, enable_gqa=True))
+        spans.append((g, start, start + n))
         start += n
-    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, nh, T, dh), grouped order
-    if permuted:
-        out = out.index_select(1, torch.tensor(sorted(range(len(order)), key=order.__getitem__), device=q.device))
-    return out
+    if order == list(range(len(heads))):
+        return None, None, tuple(spans)
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return (torch.tensor(order, device=device), torch.tensor(inverse, device=device), tuple(spans))
 
 
 # Queries per chunk on the windowed fused path: at least the window, and never so few that the

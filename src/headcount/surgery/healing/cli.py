@@ -214,10 +214,10 @@ def register(app, bench_app) -> None:
                     from headcount.surgery.healing.teacher_text import teacher_texts
                     calibration_now, stream_now = teacher_texts(original, tokens, progress=main), "mixed"
                 elif stream == TEACHER_CHAT:  # as many windows as the heal draws, half of them the teacher's answers
+                    from headcount.distributed import DataParallel
                     from headcount.surgery.healing.loop import windows_drawn
                     from headcount.surgery.healing.teacher_text import teacher_chat_windows
-                    from headcount.distributed import DataParallel
-                    n = windows_drawn(steps, tokens, batch_size=max(1, DataParallel(group).world))
+                    n = windows_drawn(steps, tokens, world=DataParallel(group).world)
                     calibration_now, stream_now = teacher_chat_windows(original, n, progress=main), "mixed"
                 try:
                     result = heal(model, original, steps=steps, tokens=tokens, params=params, lr=lr, known=known,

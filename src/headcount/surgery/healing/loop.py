@@ -124,16 +124,23 @@ def default_lr(teacher, params: str = DEFAULT_PARAMS) -> float:
 
 
 def windows_drawn(steps: int | None = None, tokens: int | None = None, *, window: int = WINDOW,
-                  batch_size: int = BATCH_SIZE, validation_windows: int = VALIDATION_WINDOWS) -> int:
+                  batch_size: int | None = None, world: int = 1, validation_windows: int = VALIDATION_WINDOWS) -> int:
     """How many calibration windows a heal draws: the steps' windows and the validation ones, within the
-    `tokens` budget (None: the defaults). A budget of fewer than validation_windows + 1 windows: ValueError."""
+    `tokens` budget (None: the defaults; batch_size None: heal's, one window per rank of `world`). A budget of
+    fewer than validation_windows + 1 windows: ValueError."""
     steps = DEFAULT_STEPS if steps is None else steps
+    batch_size = _batch_size(batch_size, world)
     tokens = DEFAULT_TOKENS if tokens is None else tokens
     n_budget = tokens // window
     if n_budget < validation_windows + 1:
         raise ValueError(f"tokens: {tokens} tokens is {n_budget} windows of {window}; expected at least "
                          f"{validation_windows + 1} (validation_windows + one to train on)")
     return min(n_budget - validation_windows, steps * batch_size) + validation_windows
+
+
+def _batch_size(batch_size: int | None, world: int) -> int:
+    """Windows a step: BATCH_SIZE, or one per rank when more ranks run, unless given."""
+    return max(BATCH_SIZE, world) if batch_size is None else batch_size
 
 
 def _calibration_name(calibration) -> str:
@@ -181,7 +188,7 @@ class _Healing:
             positive_int("eval_every", eval_every, expected=_COUNT)
         from headcount.distributed import DataParallel
         self.dp = dp = DataParallel(group)
-        self.batch_size = batch_size = max(BATCH_SIZE, dp.world) if batch_size is None else batch_size
+        self.batch_size = batch_size = _batch_size(batch_size, dp.world)
         if dp.world > batch_size:
             raise ValueError(f"torchrun: {dp.world} ranks but a step of {batch_size} windows (batch_size); use at "
                              f"most {batch_size} ranks")

@@ -39,8 +39,6 @@ def teacher_texts(teacher, tokens: int, *, stream: str = "mixed", prompt_tokens:
     calibration prompt of `prompt_tokens` tokens and up to `new_tokens` sampled after it (a sample that ends at
     EOS is shorter; the heal windows the joined texts, so the total may fall a little short of `tokens`)."""
     from headcount.analysis.batches import calibration_batches
-    from headcount.models.batched import generate_batch
-    from headcount.models.continuous import generate_many, supports_continuous
 
     positive_int("tokens", tokens)
     positive_int("prompt_tokens", prompt_tokens, 2)
@@ -57,27 +55,31 @@ def teacher_texts(teacher, tokens: int, *, stream: str = "mixed", prompt_tokens:
     prompts = [row.tolist() for b in batches for row in b.ids][:n]
     if len(prompts) < n:  # a short stream: its prompts again, each sampled anew
         prompts = [prompts[i % len(prompts)] for i in range(n)]
-    bar = _bar(n) if progress else None
-    settings = dict(temperature=temperature, seed=seed)
-    if supports_continuous(teacher):
-        results = generate_many(teacher, prompts, new_tokens, batch_size=batch_size, **settings,
-                                on_result=(lambda i, r: bar.update(1)) if bar else None)
-    else:
-        results = []
-        for i in range(0, n, batch_size):
-            results += generate_batch(teacher, prompts[i:i + batch_size], new_tokens, temperature=temperature,
-                                      seed=seed + i)
-            if bar:
-                bar.update(len(prompts[i:i + batch_size]))
-    if bar:
-        bar.close()
+    results = _generate(teacher, prompts, new_tokens, batch_size=batch_size, progress=progress,
+                        desc=("teacher text", "sample"), temperature=temperature, seed=seed)
     decode = teacher.tokenizer.decode
     return [decode(p) + r.text for p, r in zip(prompts, results)]
 
 
-def _bar(total: int, desc: str = "teacher text", unit: str = "sample"):
+def _generate(teacher, prompts: list, new_tokens: int, *, batch_size: int, progress: bool, desc: tuple[str, str],
+              temperature: float = 0.0, seed: int | None = None, stop=None) -> list:
+    """One GenerationResult per prompt, in order, with a progress bar: continuous batching where the teacher allows
+    it, else batches of `batch_size` (batch starting at prompt i seeded seed + i)."""
     from tqdm import tqdm
-    return tqdm(total=total, desc=desc, unit=unit, leave=False)
+
+    from headcount.models.batched import generate_batch
+    from headcount.models.continuous import generate_many, supports_continuous
+
+    with tqdm(total=len(prompts), desc=desc[0], unit=desc[1], leave=False, disable=not progress) as bar:
+        if supports_continuous(teacher):
+            return generate_many(teacher, prompts, new_tokens, batch_size=batch_size, temperature=temperature,
+                                 seed=seed, stop=stop, on_result=lambda i, r: bar.update(1))
+        results = []
+        for i in range(0, len(prompts), batch_size):
+            results += generate_batch(teacher, prompts[i:i + batch_size], new_tokens, temperature=temperature,
+                                      seed=None if seed is None else seed + i, stop=stop)
+            bar.update(len(prompts[i:i + batch_size]))
+        return results
 
 
 def teacher_chat_texts(teacher, n_texts: int, *, new_tokens: int = CHAT_NEW_TOKENS, batch_size: int = CHAT_BATCH_SIZE,
@@ -86,8 +88,6 @@ def teacher_chat_texts(teacher, n_texts: int, *, new_tokens: int = CHAT_NEW_TOKE
     in the eval's chat format, each with the teacher's greedy answer: prompt text (special tokens written out)
     + answer + the closing fence. A teacher without a chat template: ValueError."""
     from headcount.data import function_stubs
-    from headcount.models.continuous import generate_many, supports_continuous
-    from headcount.models.batched import generate_batch
     from headcount.tasks.prompts import FENCE_STOP, PromptFormat, chat_prompt_text
 
     positive_int("n_texts", n_texts)
@@ -105,20 +105,8 @@ def teacher_chat_texts(teacher, n_texts: int, *, new_tokens: int = CHAT_NEW_TOKE
     if room < 1:
         raise ValueError(f"teacher: a stub's prompt of {max(len(i) for i in ids)} tokens fills its context of "
                          f"{teacher.config.max_position}")
-    new_tokens = min(new_tokens, room)
-    stop = PromptFormat("chat").stops(tokenizer)
-    bar = _bar(n_texts, "teacher answers", "answer") if progress else None
-    if supports_continuous(teacher):
-        results = generate_many(teacher, ids, new_tokens, batch_size=batch_size, stop=stop,
-                                on_result=(lambda i, r: bar.update(1)) if bar else None)
-    else:
-        results = []
-        for i in range(0, n_texts, batch_size):
-            results += generate_batch(teacher, ids[i:i + batch_size], new_tokens, stop=stop)
-            if bar:
-                bar.update(len(ids[i:i + batch_size]))
-    if bar:
-        bar.close()
+    results = _generate(teacher, ids, min(new_tokens, room), batch_size=batch_size, progress=progress,
+                        desc=("teacher answers", "answer"), stop=PromptFormat("chat").stops(tokenizer))
     return [p + r.text + FENCE_STOP + "\n" for p, r in zip(prompts, results)]
 
 
