@@ -291,7 +291,10 @@ def _env() -> dict:
     return env
 
 
-MERGE_ARGS = ["--kv-heads", "1", "--calibration-windows", "2", "--eval-windows", "1", "--local-steps", "0", "--json"]
+# two uptrain steps still take the data-parallel uptrain's path (gradients all-reduced); the default 20 only repeat
+# it, at full-vocabulary logits each, in three processes
+MERGE_ARGS = ["--kv-heads", "1", "--calibration-windows", "2", "--eval-windows", "1", "--local-steps", "0",
+              "--uptrain-steps", "2", "--json"]
 
 
 def test_merge_cli_under_torchrun_rank0_writes_and_equals_one_process(tiny_lm, tmp_path):
