@@ -47,13 +47,12 @@ def read_chat_template(directory: str | Path | None = None, gguf: str | Path | N
 
 @lru_cache(maxsize=8)
 def _gguf_template(path: str) -> str | None:
-    import gguf as gguf_lib
+    # headcount's header reader decodes the vocabulary only when asked: gguf.GGUFReader builds every one of its
+    # 49k-262k entries first, seconds on every load of a zoo model
+    from headcount.models.formats.gguf import GGUFFile
 
-    reader = gguf_lib.GGUFReader(path)
-    field = reader.fields.get("tokenizer.chat_template")
-    if field is None or not field.data:
-        return None
-    return bytes(field.parts[field.data[0]]).decode("utf-8")
+    template = GGUFFile(path).get("tokenizer.chat_template")
+    return str(template) if template else None
 
 
 @lru_cache(maxsize=8)
