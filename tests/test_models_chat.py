@@ -13,7 +13,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from headcount.cli import app  # noqa: E402
 from headcount.models import load  # noqa: E402
-from headcount.models.chat import ChatTemplateError, read_chat_template, render  # noqa: E402
+from headcount.models.chat import ChatTemplateError, render  # noqa: E402
+from headcount.models.formats.gguf import chat_template as gguf_chat_template  # noqa: E402
 
 CONVERSATIONS = [
     [{"role": "user", "content": "Write a function that adds two numbers."}],
@@ -47,7 +48,7 @@ def _cache_dir(model):
 @pytest.mark.parametrize("messages", CONVERSATIONS)
 def test_qwen_gguf_template_gives_transformers_ids(qwen, messages):
     directory = _cache_dir(qwen)
-    assert qwen.tokenizer.chat_template == read_chat_template(gguf=qwen.source_gguf)  # the GGUF's own field
+    assert qwen.tokenizer.chat_template == gguf_chat_template(qwen.source_gguf)  # the GGUF's own field
     for generation in (True, False):
         ours = qwen.tokenizer.apply_chat_template(messages, add_generation_prompt=generation)
         assert ours == _transformers_ids(directory, messages, generation)

@@ -24,35 +24,23 @@ class ChatTemplateError(ValueError):
     """A template that cannot be rendered, or messages it cannot take (one line)."""
 
 
-def read_chat_template(directory: str | Path | None = None, gguf: str | Path | None = None) -> str | None:
-    """The template in `directory` (chat_template.jinja, else tokenizer_config.json), else in the GGUF file."""
-    if directory is not None:
-        directory = Path(directory)
-        if (directory / CHAT_TEMPLATE_FILE).is_file():
-            return (directory / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
-        config = directory / "tokenizer_config.json"
-        if config.is_file():
-            try:
-                template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-            except (json.JSONDecodeError, AttributeError):
-                template = None
-            if isinstance(template, list):  # transformers 4's named templates: [{"name", "template"}]
-                template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-            if isinstance(template, str):
-                return template
-    if gguf is not None and Path(gguf).is_file():
-        return _gguf_template(str(gguf))
+def read_chat_template(directory: str | Path) -> str | None:
+    """The template in `directory`: chat_template.jinja, else tokenizer_config.json's. (A GGUF file's:
+    formats.gguf.chat_template.)"""
+    directory = Path(directory)
+    if (directory / CHAT_TEMPLATE_FILE).is_file():
+        return (directory / CHAT_TEMPLATE_FILE).read_text(encoding="utf-8")
+    config = directory / "tokenizer_config.json"
+    if config.is_file():
+        try:
+            template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        except (json.JSONDecodeError, AttributeError):
+            template = None
+        if isinstance(template, list):  # transformers 4's named templates: [{"name", "template"}]
+            template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+        if isinstance(template, str):
+            return template
     return None
-
-
-@lru_cache(maxsize=8)
-def _gguf_template(path: str) -> str | None:
-    # headcount's header reader decodes the vocabulary only when asked: gguf.GGUFReader builds every one of its
-    # 49k-262k entries first, seconds on every load of a zoo model
-    from headcount.models.formats.gguf import GGUFFile
-
-    template = GGUFFile(path).get("tokenizer.chat_template")
-    return str(template) if template else None
 
 
 @lru_cache(maxsize=8)

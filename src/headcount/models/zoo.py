@@ -167,9 +167,9 @@ def load_gguf(path: str | Path, *, dtype: torch.dtype = torch.float32, cache_dir
         directory = cached_checkpoint(path, root=cache_dir, rebuild=True, log=_log, sha256=sha256)
         model = load_checkpoint(directory, dtype=dtype)
     if model.tokenizer is not None and model.tokenizer.chat_template is None:  # a cache written without it
-        from headcount.models.chat import read_chat_template
+        from headcount.models.formats.gguf import chat_template
 
-        model.tokenizer.chat_template = read_chat_template(gguf=path)
+        model.tokenizer.chat_template = chat_template(path)
     return model
 
 

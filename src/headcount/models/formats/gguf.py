@@ -40,6 +40,7 @@ check leaves nothing there.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -709,6 +710,19 @@ def write_checkpoint(gguf_path: str | Path, out_dir: str | Path, *, sha256: str 
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
     (out_dir / MARKER).write_text(json.dumps({"source": str(gguf_path), "source_sha256": sha256}, indent=2))
     return out_dir
+
+
+def chat_template(path: str | Path) -> str | None:
+    """The file's `tokenizer.chat_template` (None when it has none or the file is gone)."""
+    return _chat_template(str(path)) if Path(path).is_file() else None
+
+
+@functools.lru_cache(maxsize=8)
+def _chat_template(path: str) -> str | None:
+    # GGUFFile decodes the vocabulary only when asked: gguf.GGUFReader builds every one of its 49k-262k entries
+    # first, seconds on every load of a zoo model
+    template = GGUFFile(path).get("tokenizer.chat_template")
+    return str(template) if template else None
 
 
 def read_gguf(path: str | Path) -> tuple[dict, dict, dict | None]:

@@ -249,9 +249,9 @@ def load_deci(path: str | Path, *, dtype=None):
             state[name].copy_(torch.from_numpy(w if w.flags.writeable else w.copy()))
     model.tokenizer = Tokenizer(tokenizer_backend(tok), bos_token_id=tok["bos_token_id"], eos_token_id=tok["eos_token_id"],
                                 pad_token_id=tok["pad_token_id"], add_special_tokens=tok["add_bos_token"])
-    from headcount.models.chat import read_chat_template
+    from headcount.models.formats.gguf import chat_template
 
-    model.tokenizer.chat_template = read_chat_template(gguf=path)
+    model.tokenizer.chat_template = chat_template(path)
     model.name = str(path)
     return model.eval()
 

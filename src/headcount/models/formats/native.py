@@ -34,6 +34,7 @@ from headcount.attention import MultiHeadAttention
 from headcount.models.formats.errors import CheckpointError
 from headcount.models.formats.tensors import SafetensorsFile, no_init
 from headcount.models.chat import CHAT_TEMPLATE_FILE, read_chat_template
+from headcount.models.formats.gguf import chat_template
 
 FORMAT, VERSION = "headcount", 1
 CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE = "headcount.json", "model.safetensors", "tokenizer.json"
@@ -251,7 +252,9 @@ def read(directory: str | Path, *, dtype: torch.dtype = torch.float32):
         if not tok_path.is_file():
             raise CheckpointError(f"{tok_path}: missing ({CONFIG_FILE} records a tokenizer)")
         model.tokenizer = Tokenizer.from_file(tok_path, **tok_meta)
-        model.tokenizer.chat_template = read_chat_template(directory, meta.get("source_gguf"))
+        source = meta.get("source_gguf")
+        model.tokenizer.chat_template = (read_chat_template(directory)
+                                         or (chat_template(source) if source else None))
     model.name = str(directory)
     if meta.get("source_gguf"):
         model.source_gguf = Path(meta["source_gguf"])
