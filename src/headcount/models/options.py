@@ -75,7 +75,5 @@ def check_finite(value: float, what: str, dtype) -> float:
     return value
 
 
-MODEL_HELP = "a zoo name (minilm, smollm2, gemma3-270m, qwen2.5-coder-0.5b, ...), a transformers / headcount " \
-             "checkpoint directory, or a .gguf file"
-DTYPE_HELP = "weights' precision: fp32, bf16 or fp16 (statistics are always accumulated in fp32 / fp64)"
-DEVICE_HELP = "cpu, cuda, cuda:N or auto (cuda when available)"
+# the help texts are declared once with the shared options (headcount.cli_options); re-exported here
+from headcount.cli_options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP  # noqa: E402,F401

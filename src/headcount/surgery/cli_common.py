@@ -10,8 +10,7 @@ from typing import Optional
 from headcount.paths import check_out_dir  # noqa: F401 (the commands import it from here)
 
 
-EVAL_HELP = ("TASK[:N]: also judge the edit by pass@1 on a task (humaneval, or a JSONL file of problems; N = the "
-             "first N), before the edit, after it and after healing; repeatable")
+from headcount.cli_options import EVAL_HELP  # noqa: E402,F401 (declared once, with the shared options)
 
 
 def task_specs(values):
