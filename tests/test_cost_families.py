@@ -1,4 +1,4 @@
-"""Issue 14's presets and config families (Gemma 3, Qwen2.5, Qwen3, Mistral, Gemma 2) against independent
+"""The presets and config families (Gemma 3, Qwen2.5, Qwen3, Mistral, Gemma 2) against independent
 truths: the published parameter totals, and transformers' own models built from its config classes on the
 meta device (no download, no weights), for the three presets and for random small configs of each family."""
 

@@ -1,4 +1,4 @@
-"""Issue 3's last check: the parameter formulas against the real models of headcount.models."""
+"""The parameter formulas against the real models of headcount.models."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""merge-kv and roles over ranks (issue 15): the calibration rows split over a gloo group (row w on rank
+"""merge-kv and roles over ranks: the calibration rows split over a gloo group (row w on rank
 w % world), the float64 sums (and the gradients of the local steps) all-reduced, give the single process's
 result: merged weights to relative 1e-6, the same KV groups, role scores to 1e-6. Under torchrun only
 rank 0 prints and writes; more ranks than windows is one line and exit 2 on every rank, nothing written; a

@@ -1,4 +1,4 @@
-"""Families that change the decoder's structure (issue 27): gemma2 (attention and final logit soft-capping,
+"""Families that change the decoder's structure: gemma2 (attention and final logit soft-capping,
 alternating windows), gpt_neox / Pythia (fused per-head-interleaved QKV, partial rotary, parallel residual),
 olmo2 (q/k RMSNorm over the whole projection, norms after each sub-layer), each a random small config built
 with transformers' own config class (no download) and checked against transformers' modeling code."""

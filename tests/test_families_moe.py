@@ -1,4 +1,4 @@
-"""Issue 27's mixture-of-experts families and GPT-OSS's per-head sinks, against transformers 5 on random
+"""The mixture-of-experts families and GPT-OSS's per-head sinks, against transformers 5 on random
 small configs built with transformers' own config classes (no download): logits, 32 greedy tokens,
 cached decoding past every window against a full forward, save + reload bit-identical, export back to a
 checkpoint transformers loads with no headcount code; the sink's fused path against the formula; bad input."""

@@ -1,4 +1,4 @@
-"""Issue 27, the rotary families: Llama with rope types llama3 / yarn / dynamic, Qwen2 with YaRN, Phi-3 (fused
+"""The rotary families: Llama with rope types llama3 / yarn / dynamic, Qwen2 with YaRN, Phi-3 (fused
 qkv_proj / gate_up_proj, LongRoPE, partial rotary), SmolLM3 (NoPE layers), Granite (multipliers), each a random
 small config built with transformers' own config class (no download), against transformers: logits, 32 greedy
 tokens, cached decoding = a full forward, save + reload bit-identical, export loadable by transformers. Then the

@@ -1,5 +1,5 @@
 """`headcount bench exactness` / benchmarks/exactness.py: choosing rows (--models), bad input, the rendered
-rows of the GGUF zoo models (issue 14), and one reduced real run of gemma3-270m past its sliding window.
+rows of the GGUF zoo models, and one reduced real run of gemma3-270m past its sliding window.
 
 The full rows (64 tokens, 4 windows of 512, 32 greedy tokens, a 600-token prompt) take minutes on a CPU:
 `python benchmarks/exactness.py --models qwen2.5-coder-0.5b,gemma3-270m` (numbers in docs/models.md).

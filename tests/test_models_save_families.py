@@ -1,4 +1,4 @@
-"""headcount's own saved format keeps what the new families add (issue 14): q/k norms, sliding-window layers,
+"""headcount's own saved format keeps what the new families add: q/k norms, sliding-window layers,
 Gemma's attention scale, and the bidirectional (encoder) Gemma — a pruned model saved and reloaded gives
 the same outputs, checked against the model before saving (no download; random small configs)."""
 

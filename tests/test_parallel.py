@@ -1,4 +1,4 @@
-"""Heads sharded over processes (issue 10): tiny random models on 2 and 3 gloo ranks, one thread each.
+"""Heads sharded over processes: tiny random models on 2 and 3 gloo ranks, one thread each.
 
 The truth is the same model in one process: logits, greedy tokens with the KV cache, and the gradients
 of the head gates and of a replicated weight, computed before sharding on every rank.

@@ -1,4 +1,4 @@
-"""Tensor parallel on the qwen2 and gemma3_text families (issue 14): random small models of each (the
+"""Tensor parallel on the qwen2 and gemma3_text families: random small models of each (the
 exactness bench's, headcount.models.exactness.random_transformers_model, converted by from_transformers)
 on 2 and 3 gloo ranks against the same model in one process.
 

@@ -305,7 +305,7 @@ def test_real_gates(tiny, tmp_path):
 
 
 def test_pruning_shows_the_three_held_out_domains(tiny, tmp_path, monkeypatch):
-    """Issue 16: on the default corpus the curve's default prune reports prose, code and stdlib source, through
+    """On the default corpus the curve's default prune reports prose, code and stdlib source, through
     surgery's one measure, QualityMeter (measuring once per model: the unmodified one, the pruned one), and
     domain_rows; code and source agree with surgery's own held_out_report on the same windows. (The K/V merge and
     C11's prune are the commands': tests/test_report_commands.py.)"""

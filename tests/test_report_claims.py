@@ -117,7 +117,7 @@ def test_every_claim_is_in_report_json_with_its_number_test_and_source():
     src = {c["id"]: c["source"] for c in r["claims"]}
     for cid in ("C2", "C4", "C5", "C7", "C12", "C13", "C14"):
         assert src[cid].startswith("measured on example in this report's run"), (cid, src[cid])
-    # C11 and C15: what the commands give (their saved results for these weights; issue 26)
+    # C11 and C15: what the commands give (their saved results for these weights)
     assert src["C11"].startswith("saved result of `headcount prune --model example --fraction 0.2 --out DIR --json` "
                                  "(benchmarks/results/commands/example-prune-0.2.json), measured on these weights")
     assert "the merge: saved result of `headcount merge-kv --model example --kv-heads 1 --json`" in src["C15"]

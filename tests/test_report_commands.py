@@ -1,4 +1,4 @@
-"""The report says what the commands do (issue 26): C11, C15 and the healing section come from the commands' saved
+"""The report says what the commands do: C11, C15 and the healing section come from the commands' saved
 --json results when they were measured on the report's weights (weights_sha256), otherwise from the commands'
 defaults run here (prune_to(model, 0.2), merge_kv(model, 1): the functions the commands call, nothing
 overridden) on the commands' held-out windows; healing without a saved result names the command to run.

@@ -1,4 +1,4 @@
-"""prune over ranks (issue 15): the calibration windows split over a gloo group, the float64 sums
+"""prune over ranks: the calibration windows split over a gloo group, the float64 sums
 all-reduced, give the single process's result — the same heads, the refit o_proj to relative 1e-6.
 
 Workers are module-level functions: headcount.distributed.spawn starts them in fresh processes."""

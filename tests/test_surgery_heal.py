@@ -1,4 +1,4 @@
-"""Healing (issue 26): the chunked distillation loss against full-logit KL, healing lowers the KL to the
+"""Healing: the chunked distillation loss against full-logit KL, healing lowers the KL to the
 teacher on held-aside windows, LoRA merged back = the unmerged peft model, the teacher never moves, and the
 CLI's bad inputs (one line, exit 2, nothing written) and interrupted heal (no --out)."""
 
@@ -306,7 +306,7 @@ def test_heal_cli_saves_metadata_and_reports_every_domain(saved):
     assert set(data["held_out"]) == {"before_edit", "after_edit", "after_heal"}
     assert set(data["held_out"]["after_heal"]) == {"prose", "code", "source"}
     from headcount.models.fingerprint import weights_hash
-    # issue 26: the unedited model's weights (the teacher's: what a saved result is keyed by), the student's, and the
+    # the unedited model's weights (the teacher's: what a saved result is keyed by), the student's, and the
     # command that produced the result
     assert data["weights_sha256"] == weights_hash(load(saved / "teacher"))
     assert data["edited_weights_sha256"] == weights_hash(load(saved / "child"))

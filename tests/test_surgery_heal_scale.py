@@ -1,4 +1,4 @@
-"""Healing at scale (issue 26): data-parallel healing under torch.distributed (DDP over a gloo group of 2
+"""Healing at scale: data-parallel healing under torch.distributed (DDP over a gloo group of 2
 spawned ranks reaches the single process's weights with the same global batch), and bf16 healing on fp32
 master weights (a bf16 heal follows the fp32 heal; without the masters its small updates round away).
 

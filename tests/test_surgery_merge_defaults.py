@@ -1,4 +1,4 @@
-"""One truth for K/V merging (issue 26): merge_kv(model, n) with no overrides is `headcount merge-kv --kv-heads n`.
+"""One truth for K/V merging: merge_kv(model, n) with no overrides is `headcount merge-kv --kv-heads n`.
 The command's own code path (run_merge, what `headcount merge-kv` calls) and the API with its defaults give
 bit-identical weights on a tiny random decoder, and the API's defaults include the command's local reconstruction
 and its short uptrain."""

@@ -90,7 +90,7 @@ def test_prune_minilm_json_contract_then_reload(tmp_path):
     assert data["ppl_before"] is None and 0.5 < data["fidelity_after"]["cosine"] <= 1.0
     from headcount.models import load
     from headcount.models.fingerprint import weights_hash
-    # issue 26: what a saved result is keyed by (the weights before the edit) and the command that produced it
+    # what a saved result is keyed by (the weights before the edit) and the command that produced it
     assert data["weights_sha256"] == weights_hash(load("minilm"))
     assert data["command"] == (f"headcount prune --model minilm --fraction 0.25 --compensate none --order random "
                                f"--out {out} --eval-windows 2 --json")
@@ -149,7 +149,7 @@ def test_bench_surgery_from_refuses_what_save_did_not_write(tmp_path, content, m
 
 
 def test_prune_reports_every_held_out_domain_its_cost_and_the_fraction_removed(tmp_path):
-    """Issues 14-16: --uniform says up front that it removes more than asked (one head of every GQA group: 33.3%
+    """--uniform says up front that it removes more than asked (one head of every GQA group: 33.3%
     of smollm2's groups of three at 0.2; here conftest's tiny decoder, 2 layers of two groups of two query heads,
     saved as `--model DIR` loads it: 50% at 0.3); --json carries forward_equivalents, seconds, the fraction
     actually removed and the held-out perplexity on prose, code and standard-library source (which nothing

@@ -1,4 +1,4 @@
-"""Retraining-free pruning that holds on GQA models (issue 26), on tiny random decoders:
+"""Retraining-free pruning that holds on GQA models, on tiny random decoders:
 - plan_fraction's per-layer limits: `protect` layers lose nothing, `max_share` caps a layer, the count asked
   is still removed (the limits lifted when they cannot give it);
 - analysis.outliers finds the layer where a massive activation forms (checked against transformers'
