@@ -1,5 +1,5 @@
 """`headcount experiment`: bad input is one line on stderr and exit 2, before any training; a small
-good run prints the JSON keys the issue fixes and writes the PNG."""
+good run prints the JSON keys the contract fixes and writes the PNG."""
 
 import json
 

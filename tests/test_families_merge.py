@@ -1,4 +1,4 @@
-"""merge-kv's aware fit on the issue-27 layouts: partial rotary (Phi-4-mini, GPT-NeoX / Pythia: pairs
+"""merge-kv's aware fit on the layouts the newer families add: partial rotary (Phi-4-mini, GPT-NeoX / Pythia: pairs
 (f, f + rotary_dim/2) turn, dims rotary_dim..head_dim do not) and SmolLM3's NoPE layers (no rotary at all)."""
 
 import copy
