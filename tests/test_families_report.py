@@ -1,4 +1,4 @@
-"""The head report's data (report.json, no browser) on one random small model per structural switch a family adds: phi3 (partial
+"""The head report's data (report.json, no browser) on one random small model per structural switch: phi3 (partial
 rotary, fused qkv / gate-up), gemma2 (score soft-capping), gpt_neox (parallel residual, per-head-interleaved QKV).
 The report's tiny sizes (tests/test_report_build.py), SmolLM2's tokenizer (the vocabulary widened to it), the
 steps that read the attention: shape, the chapter checks, the attention sample, rank, importance and the K/V merge.
