@@ -2,27 +2,76 @@
 
     plan = merge_plan(model, 0.67)           # keep at most 67% of the current KV bytes per token
     plan = merge_plan(model, 12_000)         # or at most 12,000 bytes per token (an int)
+    plan = merge_plan(model, parse_budget("12KiB"))   # what --budget and the frontier's merge:B read
     merge_kv(model, plan)                    # apply it (plan.kv_heads = {layer: n_kv_heads})
 
 Sensitivity: for every layer l and every smaller KV-head count n, layer l alone is merged (the aware
-merge, fit on calibration windows) and the calibration loss is measured on OTHER calibration windows
-(decoders: next-token NLL; encoders: 1 - cosine of the mean-pooled sentence embeddings to the
-unmodified model's). Only the layers from l up are run for that (the stream below l is unchanged).
-The plan then minimises the sum of the loss increases subject to the budget: a multiple-choice
-knapsack solved exactly by dynamic programming over the KV bytes per token (a few hundred states).
-Summing single-layer increases ignores interactions; the loss of the whole plan is measured when it is
-applied (merge_bench prints both).
+merge, fit on calibration windows) and its cost is measured on OTHER calibration windows. Only the layers
+from l up are run for that (the stream below l is unchanged). What the cost is (`by`):
+  "loss" (decoders): the increase of the next-token NLL on the calibration windows (default: the default
+      corpus's calibration prose);
+  "kl" (decoders): the mean per-token KL(unedited || merged) of the next-token distributions, by default on
+      the model's own chat answers to function stubs of the calibration source interleaved with calibration
+      prose (healing's teacher-chat windows: what a chat model is judged by is what it answers, and the KL
+      weighs every token by how the unedited model spreads its probability, not by how right it is);
+  encoders: 1 - cosine of the mean-pooled sentence embeddings to the unmodified model's (either `by`).
+The plan then minimises the sum of the costs subject to the budget: a multiple-choice knapsack solved
+exactly by dynamic programming over the KV bytes per token (a few hundred states). Summing single-layer
+costs ignores interactions; the loss of the whole plan is measured when it is applied (merge_bench prints
+both). The table is the expensive part: merge_plan(..., sensitivity_from=plan) reuses one across budgets.
+
+Budgets (parse_budget, shared by `merge-kv --budget` and the frontier's `merge:B`): a fraction in (0, 1] of
+the current KV bytes per token ("0.75", "75%") or bytes per token ("12288", "12KiB", "12kB"); never below what
+one K/V head in every layer holds (check_budget).
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import asdict, dataclass, field
 
-import torch
+BY = ("loss", "kl")
+# bytes: binary units are powers of 1024 (KiB), decimal ones powers of 1000 (kB)
+_UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
+_BUDGET = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([-+]?[0-9]+))?\s*([A-Za-z%]*)$")
+_EXPECTED = "a fraction in (0, 1] of the KV bytes per token to keep (0.75, 75%) or bytes per token (12288, 12KiB)"
 
-from headcount.surgery.merging.kv_merge import merge_layer
-from headcount.surgery.merging.stream import Stream, calibration_batches, is_decoder, sentence_embeddings
+
+def parse_budget(text, flag: str = "--budget") -> float | int:
+    """'0.75' / '75%' -> 0.75 (a fraction of the KV bytes per token to keep); '12288' / '12KiB' / '12kB' -> an
+    int of bytes per token. Numbers pass through (a float: a fraction, an int: bytes). Bad text: ValueError naming
+    `flag`. Whether the model can reach it is check_budget's question."""
+    if isinstance(text, bool):
+        raise ValueError(f"{flag}: expected {_EXPECTED}, got {text!r}")
+    if isinstance(text, (int, float)):
+        value = text
+    elif isinstance(text, str):
+        m = _BUDGET.match(text.strip())
+        if not m:
+            raise ValueError(f"{flag}: expected {_EXPECTED}, got {text!r}")
+        number, exponent, unit = m.group(1), m.group(2), m.group(3)
+        whole = "." not in number and exponent is None
+        amount = float(number + (f"e{exponent}" if exponent else ""))
+        if unit == "%":
+            value = amount / 100
+        elif unit:
+            if unit.lower() not in _UNITS or unit[-1] == "b" and unit.lower() != "b":  # 12Kb: kilobits
+                raise ValueError(f"{flag}: expected a unit of bytes (B, KiB, MiB, GiB, kB, MB, GB), got {unit!r} in "
+                                 f"{text!r}")
+            value = amount * _UNITS[unit.lower()]
+            if value != int(value):
+                raise ValueError(f"{flag}: expected a whole number of bytes per token, got {text!r} = {value:g} bytes")
+            value = int(value)
+        else:
+            value = int(number) if whole else amount
+    else:
+        raise ValueError(f"{flag}: expected {_EXPECTED}, got {type(text).__name__} {text!r}")
+    if isinstance(value, float) and not 0.0 < value <= 1.0:
+        raise ValueError(f"{flag}: expected a fraction in (0, 1] of the KV bytes per token to keep, got {text!r}")
+    if isinstance(value, int) and value <= 0:
+        raise ValueError(f"{flag}: expected a positive number of KV bytes per token, got {text!r}")
+    return value
 
 
 @dataclass
@@ -35,6 +84,7 @@ class MergePlan:
     base_loss: float
     sensitivity: dict[int, dict[int, float]] = field(default_factory=dict)  # layer -> {n: loss increase}
     method: str = "aware"
+    by: str = "loss"  # what the sensitivity measured: "loss" or "kl" (see the module doc)
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -56,32 +106,91 @@ def _layer_bytes(attn, n: int) -> int:
     return 2 * n * attn.head_dim * itemsize
 
 
-def _budget_bytes(model, budget) -> int:
+def kv_bytes(model) -> tuple[int, int]:
+    """(current KV bytes per token, the least any plan reaches: one K/V head in every layer)."""
     current = sum(_layer_bytes(layer.attn, layer.attn.n_kv_heads) for layer in model.layers)
     floor = sum(_layer_bytes(layer.attn, 1) for layer in model.layers)
+    return current, floor
+
+
+def check_budget(model, budget, flag: str = "budget") -> int:
+    """The budget's limit in KV bytes per token for this model (a fraction of its current bytes, or bytes), or
+    ValueError naming `flag` when no plan reaches it (below one K/V head everywhere) or it is not a budget."""
+    current, floor = kv_bytes(model)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)):
-        raise TypeError(f"budget: expected a fraction of the KV cache to keep (a float in (0, 1]) or bytes per "
+        raise TypeError(f"{flag}: expected a fraction of the KV cache to keep (a float in (0, 1]) or bytes per "
                         f"token (an int), got {budget!r}")
     if isinstance(budget, float):
         if not 0.0 < budget <= 1.0:
-            raise ValueError(f"budget: expected a fraction in (0, 1] of the current {current} KV bytes per token, "
+            raise ValueError(f"{flag}: expected a fraction in (0, 1] of the current {current} KV bytes per token, "
                              f"got {budget}")
         limit = int(budget * current + 1e-9)
     else:
         limit = budget
     if limit < floor:
-        raise ValueError(f"budget: {limit} KV bytes per token is below what every-layer MQA reaches ({floor} of "
-                         f"{current}); expected at least {floor} bytes or {floor / current:.3f} of the cache")
+        raise ValueError(f"{flag}: {limit} KV bytes per token is below what every-layer MQA reaches ({floor} of "
+                         f"{current}); expected at least {floor} bytes or {floor / current:.3f} of the cache, "
+                         f"got {budget!r}")
     return limit
 
 
-def sensitivity(model, *, calibration=None, method: str = "aware", n_windows: int = 4, n_eval_windows: int = 2,
-                window: int = 512, candidates=None, progress: bool = True, **merge_options) -> tuple[float, dict]:
-    """(base loss, {layer: {n: loss increase when only this layer is merged to n KV heads}})."""
+_budget_bytes = check_budget
+
+
+def _chat_windows(model, n: int, window: int):
+    """by="kl"'s default calibration: the model's own chat answers interleaved with calibration prose."""
+    from headcount.surgery.healing.teacher_text import teacher_chat_windows
+
+    try:
+        return teacher_chat_windows(model, n, window=window, progress=False)
+    except ValueError as e:
+        raise ValueError(f"by: 'kl' measures on the model's own chat answers by default and cannot ({e}); give "
+                         "calibration= or use by='loss'") from None
+
+
+def _tail_hidden(model, stream) -> list:
+    """The final hidden states (before the final norm) of the stream's windows, run from its current layer."""
+    from headcount.surgery.merging.stream import _first
+
+    hidden = list(stream.hidden)
+    for layer in model.layers[stream.layer:]:
+        hidden = [_first(layer(h, **kw)) for h, kw in zip(hidden, stream.kwargs)]
+    return hidden
+
+
+def _mean_kl(model, reference: list, hidden: list, chunk: int = 256) -> float:
+    """Mean over tokens of KL(p_reference || p_hidden) of the next-token distributions, [chunk, vocab] at a time."""
+    import torch.nn.functional as F
+
+    total, count = 0.0, 0
+    for ref, h in zip(reference, hidden):
+        ref, h = model.norm(ref), model.norm(h)
+        for start in range(0, h.shape[1], chunk):
+            p = F.log_softmax(model.lm_head(ref[:, start:start + chunk]).float(), dim=-1)
+            q = F.log_softmax(model.lm_head(h[:, start:start + chunk]).float(), dim=-1)
+            total += float((p.exp() * (p - q)).sum())
+            count += p.shape[0] * p.shape[1]
+    return total / count
+
+
+def sensitivity(model, *, calibration=None, method: str = "aware", by: str = "loss", n_windows: int = 4,
+                n_eval_windows: int = 2, window: int = 512, candidates=None, progress: bool = True,
+                **merge_options) -> tuple[float, dict]:
+    """(base loss, {layer: {n: cost when only this layer is merged to n KV heads}}); by="kl": the base is 0 and
+    the cost the mean KL to the unedited model (see the module doc)."""
+    import torch
     from tqdm.auto import tqdm
+
+    from headcount.surgery.merging.kv_merge import merge_layer
+    from headcount.surgery.merging.stream import Stream, calibration_batches, is_decoder, sentence_embeddings
 
     if method not in ("aware", "mean"):
         raise ValueError(f"method: expected 'aware' or 'mean', got {method!r}")
+    if by not in BY:
+        raise ValueError(f"by: expected one of {', '.join(BY)}, got {by!r}")
+    kl = by == "kl" and is_decoder(model)
+    if kl and calibration is None:
+        calibration = _chat_windows(model, n_windows + n_eval_windows, min(window, model.config.max_position))
     if is_decoder(model):
         batches = calibration_batches(model, calibration, n_windows=n_windows + n_eval_windows, window=window,
                                       batch_size=2)
@@ -101,7 +210,15 @@ def sensitivity(model, *, calibration=None, method: str = "aware", n_windows: in
     was_training = model.training
     model.eval()
     fit_stream, eval_stream = Stream(model, fit), Stream(model, evaluate)
-    base = eval_stream.tail_loss(reference)
+    with torch.no_grad():
+        unedited = _tail_hidden(model, eval_stream) if kl else None
+    base = 0.0 if kl else eval_stream.tail_loss(reference)
+
+    def cost() -> float:
+        if not kl:
+            return eval_stream.tail_loss(reference) - base
+        with torch.no_grad():
+            return _mean_kl(model, unedited, _tail_hidden(model, eval_stream))
     table: dict[int, dict[int, float]] = {}
     try:
         for i in tqdm(range(len(model.layers)), desc="merge sensitivity", disable=None if progress else True,
@@ -122,7 +239,7 @@ def sensitivity(model, *, calibration=None, method: str = "aware", n_windows: in
                     trial.merge_kv_heads(n)
                 layer.attn = trial
                 try:
-                    table[i][n] = eval_stream.tail_loss(reference) - base
+                    table[i][n] = cost()
                 finally:
                     layer.attn = original
             fit_stream.advance(i)
@@ -153,27 +270,28 @@ def _solve(model, table: dict[int, dict[int, float]], limit: int) -> tuple[dict[
     return {i: n for i, n in picks.items() if n != model.layers[i].attn.n_kv_heads}, cost, total
 
 
-def merge_plan(model, budget, *, calibration=None, method: str = "aware", sensitivity_from: "MergePlan | None" = None,
-               n_windows: int = 4, n_eval_windows: int = 2, window: int = 512, candidates=None,
-               progress: bool = True) -> MergePlan:
+def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: str = "loss",
+               sensitivity_from: "MergePlan | None" = None, n_windows: int = 4, n_eval_windows: int = 2,
+               window: int = 512, candidates=None, progress: bool = True) -> MergePlan:
     """The cheapest set of per-layer KV-head counts (by calibration sensitivity) within `budget`.
 
     budget: a float in (0, 1] = the fraction of the current KV bytes per token to keep, or an int =
-        KV bytes per token. sensitivity_from: a previous plan of the same model whose sensitivity table
-        is reused (a curve over budgets measures it once).
+        KV bytes per token (parse_budget reads the command line's forms). by: "loss" or "kl", what a layer's
+        sensitivity measures (module doc). sensitivity_from: a previous plan of the same model whose
+        sensitivity table is reused (a curve over budgets measures it once; its `by` is kept).
     """
-    limit = _budget_bytes(model, budget)
-    current = sum(_layer_bytes(layer.attn, layer.attn.n_kv_heads) for layer in model.layers)
+    limit = check_budget(model, budget)
+    current = kv_bytes(model)[0]
     if sensitivity_from is not None:
         if not isinstance(sensitivity_from, MergePlan):
             raise TypeError(f"sensitivity_from: expected a MergePlan, got {type(sensitivity_from).__name__}")
         if sensitivity_from.kv_bytes_per_token_before != current:
             raise ValueError("sensitivity_from: that plan was measured on a model with a different KV cache "
                              f"({sensitivity_from.kv_bytes_per_token_before} bytes per token, this one {current})")
-        base, table = sensitivity_from.base_loss, sensitivity_from.sensitivity
+        base, table, by = sensitivity_from.base_loss, sensitivity_from.sensitivity, sensitivity_from.by
     else:
-        base, table = sensitivity(model, calibration=calibration, method=method, n_windows=n_windows,
+        base, table = sensitivity(model, calibration=calibration, method=method, by=by, n_windows=n_windows,
                                   n_eval_windows=n_eval_windows, window=window, candidates=candidates,
                                   progress=progress)
     picks, cost, total = _solve(model, table, limit)
-    return MergePlan(budget, picks, current, total, cost, base, table, method)
+    return MergePlan(budget, picks, current, total, cost, base, table, method, by)
