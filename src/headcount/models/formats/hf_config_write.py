@@ -8,11 +8,16 @@ rotary as transformers 5's rope_parameters. GPT-NeoX and BERT name their fields 
 writers (_gpt_neox, _bert). What transformers' class cannot hold is refused with ValueError, by the entry's
 flags: a sliding window on some layers only where the class puts it on every layer, an embedding scale other
 than sqrt(hidden_size) for Gemma, pruned query heads where the class sizes q_norm by hidden_size (OLMoE).
+
+Every config.json carries `transformers_version`, as transformers' own save_pretrained writes it: without it,
+transformers (4.57 and vLLM's with it) takes any local checkpoint for a possibly broken Mistral tokenizer and warns
+"...incorrect regex pattern..." on every load.
 """
 
 from __future__ import annotations
 
 import math
+from importlib import metadata
 
 from headcount.models.formats import hf_moe
 from headcount.models.formats.families import Family
@@ -72,14 +77,31 @@ CONFIG_KEYS = {
 }
 
 
+def transformers_version() -> str | None:
+    """The installed transformers' version (what its save_pretrained writes), read without importing it; None
+    where transformers is not installed."""
+    try:
+        return metadata.version("transformers")
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def with_version(hf: dict) -> dict:
+    """`hf` with transformers_version set (see the module doc), unless transformers is not installed."""
+    version = transformers_version()
+    if version is not None:
+        hf["transformers_version"] = version
+    return hf
+
+
 def transformers_config(cfg, fam: Family, classes: tuple[str, str], nh: int, nkv: int, bias: bool) -> dict:
     """config.json of the model with this config, written as family `fam` by transformers class `classes[1]`,
     with nh query and nkv KV heads per layer and the attention biases `bias` says."""
     if fam.encoder:
-        return _bert(cfg, classes)
+        return with_version(_bert(cfg, classes))
     if fam.qkv_layout == "per_head":
-        return _gpt_neox(cfg, classes, bias)
-    return _rotary(cfg, fam, classes, nh, nkv, bias)
+        return with_version(_gpt_neox(cfg, classes, bias))
+    return with_version(_rotary(cfg, fam, classes, nh, nkv, bias))
 
 
 def _rotary(cfg, fam: Family, classes: tuple[str, str], nh: int, nkv: int, bias: bool) -> dict:

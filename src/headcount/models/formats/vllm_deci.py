@@ -156,6 +156,7 @@ def plan_vllm_export(model) -> dict:
 def deci_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
     """(config.json, state dict) of DeciLMForCausalLM: Llama's tensor names, each layer's own K/V rows."""
     from headcount.models.formats.hf import to_transformers_state_dict
+    from headcount.models.formats.hf_config_write import with_version
 
     plan = plan_vllm_export(model)
     cfg = model.config
@@ -199,6 +200,7 @@ def deci_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
         "headcount_family": cfg.family, "headcount_n_kv_heads": cfg.n_kv_heads,  # the model the edit came from
         "dtype": "float32", "torch_dtype": "float32",
     })
+    with_version(out)
     if "rope_parameters" not in out:
         out["rope_parameters"] = {"rope_type": "default", "rope_theta": cfg.rope_theta}
         if cfg.rope_scaling != 1.0:
