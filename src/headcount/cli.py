@@ -30,12 +30,14 @@ def _register_all() -> None:
     from headcount.parallel import cli as parallel_cli
     from headcount.engines import cli as engines_cli
     from headcount.tasks import cli as tasks_cli
+    from headcount.frontier import cli as frontier_cli
 
     cost_cli.register(app)
     # the one hook across rooms: models sits below parallel, so `generate --tp` gets parallel's setup from here
     models_cli.register(app, bench_app, tp_setup=parallel_cli.tp_setup)
     demo_cli.register(app, bench_app)
-    for room in (analysis_cli, tasks_cli, surgery_cli, report_cli, experiments_cli, parallel_cli, engines_cli):
+    for room in (analysis_cli, tasks_cli, surgery_cli, report_cli, frontier_cli, experiments_cli, parallel_cli,
+                 engines_cli):
         room.register(app, bench_app)
 
 

@@ -1,0 +1,118 @@
+"""`headcount frontier`: how much can I cut? Every point an edit of the unedited model, placed by what it saves
+against what it keeps. Registered by headcount/cli.py; no torch import at module level.
+
+    headcount frontier --model smollm2 [--point prune:0.2] [--point merge:0.75] [--point drop:0.25+merge:0.9]
+                       [--heal-steps K] [--eval humaneval[:N] | PROBLEMS.jsonl] [--out DIR [--force]] [--png F] [--json]
+
+Bad input (an unknown edit, a fraction outside (0, 1), a merge budget the model cannot reach, --eval on an
+encoder, an --out holding another frontier without --force): one line on stderr, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from headcount.cli_options import (DeviceOpt, DtypeOpt, EvalOpt, EvalWindowsOpt, ForceOpt, HealStepsOpt, JsonOpt,
+                                   ModelOpt, OutOpt, PngOpt)
+
+POINT_HELP = ("EDIT:AMOUNT, '+' to chain (applied in order): prune:F (query heads removed), merge:B (KV bytes per "
+              "token kept: a fraction or 12KiB), drop:F (attention layers removed); repeatable (default: prune "
+              "0.1/0.2/0.3, merge 0.9/0.75/0.5, drop 0.1/0.25/0.5)")
+PointOpt = Annotated[Optional[list[str]], typer.Option("--point", help=POINT_HELP)]
+SensitivityOpt = Annotated[str, typer.Option("--sensitivity", help="merge:B's plan: each layer's cost as the "
+                                             "next-token loss on calibration text (loss) or as the KL to the "
+                                             "unedited model on its own chat answers and prose (kl)")]
+CalibrationWindowsOpt = Annotated[int, typer.Option("--calibration-windows", help="calibration windows of 512 "
+                                                    "tokens each prune and merge chooses on")]
+
+
+def _table(frontier) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    rows = frontier.rows
+    base = rows[0]
+    task = frontier.score == "pass_at_1"
+    table = Table(title=f"{frontier.model}: the frontier (* on it: no other point keeps more with fewer KV bytes; "
+                        "f: with fewer attention FLOPs)", title_justify="left")
+    for col in ("point", "", "KV bytes / token", "saved", f"attn FLOPs / token @ {base.context:,}", "@ 4k", "params"):
+        table.add_column(col, justify="left" if col == "point" else "right")
+    domains = list(base.perplexity) or list(base.fidelity)
+    for d in domains:
+        table.add_column(f"ppl {d}" if base.perplexity else f"cosine {d}", justify="right")
+    if task:
+        for col in ("pass@1", "95% CI", "vs unedited", "p"):
+            table.add_column(col, justify="right")
+    table.add_column("s", justify="right")
+    for r in rows:
+        flops = lambda v: "-" if v is None else f"{v:,}"  # noqa: E731
+        cells = [r.label, ("*" if r.frontier else "") + ("f" if r.frontier_flops else ""), f"{r.kv_bytes_per_token:,}",
+                 f"{1 - r.kv_bytes_per_token / base.kv_bytes_per_token:.0%}", flops(r.attention_flops_per_token),
+                 flops(r.attention_flops_per_token_4k), f"{r.params:,}"]
+        cells += [f"{r.perplexity[d]:.3f}" if r.perplexity else f"{r.fidelity[d]['cosine']:.4f}" for d in domains]
+        if task:
+            lo, hi = r.pass_at_1_ci95
+            p = r.paired
+            cells += [f"{r.pass_at_1:.3f}", f"{lo:.3f}-{hi:.3f}",
+                      "" if p is None else f"+{p['wins']} -{p['losses']}", "" if p is None else f"{p['p_value']:.2g}"]
+        cells.append(f"{r.seconds:.0f}")
+        table.add_row(*cells)
+    Console().print(table)
+    if frontier.reused:
+        typer.echo(f"read back from --out: {', '.join(frontier.reused)}", err=True)
+
+
+def register(app, bench_app) -> None:
+    """Add `headcount frontier`."""
+    from headcount.cli_errors import one_line_errors
+
+    @app.command("frontier")
+    def frontier_cmd(model: ModelOpt = "smollm2", points: PointOpt = None, heal_steps: HealStepsOpt = 0,
+                     evals: EvalOpt = None, out: OutOpt = None, force: ForceOpt = False, png: PngOpt = None,
+                     json_out: JsonOpt = False, sensitivity: SensitivityOpt = "loss",
+                     calibration_windows: CalibrationWindowsOpt = 8, eval_windows: EvalWindowsOpt = 4,
+                     dtype: DtypeOpt = "fp32", device: DeviceOpt = "cpu") -> None:
+        """How much can I cut? Each point an edit of the unedited model: KV bytes, attention FLOPs, parameters,
+        held-out perplexity and pass@1 (--eval) per point, the points no other beats marked; --out keeps every
+        finished point and a rerun reads it back."""
+        with one_line_errors("frontier"):
+            from headcount.frontier.spec import parse_points
+
+            parsed = parse_points(points)
+            if sensitivity not in ("loss", "kl"):
+                raise ValueError(f"--sensitivity: expected loss or kl, got {sensitivity!r}")
+            from headcount.surgery.healing.cli import check_heal_steps
+
+            check_heal_steps(heal_steps)
+            if calibration_windows < 1 or eval_windows < 1:
+                raise ValueError("--calibration-windows, --eval-windows: expected positive numbers, got "
+                                 f"{calibration_windows} and {eval_windows}")
+            from headcount.models.options import parse_device, parse_dtype
+
+            parse_dtype(dtype), parse_device(device)
+            from headcount.surgery.cli_common import task_specs
+
+            specs = task_specs(evals)
+            if len(specs) > 1:
+                raise ValueError(f"--eval: a frontier is judged on one task, got {len(specs)} "
+                                 f"({', '.join(s.label for s in specs)})")
+            if png is not None:
+                from headcount.paths import check_png
+                png = check_png(png)
+            from headcount.frontier.run import run_frontier
+
+            frontier = run_frontier(model, parsed, heal_steps=heal_steps, spec=specs[0] if specs else None, out=out,
+                                    force=force, eval_windows=eval_windows, calibration_windows=calibration_windows,
+                                    sensitivity=sensitivity, dtype=dtype, device=device)
+            if png is not None:
+                from headcount.frontier.plot import plot
+                plot(frontier, png)
+        if json_out:
+            typer.echo(json.dumps(frontier.to_json(), indent=2))
+            return
+        _table(frontier)
+        if png is not None:
+            typer.echo(f"wrote {png}")
