@@ -104,6 +104,25 @@ def test_config_flag(tmp_path):
     assert rep["params"]["total"] == 134_515_008  # SmolLM2-135M, the issue's number
 
 
+def test_unknown_model_type_is_refused_and_family_counts_it(tmp_path):
+    """A model_type headcount does not know is refused (its biases, q/k norms and windows would be a guess);
+    --family llama counts it as Llama, which for a Llama-shaped config gives the same numbers as model_type llama."""
+    cfg = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30,
+           "intermediate_size": 1536, "vocab_size": 49152, "tie_word_embeddings": True,
+           "max_position_embeddings": 8192, "hidden_act": "silu"}
+    (tmp_path / "new.json").write_text(json.dumps(cfg | {"model_type": "somethingnew"}))
+    (tmp_path / "llama.json").write_text(json.dumps(cfg | {"model_type": "llama"}))
+    result = cost(str(tmp_path / "new.json"))
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "unknown model_type 'somethingnew'" in result.stderr and "--family" in result.stderr
+    counted, llama = cost_json(str(tmp_path / "new.json"), "--family", "llama"), cost_json(str(tmp_path / "llama.json"))
+    assert counted["params"] == llama["params"] and counted["params"]["total"] == 134_515_008
+    for args, fragment in ((["llama-3-8b", "--family", "llama"], "--family"),
+                           ([str(tmp_path / "new.json"), "--family", "nope"], "--family: expected one of")):
+        result = cost(*args)
+        assert result.exit_code == 2 and fragment in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
 def test_list_presets():
     result = cost("--list")
     assert result.exit_code == 0

@@ -108,8 +108,10 @@ def test_missing_file(tmp_path):
         from_config(tmp_path / "nope.json")
 
 
-def test_unknown_model_type_inferred_from_hidden_act(tmp_path):
-    s = from_config(_write(tmp_path, dict(LLAMA3_8B, model_type="somethingnew")))
+def test_unknown_model_type_is_refused_unless_a_family_is_named(tmp_path):
+    with pytest.raises(CostError, match="unknown model_type 'somethingnew'.*--family"):
+        from_config(_write(tmp_path, dict(LLAMA3_8B, model_type="somethingnew")))
+    s = from_config(_write(tmp_path, dict(LLAMA3_8B, model_type="somethingnew")), family="llama")
     assert s.mlp == "gated" and param_counts(s)["total"] == 8_030_261_248
 
 

@@ -5,8 +5,10 @@ Light imports only (typer, rich, the pure-Python accounts): no torch unless --me
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -16,6 +18,7 @@ from headcount.cost.accounts import report
 from headcount.cost.fit import fit as fit_budget
 from headcount.cost.fit import parse_budget, parse_seq
 from headcount.cost.presets import ALIASES, PRESETS, get_preset
+from headcount.cli_options import JsonOpt
 from headcount.cost.shape import CostError, ModelShape, describe, from_config, global_every, override, parse_dtype
 
 HELP = """The three accounts of chapter 2.3.3 (parameters, FLOPs, score-matrix memory) and the KV cache (2.3.7).
@@ -90,17 +93,20 @@ def _edited_dir(path: Path) -> bool:
     return path.is_dir() and is_edited_dir(path)
 
 
-def _base_shape(model, config, d_model, heads, kv_heads, head_dim) -> tuple[ModelShape, str, str]:
+def _base_shape(model, config, d_model, heads, kv_heads, head_dim, family=None) -> tuple[ModelShape, str, str]:
     """(shape, note, source) from a preset, a config.json (--config or a path as MODEL), or --d-model/--heads."""
     if model is not None and config is not None:
         raise CostError("give a preset name or --config, not both")
     if model is not None and _as_path(model) is not None:
         config, model = _as_path(model), None
+    if family is not None and config is None:
+        raise CostError(f"--family: counts a config.json as a known model_type; give a config.json (a path or "
+                        f"--config), got --family {family} with {'a preset' if model else 'no config.json'}")
     if model is not None:
         preset = get_preset(model)
         return preset.shape, preset.note, preset.source
     if config is not None:
-        return from_config(config), "", str(config)
+        return from_config(config, family=family), "", str(config)
     if d_model is None:
         raise CostError(f"give a preset name, --config path/to/config.json, or --d-model with --heads; "
                         f"presets: {', '.join(PRESETS)}")
@@ -185,10 +191,11 @@ def _list_presets(console) -> None:
 def cost(
     model: Annotated[Optional[str], typer.Argument(help="A preset (see --list), e.g. llama-3-8b, gpt3-175b; or a path: a config.json, or a checkpoint directory holding one.")] = None,
     config: Annotated[Optional[Path], typer.Option("--config", help="A transformers config.json (or its folder).")] = None,
+    family: Annotated[Optional[str], typer.Option("--family", help="Count the config.json as this model_type (llama, qwen2, gpt_neox, ...) when headcount does not know its own.")] = None,
     seq: Annotated[Optional[str], typer.Option("--seq", help="Sequence / context length n (8192, 8k, 128k). [default: 2048]")] = None,
     batch: Annotated[str, typer.Option("--batch", metavar="INT", help="Batch size B.")] = "1",
     dtype: Annotated[str, typer.Option("--dtype", help="fp32, fp16, bf16, fp8, int8.")] = "bf16",
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    as_json: JsonOpt = False,
     fit: Annotated[Optional[str], typer.Option("--fit", help="A memory budget (80GiB, 80GB, 1.5TiB, 512MiB): the longest context and largest batch whose weights + KV cache fit.")] = None,
     kv_only: Annotated[bool, typer.Option("--kv-only", help="With --fit: the budget is the KV cache's alone (what vLLM gives its cache), weights not taken from it.")] = False,
     tp: Annotated[Optional[str], typer.Option("--tp", metavar="INT", help="Tensor parallel by heads over N ranks: per-rank parameters, KV cache (replicated KV heads counted), score memory and all-reduce bytes.")] = None,
@@ -212,101 +219,176 @@ def cost(
     global_every: Annotated[Optional[str], typer.Option("--global-every", metavar="INT", help="With a sliding window: layer i is global when (i + 1) % K == 0 (Gemma 3: 6, Gemma 2: 2); the rest are local.")] = None,
 ) -> None:
     """The three accounts (parameters, FLOPs, score memory) and the KV cache, by head count."""
+    given = locals()  # the parameters, each a field of CostFlags (list_presets aside)
+    flags = CostFlags(**{f.name: given[f.name] for f in fields(CostFlags)})
     console = _console()
+    if list_presets:
+        _list_presets(console)
+        return
     try:
-        if list_presets:
-            _list_presets(console)
-            return
-        if measure and model is None and config is None and d_model is None:
-            d_model = str(MEASURE_DEFAULT["d_model"])
-            heads = heads or MEASURE_DEFAULT["heads"]
-            kv_heads = kv_heads or MEASURE_DEFAULT["kv_heads"]
-            seq = seq or MEASURE_DEFAULT["seq"]
-        n = parse_seq(seq) if seq is not None else 2048
-        batch = _whole("--batch", batch)
-        d_model, head_dim, n_layers, d_ff = (_whole("--d-model", d_model), _whole("--head-dim", head_dim),
-                                             _whole("--n-layers", n_layers), _whole("--d-ff", d_ff))
-        vocab, max_positions = _whole("--vocab", vocab, minimum=0), _whole("--max-positions", max_positions, minimum=0)
-        dtype_name, _ = parse_dtype(dtype)
-        budget = parse_budget(fit) if fit is not None else None
-        if kv_only and budget is None:
-            raise CostError("--kv-only: counts a --fit budget as the KV cache's alone; give --fit too (e.g. --fit 1GiB)")
-        if model is not None and _as_path(model) is not None and _edited_dir(_as_path(model)):
-            from headcount.cost.edited_cli import show_edited
-
-            show_edited(_as_path(model), console, seq=n, batch=batch, dtype=dtype_name, budget=budget, kv_only=kv_only,
-                        as_json=as_json)
-            return
-        tp = _whole("--tp", tp)
-        heads_list, kv_list = _int_list("--heads", heads), _int_list("--kv-heads", kv_heads)
-        base, note, source = _base_shape(model, config, d_model, heads_list, kv_list, head_dim)
-        fields = dict(d_model=d_model, head_dim=head_dim, n_layers=n_layers, d_ff=d_ff, vocab_size=vocab, mlp=mlp,
-                      max_positions=max_positions, position=position, norm=norm, arch=arch, tied_embeddings=tied)
-        if bias is not None:
-            fields.update(attn_bias=bias, o_bias=bias, mlp_bias=bias)
-        if model is None and config is None:  # already in the base shape
-            fields.pop("d_model"), fields.pop("head_dim")
-        window, every = _window_flag(sliding_window), _whole("--global-every", global_every)
-        shapes, labels = _variants(base, heads_list, kv_list, fields, window, every)
-        reports = [report(s, batch=batch, seq=n, dtype=dtype_name) for s in shapes]
-        fits = [fit_budget(s, budget, batch=batch, seq=n, dtype=dtype_name, kv_only=kv_only)
-                for s in shapes] if budget else None
-        if tp is not None:
-            from headcount.cost.parallel import per_rank
-
-            tps = [per_rank(s, tp, batch=batch, seq=n, dtype=dtype_name) for s in shapes]
-        else:
-            tps = None
-        measured = _measure(shapes, batch, n, dtype_name) if measure else None
+        run = compute(flags, console)
     except CostError as err:
         typer.echo(f"headcount cost: {' '.join(str(err).split())}", err=True)
         raise typer.Exit(2) from None
-
-    if as_json:
-        from headcount.cost.format import to_json
-
-        def one(i):
-            rep = dict(reports[i])
-            if note:
-                rep["note"] = note
-            if source:
-                rep["source"] = source
-            if fits:
-                rep["fit"] = fits[i]
-            if measured:
-                rep["measure"] = measured[i]
-            if tps:
-                rep["per_rank"] = tps[i]["per_rank"]
-                rep["tensor_parallel"] = tps[i]["summary"]
-            return rep
-
-        if len(reports) == 1:
-            typer.echo(to_json(one(0)))
-        else:
-            typer.echo(to_json({"variants": [one(i) | {"label": labels[i]} for i in range(len(reports))],
-                                "labels": labels}))
+    if run is None:  # an edited directory, shown by edited_cli
         return
+    if as_json:
+        typer.echo(run_json(run))
+        return
+    print_tables(run, console)
 
+
+@dataclass(frozen=True)
+class CostFlags:
+    """The command's flags as typed (strings: each is parsed once, in compute, into a one-line error naming it)."""
+    model: str | None = None
+    config: Path | None = None
+    family: str | None = None
+    seq: str | None = None
+    batch: str = "1"
+    dtype: str = "bf16"
+    as_json: bool = False
+    fit: str | None = None
+    kv_only: bool = False
+    tp: str | None = None
+    measure: bool = False
+    d_model: str | None = None
+    heads: str | None = None
+    kv_heads: str | None = None
+    head_dim: str | None = None
+    n_layers: str | None = None
+    d_ff: str | None = None
+    vocab: str | None = None
+    mlp: str | None = None
+    max_positions: str | None = None
+    position: str | None = None
+    norm: str | None = None
+    arch: str | None = None
+    bias: bool | None = None
+    tied: bool | None = None
+    sliding_window: str | None = None
+    global_every: str | None = None
+
+
+@dataclass
+class CostRun:
+    """What the command computed, before any formatting: one report per shape variant."""
+    shapes: list
+    labels: list
+    reports: list
+    batch: int
+    seq: int
+    dtype: str
+    note: str = ""
+    source: str = ""
+    fits: list | None = None
+    tp: int | None = None
+    tps: list | None = None
+    measured: list | None = None
+
+
+def _measure_defaults(f: CostFlags) -> CostFlags:
+    """--measure alone: a small block (MEASURE_DEFAULT) rather than no shape at all."""
+    if f.measure and f.model is None and f.config is None and f.d_model is None:
+        return dataclasses.replace(f, d_model=str(MEASURE_DEFAULT["d_model"]), heads=f.heads or MEASURE_DEFAULT["heads"],
+                                   kv_heads=f.kv_heads or MEASURE_DEFAULT["kv_heads"],
+                                   seq=f.seq or MEASURE_DEFAULT["seq"])
+    return f
+
+
+def compute(f: CostFlags, console) -> CostRun | None:
+    """The accounts the flags ask for (None: an edited directory, already shown), or a CostError naming a flag."""
+    f = _measure_defaults(f)
+    n = parse_seq(f.seq) if f.seq is not None else 2048
+    batch = _whole("--batch", f.batch)
+    d_model, head_dim, n_layers, d_ff = (_whole("--d-model", f.d_model), _whole("--head-dim", f.head_dim),
+                                         _whole("--n-layers", f.n_layers), _whole("--d-ff", f.d_ff))
+    vocab, max_positions = _whole("--vocab", f.vocab, minimum=0), _whole("--max-positions", f.max_positions, minimum=0)
+    dtype_name, _ = parse_dtype(f.dtype)
+    budget = parse_budget(f.fit) if f.fit is not None else None
+    if f.kv_only and budget is None:
+        raise CostError("--kv-only: counts a --fit budget as the KV cache's alone; give --fit too (e.g. --fit 1GiB)")
+    model = f.model
+    if model is not None and _as_path(model) is not None and _edited_dir(_as_path(model)):
+        from headcount.cost.edited_cli import show_edited
+
+        show_edited(_as_path(model), console, seq=n, batch=batch, dtype=dtype_name, budget=budget,
+                    kv_only=f.kv_only, as_json=f.as_json)
+        return None
+    tp = _whole("--tp", f.tp)
+    heads_list, kv_list = _int_list("--heads", f.heads), _int_list("--kv-heads", f.kv_heads)
+    base, note, source = _base_shape(model, f.config, d_model, heads_list, kv_list, head_dim, f.family)
+    changes = dict(d_model=d_model, head_dim=head_dim, n_layers=n_layers, d_ff=d_ff, vocab_size=vocab, mlp=f.mlp,
+                   max_positions=max_positions, position=f.position, norm=f.norm, arch=f.arch,
+                   tied_embeddings=f.tied)
+    if f.bias is not None:
+        changes.update(attn_bias=f.bias, o_bias=f.bias, mlp_bias=f.bias)
+    if model is None and f.config is None:  # already in the base shape
+        changes.pop("d_model"), changes.pop("head_dim")
+    window, every = _window_flag(f.sliding_window), _whole("--global-every", f.global_every)
+    shapes, labels = _variants(base, heads_list, kv_list, changes, window, every)
+    run = CostRun(shapes, labels, [report(s, batch=batch, seq=n, dtype=dtype_name) for s in shapes], batch, n,
+                  dtype_name, note, source, tp=tp)
+    if budget:
+        run.fits = [fit_budget(s, budget, batch=batch, seq=n, dtype=dtype_name, kv_only=f.kv_only) for s in shapes]
+    if tp is not None:
+        from headcount.cost.parallel import per_rank
+
+        run.tps = [per_rank(s, tp, batch=batch, seq=n, dtype=dtype_name) for s in shapes]
+    run.measured = _measure(shapes, batch, n, dtype_name) if f.measure else None
+    return run
+
+
+def _variant_json(run: CostRun, i: int) -> dict:
+    rep = dict(run.reports[i])
+    if run.note:
+        rep["note"] = run.note
+    if run.source:
+        rep["source"] = run.source
+    if run.fits:
+        rep["fit"] = run.fits[i]
+    if run.measured:
+        rep["measure"] = run.measured[i]
+    if run.tps:
+        rep["per_rank"] = run.tps[i]["per_rank"]
+        rep["tensor_parallel"] = run.tps[i]["summary"]
+    return rep
+
+
+def run_json(run: CostRun) -> str:
+    """--json: one report, or {"variants": [...], "labels": [...]} for a comparison."""
+    from headcount.cost.format import to_json
+
+    if len(run.reports) == 1:
+        return to_json(_variant_json(run, 0))
+    return to_json({"variants": [_variant_json(run, i) | {"label": run.labels[i]} for i in range(len(run.reports))],
+                    "labels": run.labels})
+
+
+def print_tables(run: CostRun, console) -> None:
+    """The rich tables (exit 1 when a --measure row disagrees with its formula)."""
     from headcount.cost.format import render_comparison, render_measure, render_per_rank, render_report
 
-    if len(reports) == 1:
-        render_report(reports[0], console, fit=fits[0] if fits else None, note=note, source=source)
+    batch, n, dtype_name = run.batch, run.seq, run.dtype
+    if len(run.reports) == 1:
+        render_report(run.reports[0], console, fit=run.fits[0] if run.fits else None, note=run.note,
+                      source=run.source)
     else:
-        b = shapes[0]
+        b = run.shapes[0]
         title = (f"{b.name}: d_model {b.d_model}, {b.n_layers} layer{'s' if b.n_layers > 1 else ''}; batch {batch}, "
                  f"seq {n:,}, {dtype_name}")
-        render_comparison(reports, labels, console, title=title, fits=fits)
-        if note:
-            console.print(f"[dim]note: {note}[/dim]")
-    if tps:
-        for label, t, r in zip(labels, tps, reports):
-            render_per_rank(t, r, console, title=f"{label}: tensor parallel by heads over {tp} rank"
-                                                  f"{'s' if tp > 1 else ''}; batch {batch}, seq {n:,}, {dtype_name}")
-    if measured:
-        for shape, label, rows in zip(shapes, labels, measured):
+        render_comparison(run.reports, run.labels, console, title=title, fits=run.fits)
+        if run.note:
+            console.print(f"[dim]note: {run.note}[/dim]")
+    if run.tps:
+        for label, t, r in zip(run.labels, run.tps, run.reports):
+            render_per_rank(t, r, console, title=f"{label}: tensor parallel by heads over {run.tp} rank"
+                                                  f"{'s' if run.tp > 1 else ''}; batch {batch}, seq {n:,}, {dtype_name}")
+    if run.measured:
+        for shape, label, rows in zip(run.shapes, run.labels, run.measured):
             render_measure(rows, console, title=f"measured vs formula: {label} ({describe(shape)}), batch {batch}, "
                                                   f"seq {n:,}")
-        if any(r["ok"] is False for rows in measured for r in rows):
+        if any(r["ok"] is False for rows in run.measured for r in rows):
             typer.echo("headcount cost: a measurement disagrees with its formula (see MISMATCH above)", err=True)
             raise typer.Exit(1)
 

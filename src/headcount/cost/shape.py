@@ -339,6 +339,7 @@ _FAMILIES: dict[str, dict] = {
     "smollm3": dict(_DECODER_GATED, tied=True, window="qwen_all"),  # windows where layer_types marks them
     "granite": _DECODER_GATED,  # its multipliers change no count
     "olmo": dict(_DECODER_GATED, norm="layernorm"),
+    "olmo2": dict(_DECODER_GATED, qk_norm="full"),  # its two norms sit after each sub-layer: the same count
     "gpt2": dict(arch="decoder", mlp="gelu", norm="layernorm", position="learned", final_norm=True,
                  attn_bias=True, mlp_bias=True, tied=True),
     "gpt_neox": dict(arch="decoder", mlp="gelu", norm="layernorm", position="rotary", final_norm=True,
@@ -373,8 +374,9 @@ def _pick(cfg: dict, field: str, where: str, *, required: bool):
     return present[0][1]
 
 
-def from_config(path: str | Path) -> ModelShape:
-    """A ModelShape from a transformers config.json (Llama/Mistral/Qwen2-style, GPT-2, BERT, ...)."""
+def from_config(path: str | Path, *, family: str | None = None) -> ModelShape:
+    """A ModelShape from a transformers config.json (Llama/Mistral/Qwen2-style, GPT-2, BERT, ...).
+    family: count it as this model_type (a key of the families table) whatever its own model_type says."""
     path = Path(path)
     where = str(path)
     if path.is_dir():
@@ -390,10 +392,34 @@ def from_config(path: str | Path) -> ModelShape:
         cfg = json.loads(text)
     except json.JSONDecodeError as err:
         raise CostError(f"{where}: not valid JSON (line {err.lineno}: {err.msg})") from None
-    return shape_from_config_dict(cfg, where=where)
+    return shape_from_config_dict(cfg, where=where, family=family)
 
 
-def shape_from_config_dict(cfg, *, where: str = "config.json") -> ModelShape:
+def known_model_types() -> tuple[str, ...]:
+    """The model_types whose counts the families table knows (a wrapper's included)."""
+    return (*_FAMILIES, *_WRAPPERS)
+
+
+def _family(cfg: dict, model_type, chosen: str | None, where: str) -> dict:
+    """The family entry config.json is counted as: the one `chosen` names, else its model_type's. An unknown
+    model_type is refused rather than guessed: what config.json leaves to the family (biases, q/k norms, which
+    layers are local, and so the KV cache) would silently be another model's."""
+    if chosen is not None:
+        if chosen not in _FAMILIES:
+            raise CostError(f"--family: expected one of {', '.join(_FAMILIES)}, got {chosen!r}")
+        return _FAMILIES[chosen]
+    family = _FAMILIES.get(model_type)
+    if (family is None or "experts" not in family) and (cfg.get("num_local_experts") or cfg.get("num_experts")):
+        raise CostError(f"{where}: model_type {model_type!r} is a mixture of experts headcount does not know; "
+                        f"known: {', '.join(k for k, v in _FAMILIES.items() if 'experts' in v)}")
+    if family is None:
+        raise CostError(f"{where}: unknown model_type {model_type!r}; known: {', '.join(_FAMILIES)}; to count it "
+                        "as one of them, give --family (e.g. --family llama), or the shape by flags (--d-model, "
+                        "--heads, ...)")
+    return family
+
+
+def shape_from_config_dict(cfg, *, where: str = "config.json", family: str | None = None) -> ModelShape:
     if not isinstance(cfg, dict):
         raise CostError(f"{where}: expected a JSON object, got {type(cfg).__name__}")
     if "text_config" in cfg and isinstance(cfg["text_config"], dict) and not any(
@@ -405,17 +431,7 @@ def shape_from_config_dict(cfg, *, where: str = "config.json") -> ModelShape:
     model_type = cfg.get("model_type")
     if model_type is not None and not isinstance(model_type, str):
         raise CostError(f"{where}: model_type should be a string, got {model_type!r}")
-    family = _FAMILIES.get(model_type)
-    if (family is None or "experts" not in family) and (cfg.get("num_local_experts") or cfg.get("num_experts")):
-        raise CostError(f"{where}: model_type {model_type!r} is a mixture of experts headcount does not know; "
-                        f"known: {', '.join(k for k, v in _FAMILIES.items() if 'experts' in v)}")
-    act = cfg.get("hidden_act", cfg.get("activation_function"))
-    if family is None:
-        if act is None:
-            raise CostError(f"{where}: unknown model_type {model_type!r} and no hidden_act to tell the MLP kind; "
-                            f"known model types: {', '.join(k for k, v in _FAMILIES.items() if v)}")
-        gated = str(act).lower() in ("silu", "swish", "swiglu", "geglu")
-        family = _DECODER_GATED if gated else _FAMILIES["gpt_neox"]
+    family = _family(cfg, model_type, family, where)
     cfg = {k: v for k, v in family.get("defaults", {}).items() if k not in cfg} | cfg
 
     d_model = _pick(cfg, "d_model", where, required=True)
@@ -462,7 +478,7 @@ def shape_from_config_dict(cfg, *, where: str = "config.json") -> ModelShape:
             max_positions=max_positions or 0, type_vocab_size=cfg.get("type_vocab_size", 0) or 0,
             attn_bias=attn_bias, o_bias=o_bias, mlp_bias=mlp_bias, norm=family["norm"],
             embedding_norm=family.get("embedding_norm", False), final_norm=family.get("final_norm", False),
-            pooler=family.get("pooler", False), qk_norm=bool(qk_norm), **moe,
+            pooler=family.get("pooler", False), qk_norm=bool(qk_norm), qk_norm_full=qk_norm == "full", **moe,
             post_norms=family.get("post_norms", False), sliding_window=sliding_window, layer_types=layer_types,
             arch=arch,
             name=str(cfg.get("_name_or_path") or model_type or Path(where).parent.name or "config.json"),
@@ -491,7 +507,7 @@ def _experts(cfg: dict, family: dict, n_layers: int, where: str) -> dict:
         return {}
     return {"n_experts": n, "experts_per_token": k, "d_expert": width, "moe_layers": moe_layers,
             "expert_bias": family.get("expert_bias", False), "router_bias": family.get("router_bias", False),
-            "attn_sinks": family.get("sinks", False), "qk_norm_full": family.get("qk_norm") == "full"}
+            "attn_sinks": family.get("sinks", False)}
 
 
 def _window(cfg: dict, family: dict, n_layers: int, where: str) -> tuple[int | None, list | None]:
