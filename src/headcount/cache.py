@@ -225,3 +225,28 @@ class SlidingKVCache(KVCache):
                              f"holds the keys before position {oldest_held}; it can roll back to >= "
                              f"{oldest_held + self.window - 1} tokens (or 0), got {length}")
         self.length = length
+
+
+class EmptyKVCache(KVCache):
+    """The cache of a layer with no attention (a dropped attention sublayer): k, v are
+    [batch_size, 0, max_len, head_dim], so nbytes is 0, and `length` still counts the tokens seen, because the
+    decoder takes the next position from cache[0].length whichever layer is first. Rows are selected, reset and
+    truncated like any cache's (batched and continuous generation treat every layer's cache alike)."""
+
+    def __init__(self, batch_size: int, max_len: int, head_dim: int, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None):
+        for name, value in (("batch_size", batch_size), ("max_len", max_len), ("head_dim", head_dim)):
+            positive_int(name, value)
+        shape = (batch_size, 0, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.length = 0
+        self._owner = None
+
+    def __repr__(self) -> str:
+        return f"EmptyKVCache(batch_size={self.batch_size}, max_len={self.max_len}, length={self.length}, nbytes=0)"
+
+    def skip(self, new_tokens: int) -> None:
+        """Count `new_tokens` more tokens (a layer without attention stores nothing for them)."""
+        self._check_room(new_tokens)
+        self.length += new_tokens

@@ -39,7 +39,7 @@ class EditedShape:
         if len(self.heads) != self.base.n_layers:
             raise CostError(f"heads: {len(self.heads)} layers given for a model of {self.base.n_layers}")
         for i, (nh, nkv) in enumerate(self.heads):
-            if nh < 1 or nkv < 1 or nkv > nh:
+            if (nh, nkv) != (0, 0) and (nh < 1 or nkv < 1 or nkv > nh):  # (0, 0): attention dropped
                 raise CostError(f"heads: layer {i} has {nh} query and {nkv} K/V heads")
 
     @classmethod
@@ -83,6 +83,8 @@ def totals(edited: EditedShape, *, batch: int = 1, seq: int = 2048, dtype: str =
     rows = layer_rows(edited, batch=batch, seq=seq, dtype=dtype)
     counts = param_counts(base)
     params = counts["total"] - base.n_layers * counts["attention_per_layer"] + sum(r["attention_params"] for r in rows)
+    # a dropped attention sublayer takes the norms that fed only it: half the block's (pre- or post-attention)
+    params -= sum(1 for nh, _ in edited.heads if nh == 0) * (counts["norms_per_layer"] // 2)
     _, w_bytes = parse_dtype(weight_dtype or dtype)
     mlp = base.n_layers * mlp_flops(base, batch, seq)
     mlp_step = base.n_layers * mlp_flops(base, batch, 1)
@@ -165,7 +167,8 @@ def read_edited(path: Path) -> EditedShape:
         try:
             meta = json.loads(saved.read_text())
             cfg, layers = meta["config"], meta["layers"]
-            heads = tuple((int(l["n_heads"]), int(l["n_kv_heads"])) for l in layers)
+            heads = tuple((0, 0) if l.get("dropped") is True else (int(l["n_heads"]), int(l["n_kv_heads"]))
+                          for l in layers)  # a dropped attention sublayer: no heads, no K/V cache
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise CostError(f"{saved}: not a readable headcount save ({type(e).__name__}: {e})") from None
         if meta.get("kind") != "decoder":
@@ -177,7 +180,8 @@ def read_edited(path: Path) -> EditedShape:
     try:
         cfg = json.loads(cfg_path.read_text())
         nh = int(cfg["num_attention_heads"])
-        groups = [int(b["attention"]["n_heads_in_group"]) for b in cfg["block_configs"]]
+        groups = [0 if b["attention"].get("no_op") else int(b["attention"]["n_heads_in_group"])
+                  for b in cfg["block_configs"]]  # 0: an attention-free block
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CostError(f"{cfg_path}: not a readable Nemotron-NAS config ({type(e).__name__}: {e})") from None
     plain = {k: v for k, v in cfg.items() if k != "block_configs"}
@@ -186,7 +190,7 @@ def read_edited(path: Path) -> EditedShape:
     base = shape_from_config_dict(plain, where=str(cfg_path))
     notes = () if original else ("a Nemotron-NAS export without headcount_n_kv_heads: the saving is against every "
                                  f"layer at {nh} K/V heads (MHA)",)
-    return EditedShape(base, tuple((nh, nh // g) for g in groups), str(path), notes)
+    return EditedShape(base, tuple((nh, nh // g) if g else (0, 0) for g in groups), str(path), notes)
 
 
 def decoder_config_shape(cfg: dict, *, name: str = "model") -> ModelShape:

@@ -49,6 +49,7 @@ from torch.utils.checkpoint import checkpoint
 from headcount.arguments import positive_float, positive_int
 from headcount.attention import MultiHeadAttention
 from headcount.cache import KVCache
+from headcount.models.dropped import NoAttention, is_dropped
 from headcount.models.moe import MoEConfig, MoEFeedForward
 from headcount.models.rotary import RotaryEmbedding
 
@@ -290,11 +291,13 @@ class ScaledLMHead(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm block: x + attn(attn_norm(x)), then x + mlp(mlp_norm(x)); with post_norms the attention
     and MLP outputs are normed again before the residual add (post_attn_norm, post_mlp_norm); without
-    pre_norms attn_norm / mlp_norm are None (OLMo 2); with parallel_residual x + attn(..) + mlp(mlp_norm(x))."""
+    pre_norms attn_norm / mlp_norm are None (OLMo 2); with parallel_residual x + attn(..) + mlp(mlp_norm(x)).
+    drop_attention() removes the attention sublayer (models/dropped.py): then x -> x + mlp(mlp_norm(x))."""
 
     def __init__(self, cfg: DecoderConfig, index: int = 0, *, device=None, dtype=None):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
+        self.index = index
         self.layer_type = cfg.layer_type(index)
         self.causal = cfg.causal
         self.use_rope = index not in cfg.nope_layers  # SmolLM3's NoPE layers: no rotary at all
@@ -319,6 +322,21 @@ class DecoderLayer(nn.Module):
     # training: recompute this layer's activations in backward (headcount.training.layer_checkpointing sets it)
     gradient_checkpointing = False
 
+    @property
+    def attn_dropped(self) -> bool:
+        """True once drop_attention() removed this layer's attention sublayer."""
+        return is_dropped(self.attn)
+
+    def drop_attention(self) -> None:
+        """Remove the attention sublayer: every head, its K/V cache and the norms that fed only it (attn_norm,
+        post_attn_norm); the MLP stays and the residual passes through (models/dropped.py)."""
+        if self.attn_dropped:
+            return
+        anchor = next(self.mlp.parameters())  # the layer's dtype and device, for the empty caches it makes
+        self.attn = NoAttention(self.index, self.attn.head_dim, d_model=self.attn.d_model, dtype=anchor.dtype,
+                                device=anchor.device)
+        self.attn_norm = self.post_attn_norm = None
+
     def forward(self, x: Tensor, **kwargs) -> tuple[Tensor, Tensor | None]:
         if self.gradient_checkpointing and torch.is_grad_enabled():
             return checkpoint(self.block, x, use_reentrant=False, **kwargs)
@@ -327,6 +345,10 @@ class DecoderLayer(nn.Module):
     def block(self, x: Tensor, *, cache: KVCache | None, key_padding_mask: Tensor | None,
               qk_transform, head_gates: Tensor | None, need_weights: bool,
               qk_transform_local=None) -> tuple[Tensor, Tensor | None]:
+        if self.attn_dropped:  # the attention's output is nothing: only the token count advances in its cache
+            if cache is not None:
+                cache.skip(x.shape[1])
+            return self._mlp_residual(x), None
         rope = qk_transform_local if self.layer_type == SLIDING and qk_transform_local is not None else qk_transform
         if not self.use_rope:
             rope = None
@@ -339,13 +361,17 @@ class DecoderLayer(nn.Module):
             return self.mlp(self.mlp_norm(x)) + out + x, weights
         if self.residual_multiplier != 1.0:  # Granite
             out = out * self.residual_multiplier
-        x = x + out
+        return self._mlp_residual(x + out), weights
+
+    def _mlp_residual(self, x: Tensor) -> Tensor:
+        """x + the MLP sub-layer's output (x is the residual after attention; for GPT-NeoX's parallel residual,
+        only reached without attention, the MLP reads the same x)."""
         out = self.mlp(self.mlp_norm(x) if self.mlp_norm is not None else x)
         if self.post_mlp_norm is not None:
             out = self.post_mlp_norm(out)
         if self.residual_multiplier != 1.0:
             out = out * self.residual_multiplier
-        return x + out, weights
+        return x + out
 
 
 def layer_gates(head_gates, n_layers: int) -> list:
@@ -425,8 +451,14 @@ class DecoderStack(nn.Module):
 
     @property
     def attentions(self) -> list[MultiHeadAttention]:
-        """Each layer's attention module, in order (the same objects as layers[i].attn)."""
+        """Each layer's attention module, in order (the same objects as layers[i].attn); a dropped layer's is a
+        NoAttention (no heads, a cache of no bytes)."""
         return [layer.attn for layer in self.layers]
+
+    @property
+    def dropped_layers(self) -> tuple[int, ...]:
+        """Indices of the layers whose attention sublayer was dropped (drop-attention)."""
+        return tuple(i for i, layer in enumerate(self.layers) if layer.attn_dropped)
 
     @property
     def max_position(self) -> int:

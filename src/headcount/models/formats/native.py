@@ -6,7 +6,7 @@ keep 7 heads here and 5 there, in uneven GQA groups. This format records each la
     DIR/headcount.json      {"format": "headcount", "version": 1, "kind": "decoder" | "encoder",
                              "config": DecoderConfig / EncoderConfig fields (the ORIGINAL shape),
                              "layers": [{"n_heads", "n_kv_heads", "kv_head_of", "kept_heads",
-                                         "qkv_bias", "o_bias"}, ...],
+                                         "qkv_bias", "o_bias"} | {"dropped": true}, ...],
                              "tokenizer": {"bos_token_id", "eos_token_id", "pad_token_id",
                                            "add_special_tokens"} | null, "name", "tensors": count,
                              "healing": {"teacher", "steps", "tokens", "moved", ...} (a healed model only)}
@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from headcount.attention import MultiHeadAttention
+from headcount.models.dropped import is_dropped
 from headcount.models.formats.errors import CheckpointError
 from headcount.models.formats.tensors import SafetensorsFile, no_init
 from headcount.models.chat import CHAT_TEMPLATE_FILE, read_chat_template
@@ -47,7 +48,10 @@ def is_saved(directory: str | Path) -> bool:
 
 # ------------------------------------------------------------------------------------------ layout
 def layer_layout(attn: MultiHeadAttention) -> dict:
-    """The per-layer facts a reload needs (JSON-ready)."""
+    """The per-layer facts a reload needs (JSON-ready); {"dropped": true} for a layer whose attention sublayer
+    was dropped (models/dropped.py: no heads, no attention tensors, no attention norms)."""
+    if is_dropped(attn):
+        return {"dropped": True}
     return {"n_heads": attn.n_heads, "n_kv_heads": attn.n_kv_heads, "kv_head_of": list(attn.kv_head_of),
             "kept_heads": list(attn.kept_heads), "qkv_bias": attn.qkv_proj.bias is not None,
             "o_bias": attn.o_proj.bias is not None}
@@ -234,6 +238,12 @@ def read(directory: str | Path, *, dtype: torch.dtype = torch.float32):
                               f"{len(layers) if isinstance(layers, list) else type(layers).__name__}")
     with no_init():
         for i, (layer, layout) in enumerate(zip(model.layers, layers)):
+            if isinstance(layout, dict) and layout.get("dropped") is True:
+                if not hasattr(layer, "drop_attention"):
+                    raise CheckpointError(f"{source}: layer {i}: dropped attention in a {kind}; only decoder "
+                                          "layers can drop theirs")
+                layer.drop_attention()
+                continue
             extra = cfg.attention_kwargs(i) if hasattr(cfg, "attention_kwargs") else {}
             old = layer.attn
             layer.attn = attention_from_layout(layout, d_model=cfg.d_model, head_dim=_head_dim(cfg), source=source,
@@ -298,6 +308,8 @@ def _disagreement(source: str, name: str, layers: list, *, missing: bool = False
         lay = layers[int(parts[1])]
         where = (f" ({CONFIG_FILE} says layer {parts[1]} has n_heads={lay.get('n_heads')}, "
                  f"n_kv_heads={lay.get('n_kv_heads')}, qkv_bias={lay.get('qkv_bias')}, o_bias={lay.get('o_bias')})")
+        if lay.get("dropped") is True:
+            where = f" ({CONFIG_FILE} says layer {parts[1]}'s attention was dropped)"
     if missing:
         return f"{source}: tensor {name!r} is missing{where}"
     if got is None:
