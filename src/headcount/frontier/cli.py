@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 import typer
 
 from headcount.cli_options import (DeviceOpt, DtypeOpt, EvalOpt, EvalWindowsOpt, ForceOpt, HealStepsOpt, JsonOpt,
-                                   ModelOpt, OutOpt, PngOpt)
+                                   ModelOpt, OutOpt, PngOpt, TextOpt)
 
 POINT_HELP = ("EDIT:AMOUNT, '+' to chain (applied in order): prune:F (query heads removed), merge:B (KV bytes per "
               "token kept: a fraction or 12KiB), drop:F (attention layers removed); repeatable (default: prune "
@@ -74,6 +74,7 @@ def register(app, bench_app) -> None:
                      evals: EvalOpt = None, out: OutOpt = None, force: ForceOpt = False, png: PngOpt = None,
                      json_out: JsonOpt = False, sensitivity: SensitivityOpt = "loss",
                      calibration_windows: CalibrationWindowsOpt = 8, eval_windows: EvalWindowsOpt = 4,
+                     text: TextOpt = None,
                      dtype: DtypeOpt = "fp32", device: DeviceOpt = "cpu") -> None:
         """How much can I cut? Each point an edit of the unedited model: KV bytes, attention FLOPs, parameters,
         held-out perplexity and pass@1 (--eval) per point, the points no other beats marked; --out keeps every
@@ -102,11 +103,18 @@ def register(app, bench_app) -> None:
             if png is not None:
                 from headcount.paths import check_png
                 png = check_png(png)
+            from headcount.surgery.cli_common import calibration_and_held_out
+
+            calibration, held_out, source = calibration_and_held_out(text)
+            if specs:
+                from headcount.surgery.task_scores import check_not_calibrated_on
+                check_not_calibrated_on(specs, calibration)
             from headcount.frontier.run import run_frontier
 
             frontier = run_frontier(model, parsed, heal_steps=heal_steps, spec=specs[0] if specs else None, out=out,
                                     force=force, eval_windows=eval_windows, calibration_windows=calibration_windows,
-                                    sensitivity=sensitivity, dtype=dtype, device=device)
+                                    sensitivity=sensitivity, dtype=dtype, device=device, calibration=calibration,
+                                    held_out=held_out, source=source)
             if png is not None:
                 from headcount.frontier.plot import plot
                 plot(frontier, png)

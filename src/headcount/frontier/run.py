@@ -129,11 +129,12 @@ def _read_rows(path: Path) -> list[Row] | None:
 # ------------------------------------------------------------------------------------------ the runner
 class _Runner:
     def __init__(self, unedited, *, meter, spec, heal_steps, calibration_windows, eval_windows, sensitivity,
-                 merge_options, out, progress, bar):
+                 merge_options, out, progress, bar, calibration=None, held_out=None):
         self.unedited, self.meter, self.spec, self.heal_steps = unedited, meter, spec, heal_steps
         self.calibration_windows, self.eval_windows = calibration_windows, eval_windows
         self.sensitivity, self.merge_options, self.out, self.progress, self.bar = (
             sensitivity, dict(merge_options or {}), out, progress, bar)
+        self.calibration, self.held_out = calibration, held_out
         self.tables: dict[str, object] = {}
         self.base_row: Row | None = None
 
@@ -184,18 +185,25 @@ class _Runner:
                 return plan
             except (ValueError, KeyError, TypeError):
                 pass  # measured again
-        plan = merge_plan(model, 1.0, by=self.sensitivity, progress=self.progress)
+        chat = self.sensitivity == "kl" and self.calibration is None  # kl's default: the model's own chat answers
+        plan = merge_plan(model, 1.0, by=self.sensitivity, calibration=None if chat else self._calibration(),
+                          progress=self.progress)
         if path is not None:
             _write_json(path, plan.to_json())
         self.tables[key] = plan
         return plan
+
+    def _calibration(self):
+        """merge_plan's calibration: the given one, or (None) prose and code-like text as merge_kv's default."""
+        return "mixed" if self.calibration is None else self.calibration
 
     def step(self, model, step: Step, prefix: str, point: str) -> dict:
         self.stage(point, step.text)
         if step.edit == "prune":
             from headcount.surgery import prune_to
 
-            result = prune_to(model, float(step.amount), calibration=None, calibration_windows=self.calibration_windows)
+            result = prune_to(model, float(step.amount), calibration=self.calibration,
+                              calibration_windows=self.calibration_windows)
             return {"heads_removed": result.heads_before - result.heads_after,
                     "kv_bytes_per_token_after": result.kv_bytes_per_token_after}
         if step.edit == "merge":
@@ -207,14 +215,15 @@ class _Runner:
             plan = merge_plan(model, step.amount, sensitivity_from=table)
             if plan.kv_heads:
                 self.stage(point, f"{step.text} ({len(plan.kv_heads)} layers)")
-                merge_kv(model, plan, n_windows=self.calibration_windows, progress=self.progress, **self.merge_options)
+                merge_kv(model, plan, n_windows=self.calibration_windows, calibration=self.calibration,
+                         progress=self.progress, **self.merge_options)
             return {"plan": {str(k): v for k, v in plan.kv_heads.items()},
                     "kv_bytes_per_token_before": plan.kv_bytes_per_token_before,
                     "kv_bytes_per_token_after": plan.kv_bytes_per_token_after,
                     "predicted_loss_increase": plan.predicted_loss_increase, "by": plan.by}
         from headcount.surgery.dropping import drop_attention
 
-        result = drop_attention(model, fraction=float(step.amount))
+        result = drop_attention(model, fraction=float(step.amount), calibration=self.calibration)
         return {"layers": list(getattr(result, "layers", []) or [])}
 
     def point(self, point: Point) -> list[Row]:
@@ -232,7 +241,8 @@ class _Runner:
             heal_start = time.perf_counter()
             self.stage(point.text, f"healing {self.heal_steps} steps")
             base, after = self.base_row, rows[0]
-            block = healer(self.unedited, self.heal_steps, progress=self.progress, eval_windows=self.eval_windows)(
+            block = healer(self.unedited, self.heal_steps, progress=self.progress, eval_windows=self.eval_windows,
+                           calibration=self.calibration, held_out=self.held_out)(
                 model, Quality(base.perplexity, base.fidelity), Quality(after.perplexity, after.fidelity))
             known = (block.get("held_out") or {}).get("after_heal")
             rows.append(self.measure(model, point.text, True, heal_start,
@@ -260,20 +270,24 @@ def mark(rows: list[Row], score: str) -> None:
 
 
 def settings_of(model_name: str, *, heal_steps: int, spec, eval_windows: int, calibration_windows: int,
-                sensitivity: str, dtype: str, merge_options: dict | None) -> dict:
+                sensitivity: str, dtype: str, merge_options: dict | None, source: str = "default corpus") -> dict:
     """What a saved frontier must match to be read back (the points may differ: a rerun adds or reads them)."""
     return {"model": str(model_name), "heal_steps": int(heal_steps), "eval": None if spec is None else spec.label,
             "eval_windows": int(eval_windows), "calibration_windows": int(calibration_windows),
-            "sensitivity": sensitivity, "dtype": dtype, "merge_options": dict(sorted((merge_options or {}).items()))}
+            "sensitivity": sensitivity, "dtype": dtype, "merge_options": dict(sorted((merge_options or {}).items())),
+            "text": source}
 
 
 def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int = 0, spec=None, out: Path | None = None,
                  force: bool = False, eval_windows: int = 4, calibration_windows: int = 8, sensitivity: str = "loss",
-                 dtype: str = "fp32", device: str = "cpu", merge_options: dict | None = None,
-                 progress: bool = True) -> Frontier:
+                 dtype: str = "fp32", device: str = "cpu", merge_options: dict | None = None, calibration=None,
+                 held_out=None, source: str = "default corpus", progress: bool = True) -> Frontier:
     """Measure the unedited model and every point (see the module doc); `model`: an already loaded model named
     `model_name` (tests), else loaded here. spec: a surgery.task_scores.TaskSpec (--eval) or None.
-    merge_options: merge_kv keywords beside its defaults (local_steps, uptrain_steps: tests keep them small)."""
+    merge_options: merge_kv keywords beside its defaults (local_steps, uptrain_steps: tests keep them small).
+    calibration: what prune, merge and drop choose on (None: each edit's default on the default corpus; texts or
+    token windows). held_out: surgery.quality.QualityMeter's held_out (None: the default corpus's three domains).
+    source: what calibration and held_out came from, recorded in the settings (--text's file)."""
     from headcount.arguments import one_of, positive_int
 
     one_of("sensitivity", sensitivity, ("loss", "kl"))
@@ -284,7 +298,7 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
     out = None if out is None else Path(out)
     settings = settings_of(model_name, heal_steps=heal_steps, spec=spec, eval_windows=eval_windows,
                            calibration_windows=calibration_windows, sensitivity=sensitivity, dtype=dtype,
-                           merge_options=merge_options)
+                           merge_options=merge_options, source=source)
     resume = check_out(out, settings, force)
     if model is None:
         from headcount.models.options import load_model
@@ -315,13 +329,13 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
 
     from headcount.surgery.quality import QualityMeter
 
-    meter = QualityMeter(eval_windows=eval_windows, window=512)
+    meter = QualityMeter(held_out, eval_windows=eval_windows, window=512)
     rows: list[Row] = []
     reused: list[str] = []
     with tqdm(total=len(points) + 1, desc="frontier", disable=None if progress else True) as bar:
         runner = _Runner(model, meter=meter, spec=spec, heal_steps=heal_steps, calibration_windows=calibration_windows,
                          eval_windows=eval_windows, sensitivity=sensitivity, merge_options=merge_options, out=out,
-                         progress=progress, bar=bar)
+                         progress=progress, bar=bar, calibration=calibration, held_out=held_out)
         path = None if out is None else out / "unedited" / "result.json"
         saved = _read_rows(path) if resume else None
         if saved:

@@ -1,0 +1,206 @@
+"""headcount frontier: point specs, the pareto marking against its brute-force definition, a frontier of a tiny
+random decoder (its accounts against formulas, resume under --out counted in edits performed), bad input."""
+
+import json
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from conftest import tiny_byte_decoder
+from headcount.cli import app
+from headcount.frontier import pareto, run
+from headcount.frontier.run import run_frontier
+from headcount.frontier.spec import DEFAULT_POINTS, parse_point, parse_points
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+runner = CliRunner()
+FAST = {"local_steps": 0, "uptrain_steps": 0}
+HELD = ["The quick brown fox jumps over the lazy dog. " * 40, "Attention heads read keys and values. " * 40]
+CALIBRATION = torch.randint(1, 260, (6, 64), generator=torch.Generator().manual_seed(3))
+TEXT = "\n\n".join(f"Paragraph {i}: the heads of layer {i % 3} read the keys that the queries ask for. " * 6
+                    for i in range(8))
+
+
+# ------------------------------------------------------------------------------------------ specs
+fractions = st.integers(1, 99).map(lambda k: k / 100)
+steps = st.one_of(
+    st.tuples(st.sampled_from(["prune", "drop"]), fractions).map(lambda t: (f"{t[0]}:{t[1]}", t[0], t[1])),
+    fractions.map(lambda f: (f"merge:{f}", "merge", f)),
+    st.integers(1, 64).map(lambda k: (f"merge:{k}KiB", "merge", 1024 * k)))
+
+
+@given(st.lists(steps, min_size=1, max_size=3))
+def test_a_point_parses_into_its_steps_in_order(parts):
+    text = "+".join(p[0] for p in parts)
+    point = parse_point(text)
+    assert point.text == text
+    assert [(s.edit, s.amount) for s in point.steps] == [(p[1], p[2]) for p in parts]
+    assert "/" not in point.slug and ":" not in point.slug
+
+
+@given(st.sampled_from(["prune", "drop", "merge"]), st.floats(allow_nan=False, allow_infinity=False))
+def test_a_fraction_outside_0_1_is_refused_naming_point(edit, value):
+    text = f"{edit}:{value!r}"
+    if 0 < value < 1 and "e" not in repr(value):
+        assert parse_point(text).steps[0].amount == pytest.approx(value)
+    elif not 0 < value < 1:
+        with pytest.raises(ValueError, match="--point"):
+            parse_point(text)
+
+
+@pytest.mark.parametrize("text", ["shrink:0.2", "prune", "prune:abc", "merge:12Kb", "merge:1.0", "drop:0",
+                                  "prune:0.2+", "unedited", ""])
+def test_bad_points(text):
+    with pytest.raises(ValueError, match="--point"):
+        parse_point(text)
+
+
+def test_defaults_and_duplicates():
+    assert [p.text for p in parse_points(None)] == list(DEFAULT_POINTS)
+    with pytest.raises(ValueError, match="twice"):
+        parse_points(["prune:0.2", "prune:0.2"])
+
+
+# ------------------------------------------------------------------------------------------ pareto
+def brute_force(costs, scores):
+    n = len(costs)
+    return [not any(costs[j] <= costs[i] and scores[j] >= scores[i] and (costs[j] < costs[i] or scores[j] > scores[i])
+                    for j in range(n) if j != i) for i in range(n)]
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 5)), max_size=12))
+def test_pareto_marks_exactly_the_points_nothing_beats(pairs):
+    costs, scores = [c for c, _ in pairs], [s for _, s in pairs]
+    assert pareto.on_frontier(costs, scores) == brute_force(costs, scores)
+
+
+def test_unscored_rows_are_never_on_the_frontier():
+    assert pareto.on_frontier([1, 2, 3], [None, 0.5, float("nan")]) == [False, True, False]
+
+
+# ------------------------------------------------------------------------------------------ a frontier
+def _kv(model):
+    return sum(2 * layer.attn.n_kv_heads * layer.attn.head_dim * 4 for layer in model.layers)
+
+
+def test_a_tiny_frontier_and_its_resume(tmp_path, monkeypatch):
+    model = tiny_byte_decoder()
+    performed = []
+    real_step = run._Runner.step
+    monkeypatch.setattr(run._Runner, "step", lambda self, m, step, *a: performed.append(step.text) or
+                        real_step(self, m, step, *a))
+    import headcount.surgery.merging.planner as planner
+    tables = []
+    real_sensitivity = planner.sensitivity
+    monkeypatch.setattr(planner, "sensitivity", lambda *a, **k: tables.append(1) or real_sensitivity(*a, **k))
+    points = parse_points(["prune:0.25", "merge:0.75", "merge:256"])
+    kw = dict(model=model, eval_windows=1, calibration_windows=2, merge_options=FAST, held_out=HELD,
+              calibration=CALIBRATION, progress=False)
+    first = run_frontier("tiny", points, out=tmp_path / "f", **kw)
+    assert performed == ["prune:0.25", "merge:0.75", "merge:256"] and len(tables) == 1  # one table, two budgets
+    rows = {r.label: r for r in first.rows}
+    assert list(rows) == ["unedited", "prune:0.25", "merge:0.75", "merge:256"]
+    base = rows["unedited"]
+    assert base.kv_bytes_per_token == _kv(model) == 2 * 2 * 2 * 8 * 4
+    # one decode token: projections 2 x d x (nh + 2 nkv) hd, scores and values 2 x 2 x nh x hd x n, output 2 x nh hd x d
+    d, nh, nkv, hd, n = 32, 4, 2, 8, 128
+    per_layer = 2 * d * (nh + 2 * nkv) * hd + 4 * nh * hd * n + 2 * nh * hd * d
+    assert base.attention_flops_per_token == 2 * per_layer and base.context == n
+    assert base.params == sum(p.numel() for p in model.parameters())
+    assert rows["merge:0.75"].kv_bytes_per_token <= 0.75 * base.kv_bytes_per_token
+    assert rows["merge:256"].kv_bytes_per_token <= 256 and rows["merge:0.75"].edit["merge:0.75"]["plan"]
+    assert rows["prune:0.25"].params < base.params and rows["prune:0.25"].kv_bytes_per_token <= base.kv_bytes_per_token
+    scores = [r.score("perplexity") for r in first.rows]
+    assert [r.frontier for r in first.rows] == brute_force([r.kv_bytes_per_token for r in first.rows], scores)
+    assert first.to_json()["frontier"] == [r.label for r in first.rows if r.frontier]
+    assert json.loads((tmp_path / "f" / "frontier.json").read_text())["settings"]["model"] == "tiny"
+    from headcount.models import load
+    saved = load(str(tmp_path / "f" / "points" / "merge_0.75" / "model"))
+    assert _kv(saved) == rows["merge:0.75"].kv_bytes_per_token
+
+    # the same arguments again: every point read back, no edit performed, the same rows
+    performed.clear()
+    again = run_frontier("tiny", points, out=tmp_path / "f", **kw)
+    assert performed == [] and again.reused == ["unedited", "prune:0.25", "merge:0.75", "merge:256"]
+    assert [r.to_json() for r in again.rows] == [r.to_json() for r in first.rows]
+    # an interrupted run: a point without its result.json is measured again, the others read back
+    (tmp_path / "f" / "points" / "merge_0.75" / "result.json").unlink()
+    resumed = run_frontier("tiny", points + parse_points(["prune:0.5"]), out=tmp_path / "f", **kw)
+    assert performed == ["merge:0.75", "prune:0.5"] and len(tables) == 1  # the table read back from disk
+    assert resumed.rows[2].kv_bytes_per_token == first.rows[2].kv_bytes_per_token
+
+    # other settings in the same --out: refused before anything is written, unless force
+    before = sorted(p.name for p in (tmp_path / "f" / "points").iterdir())
+    with pytest.raises(ValueError, match="--out.*other settings.*calibration_windows"):
+        run_frontier("tiny", points, out=tmp_path / "f", **{**kw, "calibration_windows": 3})
+    assert sorted(p.name for p in (tmp_path / "f" / "points").iterdir()) == before
+    performed.clear()
+    run_frontier("tiny", points[:1], out=tmp_path / "f", force=True, **{**kw, "calibration_windows": 3})
+    assert performed == ["prune:0.25"] and [p.name for p in (tmp_path / "f" / "points").iterdir()] == ["prune_0.25"]
+
+
+def test_an_unreachable_merge_budget_is_refused_before_anything_is_written(tmp_path):
+    model = tiny_byte_decoder()
+    with pytest.raises(ValueError, match="--point merge:100.*below what every-layer MQA"):
+        run_frontier("tiny", parse_points(["prune:0.2", "merge:100"]), model=model, out=tmp_path / "f",
+                     progress=False)
+    assert not (tmp_path / "f").exists()
+
+
+# ------------------------------------------------------------------------------------------ the command
+def _saved(tmp_path):
+    from headcount.models.formats.native import save
+    save(tiny_byte_decoder(), tmp_path / "tiny")
+    (tmp_path / "text.txt").write_text(TEXT)
+    return str(tmp_path / "tiny")
+
+
+def test_the_command_prints_rows_and_the_frontier(tmp_path):
+    model = _saved(tmp_path)
+    args = ["frontier", "--model", model, "--point", "prune:0.25", "--calibration-windows", "2", "--eval-windows", "1",
+            "--text", str(tmp_path / "text.txt"),
+            "--out", str(tmp_path / "f"), "--png", str(tmp_path / "f.png")]
+    result = runner.invoke(app, args + ["--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert [r["point"] for r in data["rows"]] == ["unedited", "prune:0.25"]
+    assert data["frontier"] and set(data["frontier"]) <= {"unedited", "prune:0.25"}
+    for key in ("kv_bytes_per_token", "attention_flops_per_token", "attention_flops_per_token_4k", "params",
+                "perplexity", "pass_at_1", "pass_at_1_ci95", "paired", "seconds"):
+        assert key in data["rows"][1]
+    assert (tmp_path / "f.png").stat().st_size > 1000
+    table = runner.invoke(app, args, env={"COLUMNS": "250"})
+    assert table.exit_code == 0 and "prune:0.25" in table.stdout
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--point", "grow:0.2"], "--point"),
+    (["--point", "prune:1.5"], "--point"),
+    (["--point", "merge:1B"], "--point merge:1B.*below"),
+    (["--eval", "humaneval:1", "--eval", "humaneval:2"], "--eval: a frontier is judged on one task"),
+    (["--sensitivity", "vibes"], "--sensitivity"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, match):
+    model = _saved(tmp_path)
+    result = runner.invoke(app, ["frontier", "--model", model, "--out", str(tmp_path / "f")] + args)
+    assert result.exit_code == 2, result.output
+    import re
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and re.search(match, lines[0]), result.output
+    assert not (tmp_path / "f").exists()
+
+
+def test_eval_on_an_encoder_exits_2(tmp_path):
+    from headcount.models.encoder import Encoder, EncoderConfig
+    from headcount.models.formats.native import save
+
+    torch.manual_seed(0)
+    save(Encoder(EncoderConfig(vocab_size=40, d_model=32, n_layers=2, n_heads=4, d_ff=48, max_position=64)),
+         tmp_path / "enc")
+    result = runner.invoke(app, ["frontier", "--model", str(tmp_path / "enc"), "--point", "prune:0.25", "--eval",
+                                 "humaneval:1", "--out", str(tmp_path / "f")])
+    assert result.exit_code == 2 and "--eval" in result.output and "decoder" in result.output, result.output
+    assert not (tmp_path / "f").exists()
