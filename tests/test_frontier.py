@@ -204,3 +204,16 @@ def test_eval_on_an_encoder_exits_2(tmp_path):
                                  "humaneval:1", "--out", str(tmp_path / "f")])
     assert result.exit_code == 2 and "--eval" in result.output and "decoder" in result.output, result.output
     assert not (tmp_path / "f").exists()
+
+
+def test_a_chained_point_applies_its_edits_in_order():
+    model = tiny_byte_decoder()
+    frontier = run_frontier("tiny", parse_points(["drop:0.5", "drop:0.5+merge:0.75"]), model=model, eval_windows=1,
+                            calibration_windows=2, merge_options=FAST, held_out=HELD, calibration=CALIBRATION,
+                            progress=False)
+    base, dropped, both = frontier.rows
+    assert dropped.kv_bytes_per_token == base.kv_bytes_per_token // 2  # one of two layers keeps a K/V cache
+    assert dropped.attention_flops_per_token == base.attention_flops_per_token // 2
+    assert list(both.edit) == ["drop:0.5", "merge:0.75"]
+    assert both.edit["merge:0.75"]["kv_bytes_per_token_before"] == dropped.kv_bytes_per_token
+    assert both.kv_bytes_per_token <= 0.75 * dropped.kv_bytes_per_token

@@ -59,9 +59,8 @@ def attention_flops_per_token(model, seq: int) -> int | None:
 
     heads = _heads(model)
     base = decoder_config_shape(model.config.to_dict())
-    shape = EditedShape(base, tuple(h if h[0] else (1, 1) for h in heads))  # a dropped layer counted, then left out
-    rows = layer_rows(shape, batch=1, seq=seq, dtype="fp32")
-    return sum(r["decode_attention_flops"] for r, h in zip(rows, heads) if h[0])
+    rows = layer_rows(EditedShape(base, tuple(heads)), batch=1, seq=seq, dtype="fp32")
+    return sum(r["decode_attention_flops"] for r in rows)
 
 
 def n_params(model) -> int:

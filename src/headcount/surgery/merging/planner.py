@@ -102,6 +102,8 @@ class MergePlan:
 
 
 def _layer_bytes(attn, n: int) -> int:
+    if n == 0:  # a dropped attention sublayer (models.dropped.NoAttention): no K/V cache, nothing to merge
+        return 0
     itemsize = attn.qkv_proj.weight.element_size()
     return 2 * n * attn.head_dim * itemsize
 
@@ -109,7 +111,7 @@ def _layer_bytes(attn, n: int) -> int:
 def kv_bytes(model) -> tuple[int, int]:
     """(current KV bytes per token, the least any plan reaches: one K/V head in every layer)."""
     current = sum(_layer_bytes(layer.attn, layer.attn.n_kv_heads) for layer in model.layers)
-    floor = sum(_layer_bytes(layer.attn, 1) for layer in model.layers)
+    floor = sum(_layer_bytes(layer.attn, min(1, layer.attn.n_kv_heads)) for layer in model.layers)
     return current, floor
 
 
