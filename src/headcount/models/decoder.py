@@ -355,13 +355,18 @@ class DecoderLayer(nn.Module):
         out, weights = self.attn(self.attn_norm(x) if self.attn_norm is not None else x, cache=cache,
                                  is_causal=self.causal, key_padding_mask=key_padding_mask, qk_transform=rope,
                                  head_gates=head_gates, need_weights=need_weights)
+        if self.parallel_residual:  # GPT-NeoX: both from the same x, summed as transformers sums them
+            return self.mlp(self.mlp_norm(x)) + self.attention_update(out) + x, weights
+        return self._mlp_residual(x + self.attention_update(out)), weights
+
+    def attention_update(self, out: Tensor) -> Tensor:
+        """What the attention's output `out` [B, T, d_model] adds to the residual stream: after the
+        post-attention norm (Gemma, OLMo 2) and Granite's multiplier."""
         if self.post_attn_norm is not None:
             out = self.post_attn_norm(out)
-        if self.parallel_residual:  # GPT-NeoX: both from the same x, summed as transformers sums them
-            return self.mlp(self.mlp_norm(x)) + out + x, weights
         if self.residual_multiplier != 1.0:  # Granite
             out = out * self.residual_multiplier
-        return self._mlp_residual(x + out), weights
+        return out
 
     def _mlp_residual(self, x: Tensor) -> Tensor:
         """x + the MLP sub-layer's output (x is the residual after attention; for GPT-NeoX's parallel residual,
