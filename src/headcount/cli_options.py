@@ -44,3 +44,9 @@ PngOpt = Annotated[Optional[Path], typer.Option("--png", help="also write the fi
 SeedOpt = Annotated[int, typer.Option("--seed", help="random seed")]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="under torchrun: seconds a collective waits for the "
                                                              "other ranks before this rank gives up")]
+
+# Read-only commands' options (perplexity, roles, faithfulness, rank, generate, the report).
+TEXT_FILE_HELP = ("a UTF-8 text file, read whole (default: the default corpus: its held-out part to measure on, its "
+                  "calibration part to analyse)")
+TextFileOpt = Annotated[Optional[Path], typer.Option("--text", help=TEXT_FILE_HELP)]
+OptionalSeedOpt = Annotated[Optional[int], typer.Option("--seed", help="random seed")]
