@@ -6,12 +6,28 @@ so `self.n = positive_int("n", n)` checks and assigns in one line. A bool is nev
 otherwise pass as the int 1. `expected=` replaces the default wording where a caller says more (the unit, what 0
 means); `error=` raises a ValueError subclass of the caller's own (cost's CostError); `type_error=TypeError`
 keeps attention.py's contract, a wrong type raised apart from a wrong value, with the type's name appended.
-Imports nothing, so every layer may use it.
+A refused value raises ArgumentError (a ValueError that knows the argument's name), so a command shows it under
+its own flag (cli_errors.renamed) without reading the message. Imports nothing, so every layer may use it.
 """
 
 from __future__ import annotations
 
 import math
+
+
+class ArgumentError(ValueError):
+    """A bad argument that knows its name: str() is "name: message". `renamed(flag)` is the same error under
+    another name (the command-line flag the argument came from)."""
+
+    def __init__(self, name: str, message: str):
+        super().__init__(f"{name}: {message}")
+        self.name, self.message = name, message
+
+    def renamed(self, name: str) -> "ArgumentError":
+        return ArgumentError(name, self.message)
+
+    def __reduce__(self):  # pickled as its two parts (a spawned worker's error reaches the parent)
+        return (type(self), (self.name, self.message))
 
 
 def is_int(value) -> bool:
@@ -27,6 +43,8 @@ def is_number(value) -> bool:
 def _refuse(name: str, expected: str, value, error, type_error=None):
     if type_error is not None:
         raise type_error(f"{name}: expected {expected}, got {value!r} ({type(value).__name__})")
+    if error is ValueError:
+        raise ArgumentError(name, f"expected {expected}, got {value!r}")
     raise error(f"{name}: expected {expected}, got {value!r}")
 
 

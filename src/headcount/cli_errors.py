@@ -1,5 +1,9 @@
 """What every command does with bad input: one line on stderr naming the command, exit status 2, no
-traceback. Sits low so every room's CLI (models, formats, surgery, parallel, ...) can use it."""
+traceback. Sits low so every room's CLI (models, formats, surgery, parallel, ...) can use it.
+
+A library error that knows its argument (arguments.ArgumentError) is shown under the command's flag: `flags`
+maps the library's argument names to flags ({"fraction": "--fraction", "model": "--eval"}); `renamed` is the
+one place that does it, by the error's name, never by reading its message."""
 
 from __future__ import annotations
 
@@ -9,13 +13,27 @@ from typing import Iterator
 
 import typer
 
+from headcount.arguments import ArgumentError
+
 EXIT_BAD_INPUT = 2
 
 
 @contextlib.contextmanager
-def one_line_errors(command: str) -> Iterator[None]:
+def renamed(flags: dict | None) -> Iterator[None]:
+    """An ArgumentError raised inside, re-raised under flags[its name] when the name is there."""
     try:
         yield
+    except ArgumentError as err:
+        if flags and err.name in flags:
+            raise err.renamed(flags[err.name]) from None
+        raise
+
+
+@contextlib.contextmanager
+def one_line_errors(command: str, flags: dict | None = None) -> Iterator[None]:
+    try:
+        with renamed(flags):
+            yield
     except (ValueError, ImportError, OSError) as err:
         msg = " ".join(str(err).split()) or type(err).__name__
         typer.echo(f"headcount {command}: {msg}", err=True)
@@ -33,8 +51,8 @@ def _rank_label(command: str) -> str:
 
 
 @contextlib.contextmanager
-def rank_errors(command: str) -> Iterator[None]:
-    with one_line_errors(_rank_label(command)):
+def rank_errors(command: str, flags: dict | None = None) -> Iterator[None]:
+    with one_line_errors(_rank_label(command), flags):
         try:
             yield
         except RuntimeError as err:

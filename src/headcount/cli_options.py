@@ -45,6 +45,41 @@ SeedOpt = Annotated[int, typer.Option("--seed", help="random seed")]
 TimeoutOpt = Annotated[float, typer.Option("--timeout", help="under torchrun: seconds a collective waits for the "
                                                              "other ranks before this rank gives up")]
 
+# The edit commands' own options (prune, merge-kv, heal): declared here too, so a command's signature is a list
+# of names. A default that is a library constant stays the library's (the command passes it as the default).
+CALIBRATION_WINDOWS_HELP = "calibration windows of 512 tokens (default corpus: half prose, half code-like text)"
+CalibrationWindowsOpt = Annotated[int, typer.Option("--calibration-windows", help=CALIBRATION_WINDOWS_HELP)]
+FractionOpt = Annotated[Optional[float], typer.Option("--fraction", help="share of query heads to remove, in (0, 1)")]
+PruneModeOpt = Annotated[str, typer.Option("--mode", help="query (any heads) or group (whole GQA groups)")]
+CompensateOpt = Annotated[Optional[str], typer.Option("--compensate", help="none, mean or lstsq (default lstsq; "
+                                                                           "with --joint none, the only choice)")]
+OrderOpt = Annotated[str, typer.Option("--order", help="importance method (gradient, ablation, confidence, "
+                                                       "reconstruction) or random")]
+UniformOpt = Annotated[bool, typer.Option("--uniform", help="same number from every layer (and GQA group)")]
+CurveOpt = Annotated[bool, typer.Option("--curve", help="the pruning curve instead of one pruned model")]
+PruneMethodOpt = Annotated[str, typer.Option("--method", help="retraining-free (heads chosen by --order) or l0 "
+                                                              "(trained hard-concrete gates choose them; --steps, "
+                                                              "--lr)")]
+JointOpt = Annotated[bool, typer.Option("--joint", help="--method l0: train the model's weights WITH the gates "
+                                                        "(distillation from the unedited model), then remove the "
+                                                        "closed heads")]
+JointParamsOpt = Annotated[Optional[str], typer.Option("--joint-params", help="with --joint: the weights that train "
+                                                                              "(attention, the default: q/k/v/o and "
+                                                                              "their norms; or all)")]
+KVHeadsOpt = Annotated[int, typer.Option("--kv-heads", help="KV heads per merged layer (1 = MQA)")]
+MergeMethodOpt = Annotated[str, typer.Option("--method", help="aware (activation-aware, rotary-respecting) or mean "
+                                                              "(GQA paper mean-pooling; needs a divisor of the "
+                                                              "current count)")]
+LayersOpt = Annotated[Optional[str], typer.Option("--layers", help="comma-separated layers to merge (default all)")]
+LocalStepsOpt = Annotated[int, typer.Option("--local-steps", help="aware: Adam steps per merged layer reproducing "
+                                                                  "its own output, one calibration window a step "
+                                                                  "(block-wise reconstruction; 0 = the closed form "
+                                                                  "alone)")]
+LocalTokensOpt = Annotated[int, typer.Option("--local-tokens", help="aware: tokens of its window each local step "
+                                                                    "fits, the first ones (exact for a causal "
+                                                                    "layer; 0 = the whole window)")]
+TeacherOpt = Annotated[str, typer.Option("--teacher", help="the unedited model it came from (zoo name or path)")]
+
 # Read-only commands' options (perplexity, roles, faithfulness, rank, generate, the report).
 TEXT_FILE_HELP = ("a UTF-8 text file, read whole (default: the default corpus: its held-out part to measure on, its "
                   "calibration part to analyse)")

@@ -2,11 +2,13 @@
 
     report = run_edit(model, lambda m: prune_to(m, 0.2), meter=QualityMeter(), heal=healer)
     report.quality["before_edit"], report.quality["after_edit"], report.quality["after_heal"]   Quality
-    report.to_json()   {"held_out": {stage: {domain: ppl}}, "tasks": {label: {stage: pass@1}}, "accounts": ...,
-                        "ppl_before", "ppl_after", "ppl_by_domain_before", ... (the commands' keys)}
+    report.to_json()   the edit commands' --json, one schema for every edit (SCHEMA_KEYS, below)
 
 Every stage is measured by the same QualityMeter (same held-out tokens, same tasks), so a new measure added
-to the meter reaches every command and the report at once.
+to the meter reaches every command and the report at once. to_json() is what every edit command prints with
+--json: the same top-level keys for prune, merge-kv, heal and any edit to come (SCHEMA_KEYS), the edit's own
+result under "edit", the healing's under "heal"; a command's older keys (`extra`, Edit.legacy_keys) are added
+beside them, never in their place.
 """
 
 from __future__ import annotations
@@ -17,6 +19,14 @@ from dataclasses import dataclass, field
 from headcount.surgery.quality import Quality, QualityMeter
 
 STAGES = ("before_edit", "after_edit", "after_heal")
+ACCOUNTS = ("heads", "kv_heads", "params", "kv_bytes_per_token")
+# every edit's --json, top level: the accounts before / after, the quality (legacy_quality's keys, held_out per
+# stage, quality per stage, tasks), the weights' hashes, the cost, the edit's and the healing's own results, where
+# the model went and the command that produced it
+SCHEMA_KEYS = (*(f"{k}_{when}" for when in ("before", "after") for k in ACCOUNTS),
+               "ppl_before", "ppl_after", "ppl_by_domain_before", "ppl_by_domain_after", "ppl_by_domain_healed",
+               "fidelity_after", "held_out", "quality", "tasks", "weights_sha256", "edited_weights_sha256",
+               "seconds", "forward_equivalents", "edit", "heal", "out", "command")
 
 
 def accounts(model) -> dict:
@@ -41,7 +51,8 @@ class EditReport:
     healing: dict | None = None  # HealResult.to_json() when healed
     seconds: float = 0.0
     command: str = ""
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # a command's older keys, beside the schema's (Edit.legacy_keys)
+    out: str | None = None  # where the edited model was saved
 
     @property
     def decoder(self) -> bool:
@@ -67,38 +78,43 @@ class EditReport:
         if not self.decoder:
             cos, rho = after.headline
             return {"ppl_before": None, "ppl_after": None, "fidelity_after": {"cosine": cos, "spearman": rho},
-                    "ppl_by_domain_before": None, "ppl_by_domain_after": None}
+                    "ppl_by_domain_before": None, "ppl_by_domain_after": None, "ppl_by_domain_healed": None}
         by_domain = len(before.perplexity) > 1
-        out = {"ppl_before": before.headline, "ppl_after": after.headline,
-               "ppl_by_domain_before": dict(before.perplexity) if by_domain else None,
-               "ppl_by_domain_after": dict(after.perplexity) if by_domain else None}
-        if "after_heal" in self.quality:
-            out["ppl_by_domain_healed"] = dict(self.quality["after_heal"].perplexity)
-        return out
+        healed = self.quality.get("after_heal")
+        return {"ppl_before": before.headline, "ppl_after": after.headline,
+                "ppl_by_domain_before": dict(before.perplexity) if by_domain else None,
+                "ppl_by_domain_after": dict(after.perplexity) if by_domain else None,
+                "ppl_by_domain_healed": dict(healed.perplexity) if healed is not None else None,
+                "fidelity_after": None}
+
+    def forward_equivalents(self) -> float | None:
+        """The work, in forward passes over the calibration: the edit's own, or the healing's when the model
+        arrived edited (`headcount heal`)."""
+        for block in (self.edit, self.healing):
+            if isinstance(block, dict) and block.get("forward_equivalents") is not None:
+                return round(block["forward_equivalents"], 2)
+        return None
 
     def to_json(self) -> dict:
-        data = {f"{k}_before": v for k, v in self.accounts_before.items()}
-        data |= {f"{k}_after": v for k, v in self.accounts_after.items()}
+        """The edit commands' --json: SCHEMA_KEYS, in that order, then the command's older keys (extra)."""
+        data = {f"{k}_{when}": accounts[k] for when, accounts in (("before", self.accounts_before),
+                                                                   ("after", self.accounts_after)) for k in ACCOUNTS}
         data |= self.legacy_quality()
         data |= {"held_out": self.held_out(), "quality": {s: q.to_json() for s, q in self.quality.items()},
-                 "weights_sha256": self.weights_sha256, "edited_weights_sha256": self.edited_weights_sha256,
-                 "seconds": round(self.seconds, 1)}
-        if self.healing is not None:
-            data["heal"] = self.healing
-        if self.tasks():
-            data["tasks"] = self.tasks()
-        if self.command:
-            data["command"] = self.command
-        return data | self.extra
+                 "tasks": self.tasks(), "weights_sha256": self.weights_sha256,
+                 "edited_weights_sha256": self.edited_weights_sha256, "seconds": round(self.seconds, 1),
+                 "forward_equivalents": self.forward_equivalents(), "edit": self.edit, "heal": self.healing,
+                 "out": self.out, "command": self.command}
+        return data | {k: v for k, v in self.extra.items() if k not in data}
 
     @classmethod
     def from_json(cls, data: dict) -> "EditReport":
         """Back from to_json (a saved result): quality, accounts and hashes; the commands' extra keys dropped."""
         quality = {s: Quality.from_json(q) for s, q in data["quality"].items()}
-        keys = ("heads", "kv_heads", "params", "kv_bytes_per_token")
-        return cls(quality, {k: data[f"{k}_before"] for k in keys}, {k: data[f"{k}_after"] for k in keys},
-                   data["weights_sha256"], data["edited_weights_sha256"], healing=data.get("heal"),
-                   seconds=data.get("seconds", 0.0), command=data.get("command", ""))
+        return cls(quality, {k: data[f"{k}_before"] for k in ACCOUNTS}, {k: data[f"{k}_after"] for k in ACCOUNTS},
+                   data["weights_sha256"], data["edited_weights_sha256"], edit=data.get("edit"),
+                   healing=data.get("heal"), seconds=data.get("seconds", 0.0), command=data.get("command") or "",
+                   out=data.get("out"))
 
 
 def run_edit(model, edit, *, meter: QualityMeter, heal=None, unedited=None, before: Quality | None = None,

@@ -205,13 +205,15 @@ def resolve_target(n_gates: int, n_layers: int, heads_to_keep=None, fraction=Non
         name = "heads_to_keep"
     what = f"{keep} of {n_gates} {unit}"
     if keep == 0:
-        raise ValueError(f"{name}: a gate target of 0 {unit} ({what}) leaves no attention; keep at least one per layer")
+        raise arguments.ArgumentError(name, f"a gate target of 0 {unit} ({what}) leaves no attention; keep at least "
+                                            "one per layer")
     if keep >= n_gates:
-        raise ValueError(f"{name}: a gate target of every head ({what}) prunes nothing"
-                         + (f"; {fraction} of {n_gates} rounds to 0 removed" if fraction is not None else ""))
+        raise arguments.ArgumentError(name, f"a gate target of every head ({what}) prunes nothing"
+                                      + (f"; {fraction} of {n_gates} rounds to 0 removed" if fraction is not None
+                                         else ""))
     if keep < n_layers:
-        raise ValueError(f"{name}: {what} kept, fewer than the model's {n_layers} layers; structural removal keeps "
-                         "at least one per layer")
+        raise arguments.ArgumentError(name, f"{what} kept, fewer than the model's {n_layers} layers; structural "
+                                            "removal keeps at least one per layer")
     return keep
 
 

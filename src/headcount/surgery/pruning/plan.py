@@ -15,6 +15,8 @@ from __future__ import annotations
 import random
 from typing import Mapping
 
+from headcount.arguments import ArgumentError
+
 MODES = ("query", "group")
 
 
@@ -128,7 +130,8 @@ def random_scores(model, seed: int) -> dict[tuple[int, int], float]:
 
 def _check_fraction(fraction) -> float:
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction < 1:
-        raise ValueError(f"fraction: expected a number in (0, 1) (the share of query heads to remove), got {fraction!r}")
+        raise ArgumentError("fraction", f"expected a number in (0, 1) (the share of query heads to remove), got "
+                                        f"{fraction!r}")
     return float(fraction)
 
 
