@@ -328,7 +328,7 @@ def _deci_header(path, heads, kv_heads, block_count=None):
 
 
 @pytest.mark.parametrize("heads,kv_heads,match", [
-    ([9, 0], [3, 0], "layer 1 has head_count 0"),
+    ([9, 0], [3, 2], "layer 1 has head_count 0 with head_count_kv 2"),  # (0, 0) is an attention-free block
     ([9, 6], [3, 0], "linear attention"),
     ([9, 7], [3, 2], "not a multiple"),
     ([9], [3], "has 1 entries; block_count is 2"),

@@ -71,6 +71,11 @@ def attention_layers(model) -> list[int]:
     return [i for i, layer in enumerate(model.layers) if not is_dropped(getattr(layer, "attn", None))]
 
 
+# why a transformers checkpoint cannot hold the model (after "transformers' LlamaForCausalLM ")
+NO_TRANSFORMERS = ("builds attention in every layer and cannot hold an attention-free one: export --to vllm "
+                   "(Nemotron-NAS no_op blocks) or --to gguf (llama.cpp's deci), or keep it in headcount's format (save)")
+
+
 def refuse_dropped(model, what: str) -> None:
     """Raise ValueError naming the dropped layers when `what` cannot run on a model with any (one line)."""
     gone = dropped_layers(model)

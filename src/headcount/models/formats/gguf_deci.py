@@ -51,8 +51,12 @@ Uniform layers are unchanged in every mode. A qwen2 whose layers are padded no l
 heads, so it is written as deci. Gemma 3 has its own padding (gguf_own.gemma3_layout) and ignores `groups`.
 headcount.models.load reads the file back with the file's counts (copies stay separate KV heads, zero query heads
 stay heads with zero weights).
-A layer with no query heads cannot arise (MultiHeadAttention and prune_heads refuse it); export refuses
-one anyway rather than write llama.cpp's attention-free block, whose semantics differ when o_proj has a bias.
+A layer whose attention sublayer was dropped (drop-attention, models/dropped.py) is written as llama.cpp's
+attention-free deci block (Nemotron-51B's): head_count 0 and head_count_kv 0 for the layer, no attn_* tensors and
+no attn_norm; llama.cpp's deci graph then passes the residual to the block's FFN (`if (n_head == 0) cur = inpL`,
+no residual add) and its K/V cache holds nothing for it: headcount's attention-free layer exactly. load_deci reads
+such a block back as a dropped layer. A MultiHeadAttention with no query heads cannot arise (MultiHeadAttention
+and prune_heads refuse it); export refuses one anyway (its o_proj bias would be lost).
 
 Tokenizer: the tokenizer.ggml.* fields are copied from the model's source GGUF (gguf_write.py).
 """
@@ -65,6 +69,7 @@ from pathlib import Path
 import numpy as np
 
 from headcount.arguments import one_of
+from headcount.models.dropped import dropped_layers, is_dropped
 from headcount.models.formats.gguf import (GGUFError, dequantized, field, open_reader, permute, reverse_permute,
                                           token_ids, tokenizer_backend, tokenizer_info)
 from headcount.models.formats.gguf_own import (check_gemma3, gemma3_layout, gemma3_zero_heads, own_file, qwen2_misfit,
@@ -105,16 +110,21 @@ def read_deci(path: str | Path) -> tuple[dict, list[dict], dict[str, np.ndarray]
     heads = _per_layer(reader, "deci.attention.head_count", path, n_layers)
     kv_heads = _per_layer(reader, "deci.attention.head_count_kv", path, n_layers, heads)
     for i, (nh, nkv) in enumerate(zip(heads, kv_heads)):
+        if nh == 0 and nkv == 0:  # an attention-free block (Nemotron-51B's; drop-attention's)
+            continue
         if nh == 0:
-            raise GGUFError(f"{path}: layer {i} has head_count 0 (an attention-free deci block, as in "
-                            "Nemotron-51B); a headcount Decoder keeps at least one head per layer")
+            raise GGUFError(f"{path}: layer {i} has head_count 0 with head_count_kv {nkv}; an attention-free block "
+                            "has both 0")
         if nkv == 0:
             raise GGUFError(f"{path}: layer {i} has head_count_kv 0 with {nh} heads (deci's 'linear attention' "
                             "block); headcount has no such layer")
         if nh % nkv:
             raise GGUFError(f"{path}: layer {i}: head_count {nh} is not a multiple of head_count_kv {nkv}")
-    head_dim = int(field(reader, "deci.attention.key_length", path, d_model // heads[0]))
-    value_dim = int(field(reader, "deci.attention.value_length", path, d_model // heads[0]))
+    first = next((i for i, nh in enumerate(heads) if nh), None)
+    if first is None:
+        raise GGUFError(f"{path}: every layer has head_count 0; a headcount Decoder keeps attention in one at least")
+    head_dim = int(field(reader, "deci.attention.key_length", path, d_model // heads[first]))
+    value_dim = int(field(reader, "deci.attention.value_length", path, d_model // heads[first]))
     rot = int(field(reader, "deci.rope.dimension_count", path, head_dim))
     if value_dim != head_dim or rot != head_dim:
         raise GGUFError(f"{path}: key_length={head_dim}, value_length={value_dim}, rope.dimension_count={rot}; "
@@ -136,7 +146,7 @@ def read_deci(path: str | Path) -> tuple[dict, list[dict], dict[str, np.ndarray]
     names = {t.name for t in reader.tensors}
     cfg = {
         "vocab_size": int(field(reader, "deci.vocab_size", path, len(tokens))), "d_model": d_model,
-        "n_layers": n_layers, "n_heads": heads[0], "n_kv_heads": kv_heads[0], "head_dim": head_dim,
+        "n_layers": n_layers, "n_heads": heads[first], "n_kv_heads": kv_heads[first], "head_dim": head_dim,
         "d_ff": ffn[0], "max_position": int(field(reader, "deci.context_length", path)),
         "norm": "rms", "norm_eps": float(field(reader, "deci.attention.layer_norm_rms_epsilon", path)),
         "mlp": "gated_silu", "position": "rotary",
@@ -147,7 +157,8 @@ def read_deci(path: str | Path) -> tuple[dict, list[dict], dict[str, np.ndarray]
         "bos_token_id": tok["bos_token_id"], "eos_token_id": tok["eos_token_id"],
         "pad_token_id": tok["pad_token_id"], "family": "llama",
     }
-    layouts = [{"n_heads": nh, "n_kv_heads": nkv, "kv_head_of": [h // (nh // nkv) for h in range(nh)],
+    layouts = [{"dropped": True} if nh == 0 else
+               {"n_heads": nh, "n_kv_heads": nkv, "kv_head_of": [h // (nh // nkv) for h in range(nh)],
                 "kept_heads": list(range(nh)),
                 "qkv_bias": any(f"blk.{i}.attn_{p}.bias" in names for p in "qkv"),
                 "o_bias": f"blk.{i}.attn_output.bias" in names}
@@ -188,7 +199,11 @@ def _deci_tensors(raw: dict[str, np.ndarray], cfg: dict, layouts: list[dict], pa
     if not cfg["tie_embeddings"]:
         out["lm_head.weight"] = take("output.weight", (vocab, d))
     for i, lay in enumerate(layouts):
-        nh, nkv, b, o = lay["n_heads"], lay["n_kv_heads"], f"blk.{i}.", f"layers.{i}."
+        b, o = f"blk.{i}.", f"layers.{i}."
+        if lay.get("dropped"):  # no attention tensors, no attn_norm
+            _ffn_tensors(out, take, b, o, ff, d)
+            continue
+        nh, nkv = lay["n_heads"], lay["n_kv_heads"]
         why = f" (layer {i}: head_count {nh}, head_count_kv {nkv}, key_length {hd})"
         q = reverse_permute(take(b + "attn_q.weight", (nh * hd, d), why), nh)
         k = reverse_permute(take(b + "attn_k.weight", (nkv * hd, d), why), nkv)
@@ -205,16 +220,21 @@ def _deci_tensors(raw: dict[str, np.ndarray], cfg: dict, layouts: list[dict], pa
         if lay["o_bias"]:
             out[o + "attn.o_proj.bias"] = take(b + "attn_output.bias", (d,))
         out[o + "attn_norm.weight"] = take(b + "attn_norm.weight", (d,))
-        out[o + "mlp_norm.weight"] = take(b + "ffn_norm.weight", (d,))
-        gate = take(b + "ffn_gate.weight", (ff, d), f" (feed_forward_length {ff})")
-        up = take(b + "ffn_up.weight", (ff, d), f" (feed_forward_length {ff})")
-        out[o + "mlp.gate_up_proj.weight"] = np.concatenate([gate, up])
-        out[o + "mlp.down_proj.weight"] = take(b + "ffn_down.weight", (d, ff), f" (feed_forward_length {ff})")
+        _ffn_tensors(out, take, b, o, ff, d)
     extra = sorted(set(raw) - used)
     if extra:
         raise GGUFError(f"{path}: unexpected tensor {extra[0]!r} for a deci model headcount can build"
                         + (f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""))
     return out
+
+
+def _ffn_tensors(out: dict, take, b: str, o: str, ff: int, d: int) -> None:
+    """A block's FFN and its norm (every deci block has them) into headcount's names."""
+    out[o + "mlp_norm.weight"] = take(b + "ffn_norm.weight", (d,))
+    gate = take(b + "ffn_gate.weight", (ff, d), f" (feed_forward_length {ff})")
+    up = take(b + "ffn_up.weight", (ff, d), f" (feed_forward_length {ff})")
+    out[o + "mlp.gate_up_proj.weight"] = np.concatenate([gate, up])
+    out[o + "mlp.down_proj.weight"] = take(b + "ffn_down.weight", (d, ff), f" (feed_forward_length {ff})")
 
 
 def load_deci(path: str | Path, *, dtype=None):
@@ -234,7 +254,9 @@ def load_deci(path: str | Path, *, dtype=None):
     with no_init():
         model = Decoder(config, dtype=dtype)
         for i, (layer, layout) in enumerate(zip(model.layers, layouts)):
-            if (layout["n_heads"], layout["n_kv_heads"], layout["qkv_bias"], layout["o_bias"]) != \
+            if layout.get("dropped"):
+                layer.drop_attention()
+            elif (layout["n_heads"], layout["n_kv_heads"], layout["qkv_bias"], layout["o_bias"]) != \
                     (config.n_heads, config.n_kv_heads, config.qkv_bias, config.o_bias):
                 layer.attn = attention_from_layout(layout, d_model=config.d_model, head_dim=config.head_dim,
                                                    source=str(path), index=i, dtype=dtype)
@@ -273,6 +295,8 @@ def _check_common(model) -> None:
                          "gemma3 graphs)")
     for i, layer in enumerate(model.layers):
         attn = layer.attn
+        if is_dropped(attn):
+            continue
         if attn.n_heads < 1:
             raise ValueError(f"model: layer {i} has no query heads; llama.cpp's deci would read n_head 0 as an "
                              "attention-free block (x passes through), which drops an o_proj bias: refused")
@@ -297,6 +321,8 @@ def _check_deci(model) -> None:
                              f"(it needs {key}={plain!r})")
     for i, layer in enumerate(model.layers):
         attn = layer.attn
+        if is_dropped(attn):
+            continue
         if not math.isclose(attn.softmax_scale, 1.0 / math.sqrt(attn.head_dim), rel_tol=1e-6):
             raise ValueError(f"model: layer {i} has softmax_scale {attn.softmax_scale}; llama.cpp's deci uses "
                              f"1/sqrt(head_dim) = {1 / math.sqrt(attn.head_dim)}")
@@ -310,6 +336,11 @@ def choose_architecture(model, groups: str = "copy") -> tuple[str, str]:
     one_of("groups", groups, GROUPS)
     _check_common(model)
     family = model.config.family
+    gone = dropped_layers(model)
+    if gone and family == "gemma3":
+        raise ValueError(f"model: layers {list(gone)} have no attention (drop-attention); llama.cpp's gemma3 builds "
+                         "attention in every layer and its deci graph is Llama's, not Gemma 3's: keep it in "
+                         "headcount's format (save)")
     if family == "gemma3":
         check_gemma3(model)
         zq, zkv = gemma3_zero_heads(model)
@@ -321,6 +352,10 @@ def choose_architecture(model, groups: str = "copy") -> tuple[str, str]:
                               "the heads pruned. Prune with --uniform for a GGUF that runs faster")
         return "gemma3", "Gemma 3's own architecture: the same head counts in every layer"
     _check_deci(model)
+    if gone:
+        return "deci", (f"llama.cpp's deci: the Llama graph with per-layer head counts; layers {list(gone)} are "
+                        "attention-free blocks (head_count 0)" + (", with q/k/v biases, which is Qwen2's math"
+                                                                   if family == "qwen2" else ""))
     if family == "qwen2":
         why = qwen2_misfit(model)
         padded = [i for i, layer in enumerate(model.layers) if layer_layout(layer.attn.kv_head_of, groups)[0] == "pad"]
@@ -344,6 +379,11 @@ def _written_tensors(model, dtype: str, groups: str = "copy") -> tuple[dict[str,
     heads, kv_heads = [], []
     for i, layer in enumerate(model.layers):
         attn, b = layer.attn, f"blk.{i}."
+        if is_dropped(attn):  # llama.cpp's attention-free block: the FFN alone
+            mlp_tensors(out, b, layer, ff)
+            heads.append(0)
+            kv_heads.append(0)
+            continue
         nh, nkv = attn.n_heads, attn.n_kv_heads
         _, order, slots = layer_layout(attn.kv_head_of, groups)
         n_q, n_slots = len(order), len(slots)
@@ -389,6 +429,9 @@ def _layouts(model, arch: str, groups: str) -> list[tuple[str, int, int]]:
                  sum(len(qs) for _, qs in slots), len(slots)) for slots in gemma3_layout(model)]
     out = []
     for layer in model.layers:  # llama.cpp's own qwen2 is written with copies (it was chosen because it fits)
+        if is_dropped(layer.attn):
+            out.append(("dropped", 0, 0))
+            continue
         kind, order, slots = layer_layout(layer.attn.kv_head_of, groups if arch == ARCH else "copy")
         out.append((kind, len(order), len(slots)))
     return out

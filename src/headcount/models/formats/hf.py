@@ -45,6 +45,7 @@ from typing import Iterator, Mapping, NamedTuple
 import torch
 
 from headcount.models.decoder import Decoder, DecoderConfig
+from headcount.models.dropped import NO_TRANSFORMERS, refuse_dropped
 from headcount.models.encoder import BidirectionalEncoder, Encoder, EncoderConfig
 from headcount.models.formats import hf_moe
 from headcount.models.formats.errors import CheckpointError
@@ -468,6 +469,7 @@ def to_transformers_state_dict(model: Decoder | BidirectionalEncoder | Encoder) 
     caller checks that every layer has them, in even groups); BERT and GPT-NeoX with zero heads."""
     cfg = model.config
     cfg_cls, model_cls = hf_classes(model)  # refuses other families
+    refuse_dropped(model, f"transformers' {model_cls} {NO_TRANSFORMERS}")
     fam = FAMILIES[cfg.family]
     bias = _attention_biases(model, fam, model_cls)
     if _dims(cfg).mlp_bias and fam.mlp_bias == "none":
@@ -554,6 +556,7 @@ def decoder_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
     if not isinstance(model, (Decoder, BidirectionalEncoder)) or model.config.family not in HF_CLASSES:
         raise ValueError(f"model: export_transformers writes {' / '.join(HF_CLASSES)} decoders and BERT encoders; "
                          f"this is {type(model).__name__} ({getattr(model.config, 'family', '?')})")
+    refuse_dropped(model, f"transformers' {hf_classes(model)[1]} {NO_TRANSFORMERS}")
     if FAMILIES[model.config.family].zero_heads:  # removed heads are padded back as zero heads: any pattern
         hf, sd = to_transformers_state_dict(model)
         hf["dtype"] = "float32"

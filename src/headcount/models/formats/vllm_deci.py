@@ -19,15 +19,23 @@ is written, in one line naming what vLLM lacks and the closest form that works: 
 DeciLM has one num_attention_heads), K/V counts that do not divide the query heads, uneven group sizes, sliding
 windows, other families. Query heads are reordered (their q rows and o_proj columns together: exact) where a
 prune left groups of equal size out of order.
+
+A layer whose attention was dropped (drop-attention) is a block with `attention: {no_op: true}`: vLLM builds no
+self_attn, no input_layernorm and no K/V cache for it, and passes the residual to the block's MLP (its
+DeciLMDecoderLayer.forward), which is headcount's attention-free layer. The file has no self_attn / input_layernorm
+tensors for it. vLLM's forward takes the residual from the first block's attention, so a model whose layer 0 is
+attention-free is refused (its first MLP would get no residual).
 """
 
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
+from headcount.models.dropped import dropped_layers
 from headcount.models.formats.errors import CheckpointError
 
 Tensor = torch.Tensor
@@ -89,7 +97,30 @@ class VllmExportError(ValueError):
 
 
 def _counts(model) -> list[tuple[int, int]]:
+    """(n_heads, n_kv_heads) per layer; (0, 0) where the attention was dropped."""
     return [(layer.attn.n_heads, layer.attn.n_kv_heads) for layer in model.layers]
+
+
+@contextmanager
+def _placeholders(model, n_heads: int):
+    """Zero attention and attention norms in the dropped layers for the duration, so the family's writer
+    (hf.to_transformers_state_dict) walks every layer; the caller removes their tensors from what it writes."""
+    from headcount.attention import MultiHeadAttention
+    from headcount.models.decoder import RMSNorm
+
+    cfg, saved = model.config, {}
+    for i in dropped_layers(model):
+        layer = model.layers[i]
+        saved[i] = (layer.attn, layer.attn_norm)
+        weight = layer.mlp_norm.weight
+        layer.attn = MultiHeadAttention(cfg.d_model, n_heads, n_kv_heads=1, head_dim=cfg.head_dim, bias=False,
+                                        dtype=weight.dtype, device=weight.device)
+        layer.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps, dtype=weight.dtype, device=weight.device)
+    try:
+        yield
+    finally:
+        for i, (attn, norm) in saved.items():
+            model.layers[i].attn, model.layers[i].attn_norm = attn, norm
 
 
 def _group_order(attn, i: int) -> list[int]:
@@ -113,9 +144,16 @@ def plan_vllm_export(model) -> dict:
         raise VllmExportError(f"model: vLLM serves causal decoders; this is {type(model).__name__}: "
                               "export --to transformers")
     counts = _counts(model)
-    query = sorted({nh for nh, _ in counts})
+    gone = dropped_layers(model)
+    query = sorted({nh for nh, _ in counts if nh})
     kv = [nkv for _, nkv in counts]
     even = all(layer.attn.is_uniform for layer in model.layers)
+    if 0 in gone:
+        raise VllmExportError(
+            "model: layer 0's attention was dropped; vLLM's Nemotron-NAS takes the residual stream from the first "
+            "block's attention (DeciLMDecoderLayer.forward), so its first MLP would get none: keep layer 0's "
+            "attention (drop-attention --layers without 0; the similarity order never picks it first), or export "
+            "--to gguf (llama.cpp's deci passes the residual through)")
     if len(set(counts)) == 1 and even:
         return {"form": "family", "architecture": None, "family": family, "query_heads": query[0], "kv_heads": kv,
                 "reason": f"every layer keeps {counts[0][0]} query and {counts[0][1]} K/V heads: the {family} "
@@ -127,7 +165,7 @@ def plan_vllm_export(model) -> dict:
             "or export --to gguf (llama.cpp's deci reads per-layer query counts)")
     if family not in DECI_FAMILIES:
         raise VllmExportError(
-            f"model: per-layer K/V head counts reach vLLM only through its DeciLM (Llama's block: {', '.join(DECI_FAMILIES)}); "
+            f"model: {'attention-free layers' if gone else 'per-layer K/V head counts'} reach vLLM only through its DeciLM (Llama's block: {', '.join(DECI_FAMILIES)}); "
             f"this is {family}: merge every layer to the same K/V count (one count: the family's own checkpoint), "
             "or export --to gguf")
     cfg = model.config
@@ -138,19 +176,23 @@ def plan_vllm_export(model) -> dict:
             f"biases); this {family} has something else: merge every layer to one K/V count instead (the family's own "
             "checkpoint), or export --to gguf")
     nh = query[0]
-    bad = [i for i, n in enumerate(kv) if nh % n]
+    bad = [i for i, n in enumerate(kv) if n and nh % n]
     if bad:
         raise VllmExportError(
             f"model: layer {bad[0]} keeps {kv[bad[0]]} K/V heads for {nh} query heads; vLLM's DeciLM takes "
             f"num_kv_heads = num_attention_heads // n_heads_in_group, so each count must divide {nh}: merge to "
             f"{', '.join(str(d) for d in range(1, nh + 1) if nh % d == 0)} K/V heads, or export --to gguf")
     for i, layer in enumerate(model.layers):
-        _group_order(layer.attn, i)  # refuses unequal groups
+        if i not in gone:
+            _group_order(layer.attn, i)  # refuses unequal groups
+    live = [n for n in kv if n]
+    why = (f"layers keep {min(live)}..{max(live)} K/V heads" + (f", layers {list(gone)} none (attention: no_op)"
+                                                                 if gone else ""))
     return {"form": "deci", "architecture": "DeciLMForCausalLM", "family": family, "query_heads": nh, "kv_heads": kv,
-            "n_heads_in_group": [nh // n for n in kv],
-            "reason": f"layers keep {min(kv)}..{max(kv)} K/V heads: vLLM's Nemotron-NAS (DeciLMForCausalLM) reads one "
-                      "K/V count per layer (block_configs[i].attention.n_heads_in_group); its configuration code travels "
-                      f"in {REMOTE_CODE_FILE} (load with trust_remote_code=True)"}
+            "n_heads_in_group": [nh // n if n else None for n in kv], "dropped_layers": list(gone),
+            "reason": f"{why}: vLLM's Nemotron-NAS (DeciLMForCausalLM) reads one K/V count per layer "
+                      "(block_configs[i].attention.n_heads_in_group) and attention-free blocks (attention.no_op); its "
+                      f"configuration code travels in {REMOTE_CODE_FILE} (load with trust_remote_code=True)"}
 
 
 def deci_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
@@ -160,12 +202,19 @@ def deci_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
 
     plan = plan_vllm_export(model)
     cfg = model.config
-    hf, sd = to_transformers_state_dict(model)  # everything but q/k/v (and o_proj) is per-layer already
     nh, hd = plan["query_heads"], cfg.head_dim
-    qkv_bias = any(layer.attn.qkv_proj.bias is not None for layer in model.layers) or cfg.family == "qwen2"
-    o_bias = any(layer.attn.o_proj.bias is not None for layer in model.layers)
+    gone = set(plan["dropped_layers"])
+    with _placeholders(model, nh):  # everything but q/k/v (and o_proj) is per-layer already
+        hf, sd = to_transformers_state_dict(model)
+    live = [layer for i, layer in enumerate(model.layers) if i not in gone]
+    qkv_bias = any(layer.attn.qkv_proj.bias is not None for layer in live) or cfg.family == "qwen2"
+    o_bias = any(layer.attn.o_proj.bias is not None for layer in live)
     for i, layer in enumerate(model.layers):
         attn, p = layer.attn, f"model.layers.{i}.self_attn."
+        if i in gone:  # an attention-free block: no self_attn, no input_layernorm
+            for key in [k for k in sd if k.startswith((p, f"model.layers.{i}.input_layernorm."))]:
+                del sd[key]
+            continue
         nkv = attn.n_kv_heads
         order = torch.tensor(_group_order(attn, i))
         w = attn.qkv_proj.weight.detach()
@@ -185,7 +234,7 @@ def deci_state_dict(model) -> tuple[dict, dict[str, Tensor]]:
         if o_bias:
             ob = attn.o_proj.bias
             sd[p + "o_proj.bias"] = ob.detach() if ob is not None else w.new_zeros(cfg.d_model)
-    blocks = [{"attention": {"no_op": False, "replace_with_linear": False, "n_heads_in_group": g},
+    blocks = [{"attention": {"no_op": g is None, "replace_with_linear": False, "n_heads_in_group": g or 1},
                "ffn": {"no_op": False, "replace_with_linear": False, "intermediate_size": cfg.d_ff}}
               for g in plan["n_heads_in_group"]]
     keep = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "intermediate_size",
@@ -259,13 +308,18 @@ def read_deci(directory: str | Path, *, dtype: torch.dtype = torch.float32):
     if not isinstance(blocks, list) or len(blocks) != n_layers:
         raise CheckpointError(f"{source}: block_configs must list one block per layer ({n_layers})")
     nh = int(cfg["num_attention_heads"])
-    groups = []
+    groups, gone = [], []
     for i, b in enumerate(blocks):
         att, ffn = b.get("attention", {}), b.get("ffn", {})
-        if att.get("no_op") or att.get("replace_with_linear") or ffn.get("no_op") or ffn.get("replace_with_linear") \
+        if att.get("replace_with_linear") or ffn.get("no_op") or ffn.get("replace_with_linear") \
                 or "ffn_mult" in ffn or ffn.get("intermediate_size") != cfg["intermediate_size"]:
-            raise CheckpointError(f"{source}: block {i}: headcount reads attention blocks with per-layer K/V heads and "
-                                  "one MLP width only (no no_op / replace_with_linear / ffn_mult)")
+            raise CheckpointError(f"{source}: block {i}: headcount reads attention blocks with per-layer K/V heads or "
+                                  "none (attention no_op) and one MLP width only (no ffn no_op / replace_with_linear / "
+                                  "ffn_mult)")
+        if att.get("no_op"):
+            gone.append(i)
+            groups.append(1)
+            continue
         g = int(att.get("n_heads_in_group", 1))
         if g < 1 or nh % g:
             raise CheckpointError(f"{source}: block {i}: n_heads_in_group {g} does not divide {nh} query heads")
@@ -281,6 +335,9 @@ def read_deci(directory: str | Path, *, dtype: torch.dtype = torch.float32):
     with no_init():
         model = Decoder(dcfg, dtype=dtype)
         for i, layer in enumerate(model.layers):
+            if i in gone:
+                layer.drop_attention()
+                continue
             nkv = nh // groups[i]
             layout = {"n_heads": nh, "n_kv_heads": nkv, "kv_head_of": [h // groups[i] for h in range(nh)],
                       "kept_heads": list(range(nh)), "qkv_bias": qkv_bias, "o_bias": o_bias}
@@ -303,6 +360,12 @@ def read_deci(directory: str | Path, *, dtype: torch.dtype = torch.float32):
         values["lm_head.weight"] = get("lm_head.weight", (dcfg.vocab_size, d))
     for i, layer in enumerate(model.layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
+        values[q + "mlp.gate_up_proj.weight"] = torch.cat([get(p + "mlp.gate_proj.weight", (ff, d)),
+                                                           get(p + "mlp.up_proj.weight", (ff, d))])
+        values[q + "mlp.down_proj.weight"] = get(p + "mlp.down_proj.weight", (d, ff))
+        values[q + "mlp_norm.weight"] = get(p + "post_attention_layernorm.weight", (d,))
+        if i in gone:
+            continue
         nkv = layer.attn.n_kv_heads
         values[q + "attn.qkv_proj.weight"] = torch.cat([get(p + "self_attn.q_proj.weight", (nh * hd, d)),
                                                         get(p + "self_attn.k_proj.weight", (nkv * hd, d)),
@@ -314,11 +377,7 @@ def read_deci(directory: str | Path, *, dtype: torch.dtype = torch.float32):
         values[q + "attn.o_proj.weight"] = get(p + "self_attn.o_proj.weight", (d, nh * hd))
         if o_bias:
             values[q + "attn.o_proj.bias"] = get(p + "self_attn.o_proj.bias", (d,))
-        values[q + "mlp.gate_up_proj.weight"] = torch.cat([get(p + "mlp.gate_proj.weight", (ff, d)),
-                                                           get(p + "mlp.up_proj.weight", (ff, d))])
-        values[q + "mlp.down_proj.weight"] = get(p + "mlp.down_proj.weight", (d, ff))
         values[q + "attn_norm.weight"] = get(p + "input_layernorm.weight", (d,))
-        values[q + "mlp_norm.weight"] = get(p + "post_attention_layernorm.weight", (d,))
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(values) - ({"lm_head.weight"} if dcfg.tie_embeddings else set()))
     if missing:
