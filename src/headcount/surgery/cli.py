@@ -23,6 +23,7 @@ def register(app, bench_app) -> None:
     pruning_cli.register(app, bench_app)
     merging_cli.register(app, bench_app)
     healing_cli.register(app, bench_app)
+    __import__("headcount.surgery.dropping.cli", fromlist=["register"]).register(app, bench_app)
 
     @bench_app.command("surgery")
     def bench_surgery(
