@@ -96,6 +96,9 @@ def _attention_parameters(model, layers) -> list[torch.nn.Parameter]:
     params = []
     for i in layers:
         layer = model.layers[i]
+        if getattr(layer, "attn_dropped", False):  # attention dropped: what is left of the layer (its MLP) heals it
+            params += list(layer.mlp.parameters()) + list(layer.mlp_norm.parameters())
+            continue
         params += list(layer.attn.parameters())  # qkv_proj, o_proj, q_norm / k_norm
         for name in ("attn_norm", "post_attn_norm"):
             module = getattr(layer, name, None)
