@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
 from headcount.arguments import one_of
+from headcount.cli_options import JsonOpt
+from headcount.report.cli import PageOutOpt, QuickOpt
 
 
 def tour() -> None:
@@ -63,65 +65,69 @@ def _accounts_tour(console) -> None:
                             "(headcount cost --d-model 4096 --heads 8,32,128 --seq 4096 --dtype fp16)")
 
 
+def demo_cmd(quick: QuickOpt = False, out: PageOutOpt = None) -> None:
+    """What `make demo` runs: the head report on smollm2 with the default corpus, then a five-line summary."""
+    from headcount.report.cli import run_report
+
+    run_report("smollm2", out=out, force=out is None, quick=quick, command="demo")
+
+
+def tour_cmd() -> None:
+    """A tour: attention on a random input, its accounts, a benchmark line, the real models."""
+    tour()
+
+
+def bench_attention(repeats: Annotated[int, typer.Option("--repeats", help="paired repeats per length")] = 7,
+                    json_out: JsonOpt = False) -> None:
+    """headcount fused / eager vs inline SDPA vs torch.nn.MultiheadAttention, and peak memory per path."""
+    from headcount.bench.attention import main
+    main(repeats=repeats, as_json=json_out)
+
+
+SCALE_MODELS = ",".join(("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"))
+ModelsOpt = Annotated[str, typer.Option("--models", help="comma-separated zoo names or paths")]
+StepsOpt = Annotated[str, typer.Option("--steps", help="some of perplexity, importance, prune, report")]
+DtypesOpt = Annotated[str, typer.Option("--dtypes", help="comma-separated: fp32, bf16, fp16")]
+WindowsOpt = Annotated[Optional[int], typer.Option("--windows", help="calibration windows for importance and prune "
+                                                                     "(default: each command's own)")]
+StepTimeoutOpt = Annotated[Optional[float], typer.Option("--timeout", help="seconds per step")]
+SaveOpt = Annotated[Optional[Path], typer.Option("--save", help="also write the JSON here")]
+
+
+def bench_scale(models: ModelsOpt = SCALE_MODELS, steps: StepsOpt = "perplexity,importance,prune,report",
+                dtypes: DtypesOpt = "fp32", windows: WindowsOpt = None, timeout: StepTimeoutOpt = None,
+                json_out: JsonOpt = False, save: SaveOpt = None) -> None:
+    """Time and peak memory of perplexity / importance / prune / report on models of growing size, each
+    step a fresh process with the command's defaults, and the slope against parameters."""
+    import json
+
+    from rich.console import Console
+
+    from headcount.bench import scale
+    from headcount.cli_errors import one_line_errors
+
+    with one_line_errors("bench scale"):
+        for d in dtypes.split(","):
+            one_of("--dtypes", d, ("fp32", "bf16", "fp16"), expected="fp32, bf16 or fp16")
+        console = Console(stderr=json_out)
+
+        def progress(s):
+            console.print(f"{s.model} {s.dtype} {s.step}: {s.seconds:.1f} s, peak RSS "
+                          f"{s.peak_rss_bytes / 2**30:.2f} GiB" + (f" ({s.error})" if s.error else ""))
+
+        result = scale.run(models.split(","), steps.split(","), tuple(dtypes.split(",")), windows=windows,
+                           timeout=timeout, progress=progress)
+        if save is not None:
+            save.parent.mkdir(parents=True, exist_ok=True)
+            save.write_text(json.dumps(result.to_json(), indent=2))
+        if json_out:
+            typer.echo(json.dumps(result.to_json(), indent=2))
+        else:
+            scale.render(result, console)
+
+
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
-    @app.command("demo")
-    def demo(quick: bool = typer.Option(False, "--quick", help="smaller analyses (a first look)"),
-             out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default out/report-smollm2)"),
-             ) -> None:
-        """What `make demo` runs: the head report on smollm2 with the default corpus, then a five-line summary."""
-        from headcount.report.cli import run_report
-
-        run_report("smollm2", out=out, force=out is None, quick=quick, command="demo")
-
-    @app.command("tour")
-    def tour_command() -> None:
-        """A tour: attention on a random input, its accounts, a benchmark line, the real models."""
-        tour()
-
-    @bench_app.command("attention")
-    def bench_attention(repeats: int = typer.Option(7, help="paired repeats per length"),
-                        json_out: bool = typer.Option(False, "--json", help="print JSON instead of tables")) -> None:
-        """headcount fused / eager vs inline SDPA vs torch.nn.MultiheadAttention, and peak memory per path."""
-        from headcount.bench.attention import main
-        main(repeats=repeats, as_json=json_out)
-
-    @bench_app.command("scale")
-    def bench_scale(models: str = typer.Option(",".join(("smollm2", "gemma3-270m", "qwen2.5-coder-0.5b",
-                                                         "qwen2.5-coder-1.5b")), "--models",
-                                               help="comma-separated zoo names or paths"),
-                    steps: str = typer.Option("perplexity,importance,prune,report", "--steps",
-                                              help="some of perplexity, importance, prune, report"),
-                    dtypes: str = typer.Option("fp32", "--dtypes", help="comma-separated: fp32, bf16, fp16"),
-                    windows: Optional[int] = typer.Option(None, "--windows",
-                                                          help="calibration windows for importance and prune "
-                                                               "(default: each command's own)"),
-                    timeout: Optional[float] = typer.Option(None, "--timeout", help="seconds per step"),
-                    json_out: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
-                    save: Optional[Path] = typer.Option(None, "--save", help="also write the JSON here")) -> None:
-        """Time and peak memory of perplexity / importance / prune / report on models of growing size, each
-        step a fresh process with the command's defaults, and the slope against parameters."""
-        import json
-
-        from rich.console import Console
-
-        from headcount.bench import scale
-        from headcount.cli_errors import one_line_errors
-
-        with one_line_errors("bench scale"):
-            for d in dtypes.split(","):
-                one_of("--dtypes", d, ("fp32", "bf16", "fp16"), expected="fp32, bf16 or fp16")
-            console = Console(stderr=json_out)
-
-            def progress(s):
-                console.print(f"{s.model} {s.dtype} {s.step}: {s.seconds:.1f} s, peak RSS "
-                              f"{s.peak_rss_bytes / 2**30:.2f} GiB" + (f" ({s.error})" if s.error else ""))
-
-            result = scale.run(models.split(","), steps.split(","), tuple(dtypes.split(",")), windows=windows,
-                               timeout=timeout, progress=progress)
-            if save is not None:
-                save.parent.mkdir(parents=True, exist_ok=True)
-                save.write_text(json.dumps(result.to_json(), indent=2))
-            if json_out:
-                typer.echo(json.dumps(result.to_json(), indent=2))
-            else:
-                scale.render(result, console)
+    app.command("demo")(demo_cmd)
+    app.command("tour")(tour_cmd)
+    bench_app.command("attention")(bench_attention)
+    bench_app.command("scale")(bench_scale)

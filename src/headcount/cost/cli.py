@@ -18,7 +18,6 @@ from headcount.cost.accounts import report
 from headcount.cost.fit import fit as fit_budget
 from headcount.cost.fit import parse_budget, parse_seq
 from headcount.cost.presets import ALIASES, PRESETS, get_preset
-from headcount.cli_options import JsonOpt
 from headcount.cost.shape import CostError, ModelShape, describe, from_config, global_every, override, parse_dtype
 
 HELP = """The three accounts of chapter 2.3.3 (parameters, FLOPs, score-matrix memory) and the KV cache (2.3.7).
@@ -40,6 +39,10 @@ HELP = """The three accounts of chapter 2.3.3 (parameters, FLOPs, score-matrix m
 
 FLOPs count a multiply-add as 2 FLOPs (matrix multiplications only).
 """
+
+# cost sits on the same layer as cli_options (pure Python, below the models), so it declares its own --json; its
+# --dtype is the accounts' precision (fp8 and int8 too), not the loading --dtype of the model commands
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 MEASURE_DEFAULT = dict(d_model=256, heads="8", kv_heads="2", seq="256")
 

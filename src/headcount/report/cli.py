@@ -11,9 +11,18 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
+
+from headcount.cli_options import DeviceOpt, DtypeOpt, ForceOpt, ModelOpt, SeedOpt, TextOpt
+
+# the report's own options (demo shares PageOutOpt and QuickOpt): its --out is a folder for a page, not a model
+PageOutOpt = Annotated[Optional[Path], typer.Option("--out", "-o", help="output folder (default "
+                                                                        "out/report-<model>)")]
+QuickOpt = Annotated[bool, typer.Option("--quick", help="smaller analyses: a first look in a fraction of the time")]
+NoCacheOpt = Annotated[bool, typer.Option("--no-cache", help="recompute everything (ignore $HEADCOUNT_CACHE)")]
+SampleOpt = Annotated[Optional[str], typer.Option("--sample", help="the sentence shown head by head")]
 
 
 def run_report(model: str, *, text: Optional[Path] = None, out: Optional[Path] = None, force: bool = False,
@@ -65,23 +74,15 @@ def run_report(model: str, *, text: Optional[Path] = None, out: Optional[Path] =
                f"{steps}", err=True)
 
 
+def report_cmd(model: ModelOpt = "smollm2", dtype: DtypeOpt = "fp32", device: DeviceOpt = "cpu",
+               text: TextOpt = None, out: PageOutOpt = None, force: ForceOpt = False, seed: SeedOpt = 0,
+               quick: QuickOpt = False, no_cache: NoCacheOpt = False, sample: SampleOpt = None) -> None:
+    """The head report: roles, importance, pruning, K/V merge, attention, faithfulness, rank -> index.html.
+    The same --seed gives the same report.json."""
+    run_report(model, text=text, out=out, force=force, seed=seed, quick=quick, use_cache=not no_cache,
+               sample=sample, dtype=dtype, device=device)
+
+
 def register(app, bench_app) -> None:
     """Add this room's commands to the `headcount` app."""
-    from headcount.models.options import DEVICE_HELP, DTYPE_HELP
-
-    @app.command("report")
-    def report(
-        model: str = typer.Option("smollm2", "--model", "-m", help="zoo name (smollm2, minilm) or a checkpoint path"),
-        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
-        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
-        text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text file (default: the built-in corpus)"),
-        out: Optional[Path] = typer.Option(None, "--out", "-o", help="output folder (default out/report-<model>)"),
-        force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
-        seed: int = typer.Option(0, "--seed", help="seed for the random parts (same seed, same report.json)"),
-        quick: bool = typer.Option(False, "--quick", help="smaller analyses: a first look in a fraction of the time"),
-        no_cache: bool = typer.Option(False, "--no-cache", help="recompute everything (ignore $HEADCOUNT_CACHE)"),
-        sample: Optional[str] = typer.Option(None, "--sample", help="the sentence shown head by head"),
-    ) -> None:
-        """The head report: roles, importance, pruning, K/V merge, attention, faithfulness, rank -> index.html."""
-        run_report(model, text=text, out=out, force=force, seed=seed, quick=quick, use_cache=not no_cache,
-                   sample=sample, dtype=dtype, device=device)
+    app.command("report")(report_cmd)
