@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from headcount.cost.edited import read_edited, totals
 from headcount.models.continuous import generate_many
@@ -117,3 +119,43 @@ def test_save_reload_and_the_accounts(tmp_path):
     counted = totals(read_edited(tmp_path / "dropped"), dtype="fp32")
     assert counted["kv_bytes_per_token"] == measured == 2 * 2 * 8 * 4  # one layer of 2 K/V heads x 8, fp32
     assert counted["params"] == sum(p.numel() for p in again.parameters())
+
+
+def test_other_edits_and_analyses_skip_or_refuse_dropped_layers():
+    from headcount.analysis import capture, importance
+    from headcount.surgery import merge_kv, prune_to
+
+    model = tiny()
+    model.layers[1].drop_attention()
+    ids = torch.randint(0, 61, (2, 16), generator=torch.Generator().manual_seed(3))
+    for call, message in [(lambda: prune_to(model, 0.25, calibration=ids, progress=False), "prune before dropping"),
+                          (lambda: importance(model, ids), "score the model before dropping"),
+                          (lambda: list(capture(model, ids)), r"layers\[1\]\.attn is NoAttention"),
+                          (lambda: merge_kv(model, 1, layers=[1], calibration=ids, progress=False),
+                           "layer 1's attention was dropped")]:
+        with pytest.raises(ValueError, match=message):
+            call()
+    assert model.dropped_layers == (1,) and [l.attn.n_kv_heads for l in model.layers] == [2, 0, 2]
+    # merging every layer merges the layers that have attention and leaves the dropped one as it is
+    merge_kv(model, 1, calibration=ids, progress=False, uptrain_steps=0, local_steps=0)
+    assert [l.attn.n_kv_heads for l in model.layers] == [1, 0, 1] and model.dropped_layers == (1,)
+    assert sum(c.nbytes for c in model.new_cache(1, 1)) == 2 * (2 * 1 * 8 * 4)
+
+
+@settings(max_examples=12)
+@given(n_kv=st.integers(1, 3), group=st.integers(1, 3), head_dim=st.sampled_from([4, 8]),
+       n_layers=st.integers(1, 4), data=st.data())
+def test_dropping_any_layers_of_any_shape_equals_zero_attention(n_kv, group, head_dim, n_layers, data):
+    dropped = data.draw(st.sets(st.integers(0, n_layers - 1), min_size=1), label="dropped")
+    torch.manual_seed(n_kv * 100 + group * 10 + n_layers)
+    cfg = DecoderConfig(vocab_size=31, d_model=16, n_layers=n_layers, n_heads=n_kv * group, n_kv_heads=n_kv,
+                        head_dim=head_dim, d_ff=24, max_position=32)
+    model = Decoder(cfg).eval()
+    ref = zeroed(model, dropped)
+    for i in dropped:
+        model.layers[i].drop_attention()
+    ids = torch.randint(0, 31, (1, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, ref(ids).logits, rtol=0, atol=1e-6)
+    per_layer = 2 * n_kv * head_dim * 4
+    assert sum(c.nbytes for c in model.new_cache(1, 1)) == (n_layers - len(dropped)) * per_layer

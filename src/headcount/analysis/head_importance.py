@@ -505,6 +505,9 @@ def importance(model, texts: str | Sequence[str] | None = None, method: str = "g
     reconstruction only: ridge (relative, default refit.DEFAULT_RIDGE), estimator ("second" | "first" |
         "both"), greedy (False: each head's cost when removed alone, no sequence).
     """
+    from headcount.models.dropped import refuse_dropped
+    refuse_dropped(model, "importance scores the heads of every layer (hooks on each o_proj); score the model "
+                   "before dropping attention")
     if method not in METHODS:
         raise ValueError(f"method: expected one of {', '.join(METHODS)}, got {method!r}")
     if estimator not in ESTIMATORS:

@@ -129,8 +129,8 @@ def _targets(model, n_kv_heads, layers, method: str) -> dict[int, int]:
         if isinstance(n_kv_heads, bool) or not isinstance(n_kv_heads, int):
             raise TypeError(f"n_kv_heads: expected a positive int, a {{layer: n}} mapping or a MergePlan, "
                             f"got {n_kv_heads!r}")
-        if layers is None:
-            layer_list = list(range(n_layers))
+        if layers is None:  # every layer that still has attention (drop-attention leaves some without)
+            layer_list = [i for i in range(n_layers) if model.layers[i].attn.n_kv_heads]
         else:
             if isinstance(layers, int) and not isinstance(layers, bool):
                 layers = [layers]
@@ -156,6 +156,8 @@ def _targets(model, n_kv_heads, layers, method: str) -> dict[int, int]:
             raise TypeError(f"n_kv_heads: expected a positive int for layer {i}, got {n!r}")
         if n < 1:
             raise ValueError(f"n_kv_heads: expected at least 1, got {n}")
+        if not attn.n_kv_heads:
+            raise ValueError(f"layers: layer {i}'s attention was dropped (drop-attention); it has no K/V heads to merge")
         if n > attn.n_kv_heads:
             raise ValueError(f"n_kv_heads: layer {i} has {attn.n_kv_heads} KV heads; merging cannot raise it "
                              f"to {n} (expected 1 .. {attn.n_kv_heads})")

@@ -254,6 +254,9 @@ def prune_to(model, fraction: float, *, order="reconstruction", mode: str = "que
     max_share: at most floor(max_share x a layer's heads) from one layer (None: no cap). Both limits are
     lifted, cap first, only when they leave fewer heads than `fraction` asks; neither applies to uniform.
     """
+    from headcount.models.dropped import refuse_dropped
+    refuse_dropped(model, "prune_to scores the heads of every layer: prune before dropping attention "
+                   "(frontier: prune:F+drop:F), or name the heads to remove (prune)")
     _plan.check_mode(mode)
     _check_choice("compensate", compensate, COMPENSATIONS)
     _plan._check_fraction(fraction)
