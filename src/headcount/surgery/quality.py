@@ -79,14 +79,14 @@ class QualityMeter:
     measured beside them (heal --text's "text" beside the three). eval_windows: windows of `window` tokens per
     domain (encoders: 16 sentences per window). sizes: {domain: (windows, window)} for domains measured on other
     sizes (the report's code / source). tasks: surgery.task_scores.TaskSpec list (--eval), greedy pass@1 with
-    `batch_size` rows (None: eval's default) and `max_new_tokens`. log: called with a line after each task.
+    `batch_size` rows (None: eval's default) and `max_new_tokens` (None: the prompt format's budget). log: called with a line after each task.
     references: an encoder's unedited embeddings {domain: [N, d]} when the unedited model is not the first one
     measured.
     """
 
     def __init__(self, held_out=None, *, eval_windows: int = EVAL_WINDOWS, window: int = 512, extra: dict | None = None,
                  sizes: dict | None = None, domains: bool = True, tasks=(), batch_size: int | None = None,
-                 max_new_tokens: int = 512, log=None, references: dict | None = None):
+                 max_new_tokens: int | None = None, log=None, references: dict | None = None):
         positive_int("eval_windows", eval_windows)
         positive_int("window", window, 2)
         if extra is not None and (not isinstance(extra, dict) or not all(

@@ -5,6 +5,9 @@
     run_program(source, timeout=10.0, ...) -> ExecResult             sandbox.py (isolation, SandboxUnavailable)
     score(problems, completions, workers=2) -> [ScoredSample]        scoring.py (program, pass_at_k, summarize)
     evaluate(...) -> EvalResult                                      harness.py: generation, then score
+    FORMATS, choose_format                                           formats.py (the table), prompts.py
+    sanitize(code, entry_point) -> str                               sanitize.py: EvalPlus's reading of an answer
+    wilson_interval, mcnemar_exact, bootstrap_interval, paired       stats.py: how sure, and paired comparisons
 
 Read-only like analysis: it generates and scores, never changes a weight. Lazy exports keep imports cheap
 (nothing here imports torch until evaluate is asked for).
@@ -22,6 +25,9 @@ _EXPORTS = {
     "ScoredSample": "scoring",
     # generation + scoring (evaluate.py)
     "evaluate": "harness", "evaluate_completions": "harness", "EvalResult": "harness", "Settings": "harness",
+    "FORMATS": "formats", "EvalFormat": "formats", "choose_format": "prompts", "sanitize": "sanitize",
+    "wilson_interval": "stats", "mcnemar_exact": "stats", "bootstrap_interval": "stats", "paired": "stats",
+    "Paired": "stats",
 }
 
 __getattr__, __dir__, __all__ = lazy.exports(__name__, _EXPORTS)

@@ -66,6 +66,32 @@ def _summary(result) -> str:
     return line + f"; sandbox: {result.isolation or 'none (--unsafe-exec)'}"
 
 
+def _show_prompt(model: Optional[str], problems, task_id: str, prompt_format: str, dtype: str, device: str) -> None:
+    """--show-prompt: the prompt text of one problem in the format eval would use, its token count, its stops."""
+    from headcount.tasks.prompts import check_prompt_format, choose_format, prompt_ids, prompt_text
+
+    if model is None:
+        raise ValueError("--show-prompt: give --model M (the prompt depends on the model's format and tokenizer)")
+    by_id = {p.task_id: p for p in problems}
+    if task_id not in by_id:
+        shown = ", ".join(list(by_id)[:3])
+        raise ValueError(f"--show-prompt: expected a task_id of the {len(by_id)} problems ({shown}, ...), "
+                         f"got {task_id!r}")
+    check_prompt_format(prompt_format)
+    from headcount.models.options import load_model
+    from headcount.tasks.harness import check_model
+
+    lm = load_model(model, dtype, device)
+    check_model(lm)
+    fmt = choose_format(lm, prompt_format)
+    problem = by_id[task_id]
+    ids = prompt_ids(lm, problem, fmt)
+    typer.echo(f"# {task_id}, {fmt.label} format ({fmt.spec.source}); {len(ids)} tokens; up to "
+               f"{fmt.max_new_tokens} new tokens; stops {list(fmt.spec.stops)!r}")
+    typer.echo(prompt_text(lm, problem, fmt), nl=False)
+    typer.echo("")
+
+
 def register(app, bench_app) -> None:
     @app.command("eval")
     def eval_cmd(
@@ -77,9 +103,15 @@ def register(app, bench_app) -> None:
         limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
         batch_size: int = typer.Option(BATCH_SIZE, "--batch-size",
                                        help="prompts generated together (their KV caches held at once)"),
-        max_new_tokens: int = typer.Option(512, "--max-new-tokens", help="the most new tokens per completion"),
-        prompt_format: str = typer.Option("auto", "--prompt-format", help="auto (chat where the model has a chat "
-                                          "template), chat or completion"),
+        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="the most new tokens per "
+                                                     "completion (default: the prompt format's own: the makers' "
+                                                     "2048 for Qwen2.5-Coder, EvalPlus's 768)"),
+        prompt_format: str = typer.Option("auto", "--prompt-format", help="auto (the makers' format where "
+                                          "headcount's table has the model, else evalplus for a chat model, else "
+                                          "completion), makers, evalplus (alias: chat) or completion"),
+        show_prompt: Optional[str] = typer.Option(None, "--show-prompt", metavar="TASK_ID",
+                                                  help="print what the model receives for this problem (special "
+                                                  "tokens written out) and its token count, and exit"),
         samples_per_task: int = typer.Option(1, "--samples-per-task", help="n completions per problem (pass@k by "
                                              "the unbiased estimator; needs --temperature > 0)"),
         temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
@@ -107,6 +139,9 @@ def register(app, bench_app) -> None:
                                  "--completions to generate)")
             if model is None and completions is None:
                 raise ValueError("give --model M to generate and score, or --completions FILE to score")
+            if show_prompt is not None:
+                _show_prompt(model, problems, show_prompt, prompt_format, dtype, device)
+                return
             _check_samples_path(samples_out)
             settings = Settings(max_new_tokens=max_new_tokens, batch_size=batch_size,
                                 samples_per_task=samples_per_task, temperature=temperature, seed=seed,

@@ -1,6 +1,6 @@
 """`evaluate`: a model's completions of a task's problems, generated in batches, scored in the sandbox.
 
-    problems -> prompts (prompts.py: chat or completion) -> batched greedy / sampled generation
+    problems -> prompts (prompts.py: the makers', EvalPlus's or completion) -> batched greedy / sampled generation
              -> completions -> sandboxed programs (scoring.py) -> pass@k
 
 Problems are generated in order of prompt length, so a batch pads little; scoring of one batch runs in
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from headcount.arguments import positive_int
@@ -61,7 +61,7 @@ BATCH_SIZE = 32
 
 @dataclass
 class Settings:
-    max_new_tokens: int = 512
+    max_new_tokens: int | None = None  # None: the prompt format's own budget (formats.py)
     batch_size: int = BATCH_SIZE
     samples_per_task: int = 1
     temperature: float = 0.0
@@ -74,7 +74,7 @@ class Settings:
 def check_settings(settings: Settings) -> None:
     for name, value in (("--max-new-tokens", settings.max_new_tokens), ("--batch-size", settings.batch_size),
                         ("--samples-per-task", settings.samples_per_task)):
-        positive_int(name, value, expected="a whole number >= 1")
+        positive_int(name, value, expected="a whole number >= 1", none=name == "--max-new-tokens")
     if not isinstance(settings.temperature, (int, float)) or settings.temperature < 0:
         raise ValueError(f"--temperature: expected a number >= 0, got {settings.temperature!r}")
     if settings.samples_per_task > 1 and settings.temperature == 0:
@@ -109,14 +109,16 @@ def generate_completions(model, problems: list[Problem], fmt: PromptFormat, sett
     out: list[Completion | None] = [None] * len(jobs)
     stops, context = fmt.stops(model.tokenizer), model.config.max_position
     longest = max(len(ids) for _, ids in jobs)
-    budget = min(settings.max_new_tokens, context - longest)
+    budget = min(settings.max_new_tokens or fmt.max_new_tokens, context - longest)
     if budget < 1:
         raise ValueError(f"a prompt of {longest} tokens fills the model's context of {context}")
     done: list[Completion] = []
 
     def finished(i: int, row) -> None:
-        out[i] = Completion(jobs[i][0].task_id, completion_of(row.text, fmt),
-                            {"finish_reason": row.finish_reason, "new_tokens": len(row.new_ids)})
+        problem = jobs[i][0]
+        out[i] = Completion(problem.task_id, completion_of(row.text, fmt, problem.entry_point, problem.prompt),
+                            {"finish_reason": row.finish_reason, "new_tokens": len(row.new_ids),
+                             "prompt_format": fmt.label})
         done.append(out[i])
         if on_batch is not None and len(done) >= settings.batch_size:
             on_batch(done[:])
@@ -155,6 +157,7 @@ def evaluate(model, task="humaneval", *, limit: int | None = None, prompt_format
     check_model(model)
     problems = problems if problems is not None else load_problems(task, limit=limit)
     fmt = choose_format(model, prompt_format)
+    settings = replace(settings, max_new_tokens=settings.max_new_tokens or fmt.max_new_tokens)
     way = check_isolation(settings.unsafe_exec)  # refuse before any generation
     t0 = time.perf_counter()
     total = len(problems) * settings.samples_per_task
@@ -170,7 +173,7 @@ def evaluate(model, task="humaneval", *, limit: int | None = None, prompt_format
         completions, new_tokens, spent = generate_completions(model, problems, fmt, settings, on_batch=on_batch)
         scored = {id(c): s for batch, future in pending for c, s in zip(batch, future.result())}
     samples = [scored[id(c)] for c in completions]
-    return _result(task, samples, time.perf_counter() - t0, fmt.name, model=model.name, new_tokens=new_tokens,
+    return _result(task, samples, time.perf_counter() - t0, fmt.label, model=model.name, new_tokens=new_tokens,
                    generation_seconds=spent, isolation=way, settings=settings)
 
 
