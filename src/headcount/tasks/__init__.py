@@ -6,7 +6,7 @@
     score(problems, completions, workers=2) -> [ScoredSample]        scoring.py (program, pass_at_k, summarize)
     evaluate(...) -> EvalResult                                      harness.py: generation, then score
     FORMATS, choose_format                                           formats.py (the table), prompts.py
-    sanitize(code, entry_point) -> str                               sanitize.py: EvalPlus's reading of an answer
+    sanitize.sanitize(code, entry_point) -> str                      EvalPlus's reading of an answer
     wilson_interval, mcnemar_exact, bootstrap_interval, paired       stats.py: how sure, and paired comparisons
 
 Read-only like analysis: it generates and scores, never changes a weight. Lazy exports keep imports cheap
@@ -25,7 +25,7 @@ _EXPORTS = {
     "ScoredSample": "scoring",
     # generation + scoring (evaluate.py)
     "evaluate": "harness", "evaluate_completions": "harness", "EvalResult": "harness", "Settings": "harness",
-    "FORMATS": "formats", "EvalFormat": "formats", "choose_format": "prompts", "sanitize": "sanitize",
+    "FORMATS": "formats", "EvalFormat": "formats", "choose_format": "prompts",
     "wilson_interval": "stats", "mcnemar_exact": "stats", "bootstrap_interval": "stats", "paired": "stats",
     "Paired": "stats",
 }

@@ -63,7 +63,14 @@ def _summary(result) -> str:
     line += f" in {result.seconds:.0f} s"
     if result.prompt_format is not None:
         line += f"; {result.model}, {result.prompt_format} prompts, {result.new_tokens_per_s} new tokens/s"
-    return line + f"; sandbox: {result.isolation or 'none (--unsafe-exec)'}"
+    line += f"; sandbox: {result.isolation or 'none (--unsafe-exec)'}"
+    if result.paired is not None:
+        p = result.paired
+        lo, hi = p["ci95"]
+        verdict = "a real difference (p < 0.05)" if p["p_value"] < 0.05 else "within the noise (p >= 0.05)"
+        line += (f"\nagainst the base: {p['wins']} problems won, {p['losses']} lost: pass@1 {p['difference']:+.3f} "
+                 f"(95% CI {lo:+.3f} to {hi:+.3f}), exact McNemar p = {p['p_value']:.3g}: {verdict}")
+    return line
 
 
 def _show_prompt(model: Optional[str], problems, task_id: str, prompt_format: str, dtype: str, device: str) -> None:
@@ -119,6 +126,9 @@ def register(app, bench_app) -> None:
         timeout: float = typer.Option(10.0, "--timeout", help="seconds each program may run"),
         unsafe_exec: bool = typer.Option(False, "--unsafe-exec", help="run generated code without isolation "
                                          "where no sandbox works (resource limits and the timeout still apply)"),
+        against: Optional[Path] = typer.Option(None, "--against", help="a base run's scored samples file (--samples "
+                                               "of an earlier eval on the same problems): wins, losses, the "
+                                               "difference with its paired 95% interval and the exact McNemar p"),
         samples_out: Optional[Path] = typer.Option(None, "--samples", help="write one JSONL row per completion: "
                                                    "task_id, completion, passed, result"),
         dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
@@ -146,17 +156,29 @@ def register(app, bench_app) -> None:
             settings = Settings(max_new_tokens=max_new_tokens, batch_size=batch_size,
                                 samples_per_task=samples_per_task, temperature=temperature, seed=seed,
                                 timeout=timeout, unsafe_exec=unsafe_exec)
+            base = None
+            if against is not None:
+                from headcount.tasks.against import check_same_problems, read_verdicts
+
+                if samples_per_task != 1:
+                    raise ValueError(f"--against: a paired comparison takes one sample a problem, got "
+                                     f"--samples-per-task {samples_per_task}")
+                base = read_verdicts(against)
             try:
                 check_settings(settings)  # before a model loads
                 check_isolation(unsafe_exec)  # no sandbox: refused before the model loads
                 if completions is not None:
                     rows = read_completions(completions, problems)
+                    if base is not None:
+                        check_same_problems([r.task_id for r in rows], base, against)
                     result = evaluate_completions(rows, task, problems=problems, settings=settings,
                                                   progress=_bar("scoring"))
                 else:
                     from headcount.models.options import load_model
 
                     check_prompt_format(prompt_format)
+                    if base is not None:
+                        check_same_problems([p.task_id for p in problems], base, against)
                     lm = load_model(model, dtype, device)
                     check_model(lm)
                     result = evaluate(lm, task, prompt_format=prompt_format, settings=settings, problems=problems,
@@ -164,6 +186,10 @@ def register(app, bench_app) -> None:
                     result.model = model
             except SandboxUnavailable as e:
                 raise ValueError(str(e)) from None
+            if base is not None:
+                from headcount.tasks.against import compare
+
+                result.paired = compare(result.samples, base).to_json()
         if samples_out is not None:
             _write_samples(samples_out, result.samples)
         if json_out:

@@ -81,13 +81,6 @@ class Paired:
         return {"wins": self.wins, "losses": self.losses, "difference": round(self.difference, 6),
                 "ci95": [round(self.ci95[0], 6), round(self.ci95[1], 6)], "p_value": round(self.p_value, 6)}
 
-    def sentence(self) -> str:
-        """One line for a summary: the counts, the difference and its interval, the p-value, and what it means."""
-        lo, hi = self.ci95
-        verdict = "a real difference" if self.p_value < 0.05 else "within the noise"
-        return (f"{self.wins} problems won, {self.losses} lost of {self.n}: {self.difference:+.3f} "
-                f"(95% CI {lo:+.3f} to {hi:+.3f}), exact McNemar p = {self.p_value:.3g}: {verdict}")
-
 
 def paired(this: Mapping[str, bool], base: Mapping[str, bool], *, resamples: int = RESAMPLES,
            seed: int = 0) -> Paired:
@@ -98,7 +91,7 @@ def paired(this: Mapping[str, bool], base: Mapping[str, bool], *, resamples: int
     only_this = [t for t in this if t not in base]
     only_base = [t for t in base if t not in this]
     if only_this or only_base:
-        parts = [f"{len(ids)} only in {side} ({_names(ids)})"
+        parts = [f"{len(ids)} only in {side} ({listed(ids)})"
                  for side, ids in (("this run", only_this), ("the base", only_base)) if ids]
         raise ValueError(f"paired: the runs must cover the same problems; {'; '.join(parts)}")
     if not this:
@@ -143,6 +136,7 @@ def _percentiles(means, level: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _names(ids: list[str], shown: int = 5) -> str:
+def listed(ids: list[str], shown: int = 5) -> str:
+    """The first `shown` ids, and how many more."""
     more = f", ... {len(ids) - shown} more" if len(ids) > shown else ""
     return ", ".join(ids[:shown]) + more
