@@ -61,11 +61,12 @@ def test_merge_one_layer_json_save_and_reload(tmp_path):
     assert result.exit_code == 0, result.output
     # the JSON object, then the uptrain's one-line summary (stderr, mixed into the runner's output)
     data = json.JSONDecoder().raw_decode(result.output[result.output.index("{"):])[0]
-    # the command's keys, its cost (forward_equivalents, seconds), the held-out domains, and the edit pipeline's
-    # (held_out and quality per stage, the accounts' KV heads, the edited weights' hash)
-    assert set(data) == KEYS | {"forward_equivalents", "seconds", "ppl_by_domain_before", "ppl_by_domain_after",
-                                "weights_sha256", "command", "method", "merge_options", "uptrain", "held_out",
-                                "quality", "kv_heads_before", "kv_heads_after", "edited_weights_sha256"}
+    # the edit commands' one schema (EditReport.to_json: the accounts, the quality per stage, the cost, the hashes,
+    # the merge's own result under "edit") and merge-kv's older keys beside it
+    from headcount.surgery.editing import SCHEMA_KEYS
+    assert KEYS <= set(SCHEMA_KEYS)
+    assert set(data) == set(SCHEMA_KEYS) | {"method", "merge_options", "uptrain"}
+    assert data["uptrain"]["steps"] == data["edit"]["uptrain"]["steps"] == 2 and data["out"] == str(out)
     assert data["held_out"] == {"before_edit": data["ppl_by_domain_before"], "after_edit": data["ppl_by_domain_after"]}
     assert data["quality"]["after_edit"]["perplexity"] == data["ppl_by_domain_after"]
     assert data["kv_heads_before"] == data["heads_before"]
@@ -113,23 +114,26 @@ def saved_tiny(tmp_path_factory):
 
 
 def test_default_uptrain_runs_on_the_merge_windows_and_is_counted(monkeypatch, saved_tiny, one_thread_for_tiny_models):
+    from headcount.surgery.command import EditOptions, run_edit_command
     from headcount.surgery.merging import cli, defaults
 
+    def run_merge(**settings):
+        return run_edit_command(cli.MergeKV(cli.MergeSettings(1, layers="1", **settings)),
+                                EditOptions(model=saved_tiny, eval_windows=1))[0]
+
     monkeypatch.setattr(defaults, "UPTRAIN_STEPS", 2)  # the default's path (merge_kv's), with a test's step count
-    out = cli.run_merge(saved_tiny, 1, layers=[1], calibration_windows=2, local_steps=0, eval_windows=1)
-    data, extra = out["json"], out["extra"]
-    up = extra["uptrain"]
+    data = run_merge(calibration_windows=2, local_steps=0)
+    up = data["edit"]["uptrain"]
     assert up["steps"] == 2 and up["objective"] == "kl_to_teacher"
     assert up["tokens"] == 2 * cli.UPTRAIN_WINDOW  # one piece of a calibration window per step
-    assert extra["merge"]["uptrain"] == up  # merge_kv ran it (its defaults are the command's)
     # forward-equivalents over the merge's 2 x 512 calibration tokens: the student's forward and backward (3)
     # and the teacher's forward (1) on every uptrain token, added to the merge's own count
-    merge = extra["merge"]
+    merge = data["edit"]
     assert merge["calibration_tokens"] == 2 * 512
     assert up["token_forwards"] == 4 * 2 * cli.UPTRAIN_WINDOW
     assert abs(data["forward_equivalents"] - merge["forward_equivalents"]) < 0.01
     assert data["forward_equivalents"] > 4 * 2 * cli.UPTRAIN_WINDOW / (2 * 512)
     assert data["seconds"] >= round(up["seconds"], 1)
     # the mean-pooling merge gets no uptrain unless asked for
-    mean = cli.run_merge(saved_tiny, 1, method="mean", layers=[1], eval_windows=1)
-    assert mean["extra"]["uptrain"] is None
+    mean = run_merge(method="mean")
+    assert mean["edit"]["uptrain"] is None and mean["uptrain"] is None

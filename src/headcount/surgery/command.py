@@ -100,6 +100,7 @@ class Edit:
     deep_teacher = False  # the teacher is a full copy (the edit trains tensors outside attention in place)
     what = "the edited model's held-out quality"  # named when a perplexity comes out NaN / inf
     legacy_keys: tuple = ()  # top-level keys this command's JSON carried before the one schema (kept for scripts)
+    heads_counted = "query"  # what the JSON's heads_before / heads_after count: "query" or "kv" heads
 
     def check(self, opts: EditOptions) -> None:
         """The command's own flags, before anything is loaded or written."""
@@ -193,6 +194,7 @@ def run_edit_command(edit: Edit, opts: EditOptions):
     report.out = str(run.out) if run.out is not None else None
     report.command = command_line()  # what produced this result (a saved --json is keyed and quoted by it)
     report.extra = edit.legacy(report, run)
+    report.heads_counted = edit.heads_counted
     return report.to_json(), run
 
 

@@ -53,6 +53,7 @@ class EditReport:
     command: str = ""
     extra: dict = field(default_factory=dict)  # a command's older keys, beside the schema's (Edit.legacy_keys)
     out: str | None = None  # where the edited model was saved
+    heads_counted: str = "query"  # what heads_before / heads_after count: "query" heads, or "kv" heads (merge-kv)
 
     @property
     def decoder(self) -> bool:
@@ -63,11 +64,18 @@ class EditReport:
         return {s: (q.perplexity or q.fidelity) for s, q in self.quality.items()}
 
     def tasks(self) -> dict:
-        """{task label: {stage: pass@1}}: the --eval JSON block."""
+        """{task label: {stage: pass@1, "pass_at_1_ci95": {stage: [lo, hi]}, "paired": {stage: {...}}}}: the --eval
+        JSON block; the intervals and the paired comparisons against before_edit where each problem's verdict was
+        kept (surgery.task_scores.stage_statistics)."""
+        from headcount.surgery.task_scores import stage_statistics
+
         out: dict = {}
         for stage, q in self.quality.items():
             for label, value in q.tasks.items():
                 out.setdefault(label, {})[stage] = value
+        for label, block in out.items():
+            block.update(stage_statistics({stage: q.task_verdicts[label] for stage, q in self.quality.items()
+                                           if label in q.task_verdicts}))
         return out
 
     def legacy_quality(self) -> dict:
@@ -99,6 +107,8 @@ class EditReport:
         """The edit commands' --json: SCHEMA_KEYS, in that order, then the command's older keys (extra)."""
         data = {f"{k}_{when}": accounts[k] for when, accounts in (("before", self.accounts_before),
                                                                    ("after", self.accounts_after)) for k in ACCOUNTS}
+        if self.heads_counted == "kv":  # merge-kv's heads_*: the KV heads, what the merge changes
+            data["heads_before"], data["heads_after"] = data["kv_heads_before"], data["kv_heads_after"]
         data |= self.legacy_quality()
         data |= {"held_out": self.held_out(), "quality": {s: q.to_json() for s, q in self.quality.items()},
                  "tasks": self.tasks(), "weights_sha256": self.weights_sha256,
