@@ -3,7 +3,7 @@
     meter = QualityMeter(eval_windows=4, tasks=parse_eval(["humaneval:20"]))
     q = meter.measure(model)        # Quality(perplexity={"prose": 9.1, "code": 7.2, "source": 5.3},
                                     #         tasks={"humaneval:20": 0.65})
-    Quality.from_json(q.to_json()) == q
+    Quality.from_json(q.to_json()) == q         # q.task_verdicts: {"humaneval:20": {"HumanEval/0": True, ...}}
 
 A decoder is measured by perplexity on held-out windows of each domain: on the default corpus the three of
 headcount.data.held_out_domains (prose: the default corpus's held-out part; code: torch / numpy docstrings;
@@ -30,6 +30,8 @@ class Quality:
     perplexity: dict = field(default_factory=dict)  # decoder: {domain: held-out perplexity}
     fidelity: dict = field(default_factory=dict)  # encoder: {domain: {"cosine": c, "spearman": s}}
     tasks: dict = field(default_factory=dict)  # {task label: pass@1 in [0, 1]}
+    # {task label: {task_id: passed}}: each problem's verdict, what paired comparisons between stages read
+    task_verdicts: dict = field(default_factory=dict)
 
     @property
     def headline(self):
@@ -55,16 +57,33 @@ class Quality:
             check_finite(value, what, dtype)
 
     def to_json(self) -> dict:
-        return {"perplexity": dict(self.perplexity), "fidelity": {d: dict(f) for d, f in self.fidelity.items()},
-                "tasks": dict(self.tasks)}
+        out = {"perplexity": dict(self.perplexity), "fidelity": {d: dict(f) for d, f in self.fidelity.items()},
+               "tasks": dict(self.tasks)}
+        if self.task_verdicts:
+            out["task_verdicts"] = {label: dict(v) for label, v in self.task_verdicts.items()}
+        return out
 
     @classmethod
     def from_json(cls, data: dict) -> "Quality":
-        if not isinstance(data, dict) or not set(data) <= {"perplexity", "fidelity", "tasks"}:
-            raise ValueError("Quality.from_json: expected a dict with perplexity, fidelity and tasks, got "
-                             f"{data!r:.200}")
+        """Back from to_json; a result saved before per-problem verdicts were kept reads with none."""
+        if not isinstance(data, dict) or not set(data) <= {"perplexity", "fidelity", "tasks", "task_verdicts"}:
+            raise ValueError("Quality.from_json: expected a dict with perplexity, fidelity, tasks (and task_verdicts), "
+                             f"got {data!r:.200}")
+        verdicts = data.get("task_verdicts") or {}
+        if not isinstance(verdicts, dict) or not all(
+                isinstance(v, dict) and all(isinstance(p, bool) for p in v.values()) for v in verdicts.values()):
+            raise ValueError(f"Quality.from_json: task_verdicts should be {{label: {{task_id: true|false}}}}, got "
+                             f"{verdicts!r:.200}")
         return cls(dict(data.get("perplexity") or {}), {d: dict(f) for d, f in (data.get("fidelity") or {}).items()},
-                   dict(data.get("tasks") or {}))
+                   dict(data.get("tasks") or {}), {label: dict(v) for label, v in verdicts.items()})
+
+
+class TaskScores(dict):
+    """{task label: pass@1}, with .verdicts {task label: {task_id: passed}} beside it."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.verdicts: dict = {}
 
 
 def _is_decoder(model) -> bool:
@@ -150,16 +169,17 @@ class QualityMeter:
         found = evaluate(model, sets, self.references(model))
         return Quality(fidelity={d: {"cosine": c, "spearman": s} for d, (c, s) in found.items()})
 
-    def task_scores(self, model) -> dict:
-        """{task label: greedy pass@1} for this meter's tasks."""
+    def task_scores(self, model) -> "TaskScores":
+        """{task label: greedy pass@1} for this meter's tasks, each problem's verdict in .verdicts."""
         from headcount.tasks.harness import BATCH_SIZE, Settings, evaluate
 
-        out = {}
+        out = TaskScores()
         for spec in self.tasks:
             result = evaluate(model, spec.task, problems=list(spec.problems),
                               settings=Settings(batch_size=self.batch_size or BATCH_SIZE,
                                                 max_new_tokens=self.max_new_tokens))
             out[spec.label] = result.pass_at_1
+            out.verdicts[spec.label] = result.verdicts()
             if self.log is not None:
                 self.log(f"{spec.label}: pass@1 {result.pass_at_1:.3f} ({result.passed}/{result.n_problems}, "
                          f"{result.seconds:.0f} s)")
@@ -169,6 +189,7 @@ class QualityMeter:
         """Quality of `model`: held-out perplexity or fidelity, and (tasks=True) pass@1 on the tasks."""
         quality = self.held_out_quality(model, known)
         if tasks and self.tasks:
-            return Quality(quality.perplexity, quality.fidelity, self.task_scores(model))
+            scores = self.task_scores(model)
+            return Quality(quality.perplexity, quality.fidelity, dict(scores), dict(getattr(scores, "verdicts", {})))
         return quality
 

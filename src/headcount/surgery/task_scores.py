@@ -3,8 +3,10 @@
     parse_eval(["humaneval:20", "mine.jsonl"])  -> [TaskSpec]   checked (and the problems read) before any work
 
 The specs go to surgery.quality.QualityMeter(tasks=specs), which measures greedy pass@1 at every stage of an
-edit; EditReport.tasks() gives the JSON block {"humaneval:20": {"before_edit": 0.65, "after_edit": 0.6,
-"after_heal": 0.63}}.
+edit and keeps each problem's verdict; EditReport.tasks() gives the JSON block {"humaneval:20": {"before_edit":
+0.65, "after_edit": 0.6, "after_heal": 0.63, "pass_at_1_ci95": {stage: [lo, hi]}, "paired": {"after_edit": {wins,
+losses, difference, ci95, p_value}, "after_heal": {...}}}}: whether the edit changed the task or only moved inside
+the noise (stage_statistics).
 
 The problems an edit is judged on are never what it chooses or heals on: `check_not_calibrated_on` refuses
 a calibration text that contains any of them (a user's --text holding the eval problems), and the test
@@ -14,6 +16,8 @@ suite checks that the default calibration streams hold none of HumanEval.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+STATISTICS = ("pass_at_1_ci95", "paired")  # the keys beside the stages in a task's block
 
 @dataclass(frozen=True)
 class TaskSpec:
@@ -61,3 +65,20 @@ def check_not_calibrated_on(specs: list[TaskSpec], calibration_texts, flag: str 
             if any(line in joined for line in _signature_lines(problem)):
                 raise ValueError(f"{flag}: its calibration part contains {problem.task_id} of --eval {spec.label}; "
                                  "an edit is never chosen or healed on the problems it is judged on")
+
+
+def stage_statistics(verdicts: dict) -> dict:
+    """{stage: {task_id: passed}} (stages in order, "before_edit" first) -> {"pass_at_1_ci95": {stage: [lo, hi]},
+    "paired": {stage: Paired.to_json() against before_edit}} (Wilson's interval; the paired bootstrap and the exact
+    McNemar test of tasks/stats.py)."""
+    from headcount.tasks.stats import paired, wilson_interval
+
+    out: dict = {}
+    if not verdicts:
+        return out
+    out["pass_at_1_ci95"] = {stage: [round(x, 4) for x in wilson_interval(sum(v.values()), len(v))]
+                             for stage, v in verdicts.items() if v}
+    base = verdicts.get("before_edit")
+    if base:
+        out["paired"] = {stage: paired(v, base).to_json() for stage, v in verdicts.items() if stage != "before_edit"}
+    return out
