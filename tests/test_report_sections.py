@@ -7,7 +7,7 @@ from dataclasses import fields, replace
 import pytest
 from conftest import tiny_byte_decoder
 
-from headcount.report import steps
+from headcount.report.measures import rank as rank_measure
 from headcount.report.build import write_report
 from headcount.report.cache import ResultCache
 from headcount.report.claims import read_claims
@@ -108,7 +108,7 @@ def _collect(model, tmp_path, only):
 def test_a_section_that_does_not_apply_is_unavailable_with_its_reason(tiny, tmp_path, monkeypatch):
     def not_here(ctx):
         raise NotApplicable("ranks need   a window\nlonger than this model's context")
-    monkeypatch.setattr(steps, "rank_step", not_here)
+    monkeypatch.setattr(rank_measure, "step", not_here)
     r = _collect(tiny, tmp_path, ("shape", "rank"))
     assert r["rank"] is None and r["unavailable"]["rank"] == "ranks need a window longer than this model's context"
     assert next(c for c in r["claims"] if c["id"] == "C9")["status"] == "not measured"
@@ -128,19 +128,19 @@ def test_a_model_with_one_kv_head_has_no_kv_merge(tiny, tmp_path):
 def test_any_other_exception_fails_the_report(error, tiny, tmp_path, monkeypatch):
     def broken(ctx):
         raise error
-    monkeypatch.setattr(steps, "rank_step", broken)
+    monkeypatch.setattr(rank_measure, "step", broken)
     with pytest.raises(type(error)):
         _collect(tiny, tmp_path, ("shape", "rank"))
 
 
 def test_the_report_calls_analysis_with_keywords_it_takes(tiny, tmp_path, monkeypatch):
     """A keyword the analysis does not take is a TypeError (nothing is dropped on the way): rank given one."""
-    real = steps.rank
+    real = rank_measure.rank
 
     def strict(model, texts=None, *, max_windows, seed, progress):
         return real(model, texts, max_windows=max_windows, seed=seed, progress=progress)
-    monkeypatch.setattr(steps, "rank", strict)
+    monkeypatch.setattr(rank_measure, "rank", strict)
     assert _collect(tiny, tmp_path, ("shape", "rank"))["rank"]["summary"]
-    monkeypatch.setattr(steps, "rank", lambda model, texts=None, *, seed: pytest.fail("called"))
+    monkeypatch.setattr(rank_measure, "rank", lambda model, texts=None, *, seed: pytest.fail("called"))
     with pytest.raises(TypeError, match="max_windows"):
         _collect(tiny, tmp_path, ("shape", "rank"))

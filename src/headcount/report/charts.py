@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from headcount.report.claims import ROLE_NAMES
+from headcount.report.verdicts import ROLE_NAMES
 
 ROLE_COLORS = {
     "previous_token": "#4C78A8", "duplicate_token": "#72B7B2", "induction": "#E45756", "positional": "#F58518",
@@ -21,7 +21,7 @@ ATTN_SCALE = [[0.0, "#ffffff"], [0.03, "#eef4fb"], [0.1, "#c6dbef"], [0.25, "#6b
 FONT = dict(family="Inter, -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif", size=12, color="#1f2330")
 
 
-def _layout(fig, *, height: int, **kw):
+def layout(fig, *, height: int, **kw):
     kw.setdefault("margin", dict(l=60, r=20, t=40, b=50))
     fig.update_layout(template="plotly_white", font=FONT, height=height, paper_bgcolor="rgba(0,0,0,0)",
                       plot_bgcolor="rgba(0,0,0,0)", **kw)
@@ -86,7 +86,7 @@ def head_map(roles: dict | None):
         z=z, zmin=0, zmax=n, colorscale=scale, showscale=False, text=text, texttemplate="%{text}",
         textfont=dict(size=9, color="white"), hovertext=hover, hoverinfo="text", xgap=2, ygap=2,
         x=list(range(n_heads)), y=list(range(n_layers))))
-    _layout(fig, height=max(320, 22 * n_layers + 90), margin=dict(l=60, r=10, t=10, b=50))
+    layout(fig, height=max(320, 22 * n_layers + 90), margin=dict(l=60, r=10, t=10, b=50))
     fig.update_xaxes(title="head", dtick=1, side="bottom", showgrid=False)
     fig.update_yaxes(title="layer", dtick=1 if n_layers <= 16 else 2, autorange="reversed", showgrid=False)
     return fig
@@ -103,7 +103,7 @@ def importance_map(importance: dict | None):
         z=z, colorscale="Viridis", xgap=2, ygap=2, colorbar=dict(title=dict(text="importance", side="right"),
                                                                     thickness=12),
         hovertemplate="layer %{y}, head %{x}<br>importance %{z:.3g}<extra></extra>"))
-    _layout(fig, height=max(320, 22 * n_layers + 90), margin=dict(l=60, r=10, t=10, b=50))
+    layout(fig, height=max(320, 22 * n_layers + 90), margin=dict(l=60, r=10, t=10, b=50))
     fig.update_xaxes(title="head", dtick=1, showgrid=False)
     fig.update_yaxes(title="layer", dtick=1 if n_layers <= 16 else 2, autorange="reversed", showgrid=False)
     return fig
@@ -123,7 +123,7 @@ def accounts_chart(accounts: dict | None):
         y=labels, x=[r["kv_bytes_per_token"] / 1024 for r in rows], marker_color=colors, orientation="h",
         text=[f"{r['kv_bytes_per_token'] / 1024:,.1f} KiB" for r in rows], textposition="outside",
         hovertemplate="%{y}<br>%{x:,.1f} KiB per token<extra></extra>", cliponaxis=False))
-    _layout(fig, height=260, margin=dict(l=120, r=70, t=20, b=50))
+    layout(fig, height=260, margin=dict(l=120, r=70, t=20, b=50))
     fig.update_xaxes(title=f"KV cache per token, KiB ({accounts.get('dtype')})", rangemode="tozero")
     fig.update_yaxes(autorange="reversed")
     return fig
@@ -162,7 +162,7 @@ def attention_grid(sample: dict | None, layer: int, head_titles: list[str] | Non
     small = 7 if len(tokens) > 24 else 9
     fig.update_xaxes(tickvals=idx, ticktext=tokens, tickangle=-90, tickfont=dict(size=small), showgrid=False)
     fig.update_yaxes(tickvals=idx, ticktext=tokens, autorange="reversed", tickfont=dict(size=small), showgrid=False)
-    _layout(fig, height=(430 if cols == 3 else 340) * rows + 40, margin=dict(l=60, r=10, t=40, b=60))
+    layout(fig, height=(430 if cols == 3 else 340) * rows + 40, margin=dict(l=60, r=10, t=40, b=60))
     fig.update_annotations(font=dict(size=12))
     return fig
 
@@ -216,7 +216,7 @@ def pruning_chart(pruning: dict | None):
             fig.add_annotation(x=0 if where == "left" else 1, xref="paper", y=math.log10(y), yref="y", text=text,
                                showarrow=False, xanchor=where, yanchor="bottom" if where == "left" else "top",
                                font=dict(size=11, color="#666"))
-    _layout(fig, height=380, legend=dict(orientation="h", y=-0.3))
+    layout(fig, height=380, legend=dict(orientation="h", y=-0.3))
     fig.update_xaxes(title="share of heads removed", tickformat=".0%", rangemode="tozero")
     fig.update_yaxes(title=label, type="log" if metric == "ppl" else "linear")
     return fig
@@ -241,37 +241,7 @@ def faithfulness_chart(faith: dict | None):
                           "tau (leave-one-out) %{customdata[1]:.2f}<br>JSD %{y:.3f}, TV %{customdata[2]:.4f}"
                           "<extra></extra>"))
     fig.add_vline(x=0, line=dict(color="#bbb", dash="dot"))
-    _layout(fig, height=360, legend=dict(orientation="h", y=-0.25))
+    layout(fig, height=360, legend=dict(orientation="h", y=-0.25))
     fig.update_xaxes(title="Kendall tau: attention vs gradient x input", range=[-1, 1])
     fig.update_yaxes(title="adversarial JSD at the same output", rangemode="tozero")
-    return fig
-
-
-# ---------------------------------------------------------------------------------------- rank
-def rank_chart(rank: dict | None):
-    summary = (rank or {}).get("summary") or []
-    if not summary:
-        return None
-    import plotly.graph_objects as go
-
-    s = sorted(summary, key=lambda r: r["length"])
-    xs = [r["length"] for r in s]
-    fig = go.Figure()
-    heads = (rank or {}).get("heads") or []
-    if heads:
-        fig.add_trace(go.Scatter(
-            x=[h["length"] for h in heads], y=[h["rank"] for h in heads], mode="markers", name="one head",
-            marker=dict(size=5, color="rgba(76,120,168,0.25)"),
-            customdata=[[h["layer"], h["head"]] for h in heads],
-            hovertemplate="layer %{customdata[0]}, head %{customdata[1]}<br>n=%{x}: rank %{y}<extra></extra>"))
-    fig.add_trace(go.Scatter(x=xs, y=[r["bound"] for r in s], mode="lines+markers", name="bound min(head_dim, n)",
-                             line=dict(color="#E45756", dash="dash", width=2)))
-    fig.add_trace(go.Scatter(
-        x=xs, y=[r["mean_rank"] for r in s], mode="lines+markers", name="mean rank",
-        line=dict(color="#1f2330", width=3),
-        error_y=dict(type="data", symmetric=False, array=[r["max_rank"] - r["mean_rank"] for r in s],
-                     arrayminus=[r["mean_rank"] - r["min_rank"] for r in s], color="#666", thickness=1)))
-    _layout(fig, height=360, legend=dict(orientation="h", y=-0.25))
-    fig.update_xaxes(title="sequence length n", type="log", tickvals=xs)
-    fig.update_yaxes(title="numerical rank of QK^T", rangemode="tozero")
     return fig

@@ -13,7 +13,8 @@ import json
 
 from headcount.report import charts
 from headcount.report.claims import GATES_FILE, ROLE_NAMES, command_source, domain_table, head_name, merge_how
-from headcount.report.sections import check_format
+from headcount.report.measures import rank
+from headcount.report.sections import ReportData, check_format
 from headcount.report.style import ATTENTION_JS, CSS
 
 PLOT_CONFIG = {"displaylogo": False, "responsive": True,
@@ -473,25 +474,6 @@ def _faithfulness(r: dict) -> str:
             'and very different attention can give the same prediction.</p>' + body + "</section>")
 
 
-def _rank(r: dict) -> str:
-    rk = r.get("rank")
-    if not rk or not rk.get("summary"):
-        body = _na("Rank", (r.get("unavailable") or {}).get("rank"))
-    else:
-        rows = "".join(
-            f'<tr><td>{s["length"]}</td><td>{s["bound"]}</td><td>{_f(s.get("mean_rank"), 1)}</td>'
-            f'<td>{s.get("min_rank")}</td><td>{s.get("max_rank")}</td>'
-            f'<td>{_pct(s.get("share_at_bound"))}</td></tr>'
-            for s in sorted(rk["summary"], key=lambda s: s["length"]))
-        table = ('<table class="data"><tr><th>n</th><th>bound</th><th>mean rank</th><th>min</th><th>max</th>'
-                 f'<th>at bound</th></tr>{rows}</table><p class="lede" style="margin-top:8px">Numerical rank of '
-                 f'each head\'s pre-softmax scores QK^T on real text, tolerance {e(str(rk.get("tolerance")))}.</p>')
-        body = f'<div class="grid2"><div>{table}</div><div>{_fig(charts.rank_chart(rk), "fig-rank")}</div></div>'
-    return ('<section class="card" id="rank"><h2>How much can one head express?</h2>'
-            '<p class="lede">A head\'s score matrix QK^T is n \u00d7 n but has rank at most head_dim '
-            '(Bhojanapalli et al. 2020): past n = head_dim it cannot grow.</p>' + body + "</section>")
-
-
 def _footer(r: dict) -> str:
     p = r.get("params") or {}
     un = r.get("unavailable") or {}
@@ -513,10 +495,11 @@ def render_html(report: dict) -> str:
     from plotly.offline import get_plotlyjs
 
     check_format(report)
+    data = ReportData.from_json(report)
 
     nav = "".join(f'<a href="#{a}">{e(b)}</a>' for a, b in NAV)
     body = "".join([_claims(report), _accounts(report), _head_map(report), _attention(report), _surgery(report),
-                    _healing(report), _faithfulness(report), _rank(report)])
+                    _healing(report), _faithfulness(report), rank.card(data)])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>headcount report: {e(str(report.get('model')))}</title><style>{CSS}</style>"

@@ -14,6 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from headcount.report.measures.edits import Domains, Edit  # noqa: F401 (the claims read them here)
+from headcount.report.measures.experiments import (Experiment, ExperimentData, HeadsSweepRow,  # noqa: F401
+                                                   LowRankRow, MultiRelationRow, OneHead, WriteAddressRow)
+from headcount.report.measures.rank import HeadRank, Rank, RankRow  # noqa: F401 (the claims read them here)
 from headcount.report.section_base import Section
 
 FORMAT = 3  # report.json's format version (3: typed sections; a K/V merge is the command's or the report's text's)
@@ -79,21 +83,6 @@ class FaithfulHead(Section):
 class Faithfulness(Section):
     heads: list[FaithfulHead] = field(default_factory=list)
     epsilon: float | None = None
-
-
-@dataclass
-class RankRow(Section):
-    length: int
-    bound: int
-    mean_rank: float
-    max_rank: int | None = None
-    share_at_bound: float | None = None
-
-
-@dataclass
-class Rank(Section):
-    summary: list[RankRow] = field(default_factory=list)
-    tolerance: Any = None
 
 
 # --------------------------------------------------------------------------------- chapter checks
@@ -218,15 +207,6 @@ class Checks(Section):
 
 # ---------------------------------------------------------------------------------------- surgery
 @dataclass
-class Domains(Section):
-    """The three held-out domains before / after an edit (the names the commands' --json uses), or why not."""
-    ppl_by_domain_before: dict | None = None
-    ppl_by_domain_after: dict | None = None
-    domain_sizes: dict | None = None  # {domain: [windows, tokens per window]}
-    domains_note: str | None = None
-
-
-@dataclass
 class PrunePoint(Section):
     fraction: float
     order: Any = None
@@ -243,30 +223,6 @@ class Pruning(Domains):
     default: PrunePoint = field(kw_only=True)  # prune_to's defaults at C11's fraction: the point C11 reads
     points: list[PrunePoint] = field(default_factory=list)
     base_ppl: float | None = None
-
-
-@dataclass
-class Edit(Domains):
-    """prune_command, kv_merge, healing: an edit the commands make, saved / run here ("saved", "run"), or the
-    K/V merge on the report's own text ("text")."""
-    source: str = "run"
-    command: str | None = None
-    path: str | None = None
-    weights_sha256: str | None = None
-    fraction: float | None = None
-    order: Any = None
-    compensate: Any = None
-    mode: str | None = None
-    method: str | None = None
-    heads_before: int | None = None
-    heads_after: int | None = None
-    heads_removed: int | None = None
-    ppl_before: float | None = None
-    ppl_after: float | None = None
-    cosine: float | None = None
-    options: dict | None = None
-    uptrain: dict | None = None
-    tasks: dict | None = None  # {task: {before_edit, after_edit, after_heal}} pass@1, from a saved command result
 
 
 @dataclass
@@ -306,63 +262,6 @@ class Gates(Section):
 
 
 # ------------------------------------------------------------------------------------ experiments
-@dataclass
-class MultiRelationRow(Section):  # C1
-    n_heads: int
-    accuracy: float
-    accuracy_seeds: list = field(default_factory=list)
-    attention_params: Any = None
-
-
-@dataclass
-class OneHead(Section):  # C1: multi-relation's details["one_head"]
-    mass_on_marked: list = field(default_factory=list)
-    distance_to_average: float | None = None
-
-
-@dataclass
-class WriteAddressRow(Section):  # C3
-    variant: str | None = None
-    loss: float | None = None
-    loss_std: float | None = None
-
-
-@dataclass
-class HeadsSweepRow(Section):  # C8
-    n_heads: int
-    head_dim: int
-    ppl_mean: float
-    ppl_std: float | None = None
-
-
-@dataclass
-class LowRankRow(Section):  # C9
-    head_dim: int
-    error: float
-    setting: str = "one head"
-    n_heads: int | None = None
-
-
-@dataclass
-class ExperimentData(Section):
-    results: list = field(default_factory=list)  # rows, one kind per experiment (claims.py types them)
-    config: dict = field(default_factory=dict)
-    details: dict = field(default_factory=dict)
-
-
-@dataclass
-class Experiment(Section):
-    source: str
-    result: ExperimentData
-    path: str | None = None
-    command: str | None = None
-    seeds: int | None = None
-    steps: int | None = None
-
-    def rows(self, kind: type[Section]) -> list:
-        return [kind.from_json(r, f"{self.command}: results") for r in self.result.results]
-
-
 # ------------------------------------------------------------------------------------------ report
 @dataclass
 class ReportData(Section):

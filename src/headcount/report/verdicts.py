@@ -11,7 +11,8 @@ Sections may be given as their dataclass (sections.py) or their JSON (the page p
 
 from __future__ import annotations
 
-from headcount.report.sections import Domains, Edit, Experiment
+from headcount.report.measures.edits import Domains, Edit
+from headcount.report.measures.experiments import Experiment
 
 HELD, PARTLY, NOT_HELD, NOT_MEASURED = "held", "partly", "did not hold", "not measured"
 STATUSES = (HELD, PARTLY, NOT_HELD, NOT_MEASURED)
