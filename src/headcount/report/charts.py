@@ -168,8 +168,8 @@ def attention_grid(sample: dict | None, layer: int, head_titles: list[str] | Non
 
 
 # ------------------------------------------------------------------------------------- surgery
-_DASHES = ["solid", "dash", "dot", "dashdot", "longdash"]
-_LINE_COLORS = ["#4C78A8", "#E45756", "#54A24B", "#F58518", "#B279A2", "#72B7B2"]
+DASHES = ["solid", "dash", "dot", "dashdot", "longdash"]
+LINE_COLORS = ["#4C78A8", "#E45756", "#54A24B", "#F58518", "#B279A2", "#72B7B2"]
 
 
 def pruning_chart(pruning: dict | None):
@@ -195,7 +195,7 @@ def pruning_chart(pruning: dict | None):
         name = f"{key[0]} order, compensation {key[1]}"
         fig.add_trace(go.Scatter(
             x=xs, y=ys, mode="lines+markers", name=name,
-            line=dict(color=_LINE_COLORS[i % len(_LINE_COLORS)], dash=_DASHES[(i // len(_LINE_COLORS)) % 5],
+            line=dict(color=LINE_COLORS[i % len(LINE_COLORS)], dash=DASHES[(i // len(LINE_COLORS)) % 5],
                       width=2.5),
             customdata=[0, *(p.get("heads_removed") for p in ps)],
             hovertemplate="%{x:.0%} of heads (%{customdata} removed)<br>" + label + " %{y:.3f}<extra>" + name
@@ -219,29 +219,4 @@ def pruning_chart(pruning: dict | None):
     layout(fig, height=380, legend=dict(orientation="h", y=-0.3))
     fig.update_xaxes(title="share of heads removed", tickformat=".0%", rangemode="tozero")
     fig.update_yaxes(title=label, type="log" if metric == "ppl" else "linear")
-    return fig
-
-
-# -------------------------------------------------------------------------------- faithfulness
-def faithfulness_chart(faith: dict | None):
-    heads = (faith or {}).get("heads") or []
-    if not heads:
-        return None
-    import plotly.graph_objects as go
-
-    layers = sorted({h["layer"] for h in heads})
-    fig = go.Figure()
-    for i, l in enumerate(layers):
-        hs = [h for h in heads if h["layer"] == l and h.get("tau_gradient") is not None]
-        fig.add_trace(go.Scatter(
-            x=[h["tau_gradient"] for h in hs], y=[h.get("jsd") for h in hs], mode="markers", name=f"layer {l}",
-            marker=dict(size=10, color=_LINE_COLORS[i % len(_LINE_COLORS)], line=dict(width=1, color="white")),
-            customdata=[[h["head"], h.get("tau_loo"), h.get("tv")] for h in hs],
-            hovertemplate=f"layer {l}, head %{{customdata[0]}}<br>tau (gradient) %{{x:.2f}}<br>"
-                          "tau (leave-one-out) %{customdata[1]:.2f}<br>JSD %{y:.3f}, TV %{customdata[2]:.4f}"
-                          "<extra></extra>"))
-    fig.add_vline(x=0, line=dict(color="#bbb", dash="dot"))
-    layout(fig, height=360, legend=dict(orientation="h", y=-0.25))
-    fig.update_xaxes(title="Kendall tau: attention vs gradient x input", range=[-1, 1])
-    fig.update_yaxes(title="adversarial JSD at the same output", rangemode="tozero")
     return fig

@@ -13,7 +13,7 @@ import json
 
 from headcount.report import charts
 from headcount.report.claims import GATES_FILE, ROLE_NAMES, command_source, domain_table, head_name, merge_how
-from headcount.report.measures import rank
+from headcount.report.measures import faithfulness, rank
 from headcount.report.sections import ReportData, check_format
 from headcount.report.style import ATTENTION_JS, CSS
 
@@ -449,31 +449,6 @@ def _gates(r: dict) -> str:
             f'<code>benchmarks/results/{e(GATES_FILE)}</code>.</p>')
 
 
-def _faithfulness(r: dict) -> str:
-    f = r.get("faithfulness")
-    if not f or not f.get("heads"):
-        body = _na("Faithfulness", (r.get("unavailable") or {}).get("faithfulness"))
-    else:
-        rows = "".join(
-            f'<tr><td>L{h["layer"]} H{h["head"]}</td><td>{_f(h.get("tau_gradient"), 2)}</td>'
-            f'<td>{_f(h.get("tau_loo"), 2)}</td><td>{_f(h.get("tau_uniform"), 2)}</td>'
-            f'<td>{_f(h.get("jsd"))}<span class="cell-bar" style="width:{int(40 * min(1.0, h.get("jsd") or 0))}px">'
-            f'</span></td><td>{_f(h.get("tv"), 4)}</td></tr>'
-            for h in sorted(f["heads"], key=lambda h: (h["layer"], h["head"])))
-        table = ('<div class="scroll"><table class="data"><tr><th>head</th><th>\u03c4 gradient\u00d7input</th>'
-                 '<th>\u03c4 leave-one-out</th><th>\u03c4 uniform</th><th>adversarial JSD</th><th>TV reached</th></tr>'
-                 f"{rows}</table></div>")
-        note = (f'<p class="lede" style="margin-top:8px">Kendall \u03c4 between a head\'s attention over the input '
-                f'tokens and each token\'s importance for the loss; the adversarial search moves the attention as far '
-                f'as it can (Jensen-Shannon divergence) while the next-token distribution moves by at most '
-                f'\u03b5 = {f.get("epsilon")} (total variation). {f.get("n_examples", "?")} examples, layers '
-                f'{", ".join(str(x) for x in f.get("layers") or [])}.</p>')
-        body = f'<div class="wide"><div>{table}{note}</div><div>{_fig(charts.faithfulness_chart(f), "fig-faith")}</div></div>'
-    return ('<section class="card" id="faithfulness"><h2>Is attention an explanation?</h2>'
-            '<p class="lede">Jain and Wallace (2019): attention weights often disagree with gradient importance, '
-            'and very different attention can give the same prediction.</p>' + body + "</section>")
-
-
 def _footer(r: dict) -> str:
     p = r.get("params") or {}
     un = r.get("unavailable") or {}
@@ -499,7 +474,7 @@ def render_html(report: dict) -> str:
 
     nav = "".join(f'<a href="#{a}">{e(b)}</a>' for a, b in NAV)
     body = "".join([_claims(report), _accounts(report), _head_map(report), _attention(report), _surgery(report),
-                    _healing(report), _faithfulness(report), rank.card(data)])
+                    _healing(report), faithfulness.card(data), rank.card(data)])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>headcount report: {e(str(report.get('model')))}</title><style>{CSS}</style>"

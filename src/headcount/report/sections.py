@@ -17,6 +17,7 @@ from typing import Any
 from headcount.report.measures.edits import Domains, Edit  # noqa: F401 (the claims read them here)
 from headcount.report.measures.experiments import (Experiment, ExperimentData, HeadsSweepRow,  # noqa: F401
                                                    LowRankRow, MultiRelationRow, OneHead, WriteAddressRow)
+from headcount.report.measures.faithfulness import FaithfulHead, Faithfulness  # noqa: F401
 from headcount.report.measures.rank import HeadRank, Rank, RankRow  # noqa: F401 (the claims read them here)
 from headcount.report.section_base import Section
 
@@ -67,22 +68,6 @@ class Role(Section):
     scores: list
     threshold: float | None = None
     heads: list = field(default_factory=list)  # [[layer, head(, extra)], ...], strongest first
-
-
-@dataclass
-class FaithfulHead(Section):
-    layer: int
-    head: int
-    tau_gradient: float | None = None
-    tau_loo: float | None = None
-    jsd: float | None = None
-    tv: float | None = None
-
-
-@dataclass
-class Faithfulness(Section):
-    heads: list[FaithfulHead] = field(default_factory=list)
-    epsilon: float | None = None
 
 
 # --------------------------------------------------------------------------------- chapter checks

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import functools
 
-from headcount.analysis import HeadScores, faithfulness, importance, roles
+from headcount.analysis import HeadScores, importance, roles
 from headcount.report import commands
 from headcount.report.accounts import accounts, shape_json, shape_of, window_note
 from headcount.report.checks import chapter_checks
 from headcount.report.context import Context, Step, spread, split_texts  # noqa: F401 (collect's, the tests')
 from headcount.report.curve import pruning_section
-from headcount.report.measures import rank
+from headcount.report.measures import faithfulness, rank
 from headcount.report.not_applicable import NotApplicable
 from headcount.report.sample import sample_attention
 from headcount.report.trained import (EXPERIMENT_NAMES, experiment_section, experiment_source, gates_section,
@@ -44,15 +44,6 @@ def roles_step(ctx: Context):
     s = ctx.sizes
     return roles(ctx.model, ctx.cal, max_tokens=s.roles_tokens, window=ctx.window, max_sentences=s.roles_sentences,
                  seed=ctx.seed, progress=ctx.progress)
-
-
-def faithfulness_step(ctx: Context):
-    if not ctx.decoder:
-        raise NotApplicable("faithfulness needs a causal language model (a next-token loss); "
-                            f"{ctx.name or 'this model'} is an encoder")
-    s = ctx.sizes
-    return faithfulness(ctx.model, ctx.held, layers=ctx.faithfulness_layers, n_examples=s.faithfulness_examples,
-                        steps=s.faithfulness_steps, seed=ctx.seed, progress=ctx.progress)
 
 
 def importance_step(ctx: Context):
@@ -134,8 +125,7 @@ def report_steps(ctx: Context) -> list[Step]:
         Step("checks", {"sentence": ctx.sample, "version": 3}, checks_step),
         Step("sample", {"sentence": ctx.sample}, sample_step),
         Step("roles", sized | {"tokens": s.roles_tokens, "sentences": s.roles_sentences}, roles_step),
-        Step("faithfulness", sized | {"layers": ctx.faithfulness_layers, "examples": s.faithfulness_examples,
-                                      "steps": s.faithfulness_steps}, faithfulness_step),
+        *faithfulness.steps(ctx),
         *rank.steps(ctx),
         Step("importance", sized | {"windows": s.importance_windows, "method": ctx.method}, importance_step),
         Step("pruning", sized | cal_key | domain_key | {"fractions": list(s.pruning_fractions), "order": ctx.method,
