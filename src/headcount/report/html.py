@@ -13,7 +13,7 @@ import json
 
 from headcount.report import charts
 from headcount.report.claims import GATES_FILE, ROLE_NAMES, command_source, domain_table, head_name, merge_how
-from headcount.report.measures import faithfulness, rank
+from headcount.report.measures import faithfulness, healing, rank
 from headcount.report.sections import ReportData, check_format
 from headcount.report.style import ATTENTION_JS, CSS
 
@@ -333,50 +333,6 @@ def _surgery(r: dict) -> str:
             f'<div class="grid2"><div>{left}</div><div>{right}</div></div></section>')
 
 
-def _healing(r: dict) -> str:
-    """The healed edit: held-out perplexity per domain before the edit, after it and after healing."""
-    h = r.get("healing")
-    if not h:
-        reason = (r.get("unavailable") or {}).get("healing", "not measured for this report")
-        body = _na("Healing", reason)
-    else:
-        figures = h.get("held_out") or {}
-        before, edit, healed = (figures.get(k) or {} for k in ("before_edit", "after_edit", "after_heal"))
-        sizes = h.get("domain_sizes") or {}
-
-        def size(name):
-            n, w = (sizes.get(name) or [None, None])[:2]
-            return f"{n} \u00d7 {w}" if n else "\u2013"
-
-        def change(a, b):
-            return f"{a / b - 1:+.1%}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b else "\u2013"
-
-        rows = "".join(f'<tr><td>{e(name)}</td><td>{size(name)}</td><td>{_ppl(b)}</td><td>{_ppl(edit.get(name))}</td>'
-                       f'<td>{_ppl(healed.get(name))}</td><td>{change(edit.get(name), b)}</td>'
-                       f'<td>{change(healed.get(name), b)}</td></tr>' for name, b in before.items())
-        seconds = h.get("heal_seconds")
-        facts = (f'{h.get("steps")} steps (planned {h.get("planned_steps")}), {h.get("tokens") or 0:,} calibration tokens '
-                 f'({h.get("tokens_seen") or 0:,} seen), weights that moved: {e(str(h.get("params")))} '
-                 f'({h.get("trainable_params") or 0:,}), lr {h.get("lr")}'
-                 + (f", {seconds:,.0f} s of healing" if isinstance(seconds, (int, float)) else "")
-                 + (f" ({h['command_seconds']:,.0f} s for the whole command)" if h.get("command_seconds") else "")
-                 + (f"; validation KL {h['val_kl_first']:.3f} \u2192 {h['val_kl_best']:.3f} (best at step "
-                    f"{h.get('best_step')})" if h.get("val_kl_first") is not None and h.get("val_kl_best") is not None
-                    else ""))
-        body = (f'<h3 class="sub" style="margin-top:0">What <code>{e(str(h.get("command")))}</code> gives: '
-                f'{h.get("heads_before", 0) - h.get("heads_after", 0)} of {h.get("heads_before")} heads removed, then '
-                'healed by distillation from the unedited model</h3>'
-                '<table class="data domains" id="healing-table"><tr><th>held-out perplexity</th><th>windows \u00d7 '
-                'tokens</th><th>before the edit</th><th>after the edit</th><th>after healing</th><th>edit</th>'
-                f'<th>healed</th></tr>{rows}</table>'
-                f'<p class="lede" style="margin-top:4px">{facts}.</p>' + _tasks(h, "heal")
-                + _source_line(h, r.get("model")))
-    return ('<section class="card" id="healing"><h2>Healing an edited model</h2>'
-            '<p class="lede">An edit that costs too much can win part of the loss back by distillation from the '
-            'unedited model on calibration text (<code>headcount heal</code>, <code>--heal-steps N</code> on every '
-            'edit); the held-out domains are only measured, never trained or chosen on.</p>' + body + "</section>")
-
-
 DOMAINS_LEDE = (" Under the curve and the merge, held-out perplexity on three domains, as <code>headcount prune</code> "
                 "and <code>merge-kv</code> print it: prose (the default corpus's held-out topics, the number above), "
                 "code (held-out torch / numpy docstrings and comments) and standard-library Python source (a domain "
@@ -474,7 +430,7 @@ def render_html(report: dict) -> str:
 
     nav = "".join(f'<a href="#{a}">{e(b)}</a>' for a, b in NAV)
     body = "".join([_claims(report), _accounts(report), _head_map(report), _attention(report), _surgery(report),
-                    _healing(report), faithfulness.card(data), rank.card(data)])
+                    healing.card(data), faithfulness.card(data), rank.card(data)])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>headcount report: {e(str(report.get('model')))}</title><style>{CSS}</style>"

@@ -18,6 +18,7 @@ from headcount.report.measures.edits import Domains, Edit  # noqa: F401 (the cla
 from headcount.report.measures.experiments import (Experiment, ExperimentData, HeadsSweepRow,  # noqa: F401
                                                    LowRankRow, MultiRelationRow, OneHead, WriteAddressRow)
 from headcount.report.measures.faithfulness import FaithfulHead, Faithfulness  # noqa: F401
+from headcount.report.measures.healing import Healing  # noqa: F401
 from headcount.report.measures.rank import HeadRank, Rank, RankRow  # noqa: F401 (the claims read them here)
 from headcount.report.section_base import Section
 
@@ -262,7 +263,7 @@ class ReportData(Section):
     pruning: Pruning | None = None
     prune_command: Edit | None = None
     kv_merge: Edit | None = None
-    healing: Edit | None = None
+    healing: Healing | None = None
     gates: Gates | None = None
     experiments: dict[str, Experiment] = field(default_factory=dict)
     unavailable: dict = field(default_factory=dict)

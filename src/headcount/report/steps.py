@@ -19,7 +19,7 @@ from headcount.report.accounts import accounts, shape_json, shape_of, window_not
 from headcount.report.checks import chapter_checks
 from headcount.report.context import Context, Step, spread, split_texts  # noqa: F401 (collect's, the tests')
 from headcount.report.curve import pruning_section
-from headcount.report.measures import faithfulness, rank
+from headcount.report.measures import faithfulness, healing, rank
 from headcount.report.not_applicable import NotApplicable
 from headcount.report.sample import sample_attention
 from headcount.report.trained import (EXPERIMENT_NAMES, experiment_section, experiment_source, gates_section,
@@ -84,11 +84,6 @@ def kv_merge_step(ctx: Context) -> dict:
                                        n_windows=s.merge_windows, window=ctx.window, progress=ctx.progress, **steps)
 
 
-def healing_step(ctx: Context) -> dict:
-    _on_default_corpus(ctx)
-    return commands.healing_section(ctx.model, results=ctx.results_dir, weights=ctx.weights, progress=ctx.progress)
-
-
 def command_source(ctx: Context, kind: str) -> dict:
     """What a command step reads or runs, as cache-key parameters."""
     if ctx.user_text:
@@ -133,7 +128,7 @@ def report_steps(ctx: Context) -> list[Step]:
              pruning_step),
         Step("prune_command", {"version": 2} | command_source(ctx, "prune"), prune_command_step),  # 2: run_edit
         Step("kv_merge", {"version": 5} | command_source(ctx, "merge"), kv_merge_step),  # 5: run_edit
-        Step("healing", {"version": 2} | command_source(ctx, "heal"), healing_step),  # 2: tasks
+        *healing.steps(ctx),
         Step("gates", sized | cal_key | gates_source(ctx.results_dir, ctx.name, ctx.weights)
              | {"steps": s.gate_steps, "windows": s.gate_windows, "version": 3, "gate_window": s.gate_window,
                 "lr": s.gate_lr}, gates_step),
