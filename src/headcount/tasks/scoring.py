@@ -59,7 +59,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def score(problems: list[Problem], completions: list[Completion], *, timeout: float = 10.0,
-          memory_bytes: int = 4 << 30, workers: int = 2, unsafe_exec: bool = False,
+          memory_bytes: int = 4 << 30, disk_bytes: int = sandbox.DISK_BYTES, workers: int = 2,
+          unsafe_exec: bool = False,
           on_result: Callable[[ScoredSample], None] | None = None) -> list[ScoredSample]:
     """Run each completion's program in the sandbox, `workers` at a time; results in the completions' order.
     on_result(sample) is called in this thread as each one finishes (a progress bar)."""
@@ -74,7 +75,7 @@ def score(problems: list[Problem], completions: list[Completion], *, timeout: fl
 
     def one(c: Completion) -> ScoredSample:
         result = sandbox.run_program(program(by_id[c.task_id], c.completion), timeout=timeout,
-                                     memory_bytes=memory_bytes, unsafe_exec=unsafe_exec)
+                                     memory_bytes=memory_bytes, disk_bytes=disk_bytes, unsafe_exec=unsafe_exec)
         text = result.status if result.status != "failed" else f"failed: {result.detail}"
         return ScoredSample(c.task_id, c.completion, result.passed, text, dict(c.extra))
 
