@@ -13,7 +13,7 @@ import json
 
 from headcount.report import charts
 from headcount.report.claims import GATES_FILE, ROLE_NAMES, command_source, domain_table, head_name, merge_how
-from headcount.report.measures import faithfulness, healing, rank
+from headcount.report.measures import faithfulness, healing, pruning, rank
 from headcount.report.sections import ReportData, check_format
 from headcount.report.style import ATTENTION_JS, CSS
 
@@ -268,143 +268,6 @@ def _code(text: str) -> str:
     return "".join(f"<code>{e(p)}</code>" if i % 2 else e(p) for i, p in enumerate(parts))
 
 
-def _prune_command(r: dict) -> str:
-    """C11: what `headcount prune --fraction 0.2` gives (its saved result for these weights, or its defaults run)."""
-    pc = r.get("prune_command")
-    if not pc:
-        return ""
-    kpis = (f'<div class="kpi"><span>heads removed</span><b>{pc.get("heads_removed")} of {pc.get("heads_before")}</b>'
-            f'<small> (order {e(str(pc.get("order")))}, compensation {e(str(pc.get("compensate")))})</small></div>')
-    if pc.get("ppl_before") is not None:
-        kpis += _kpi("held-out perplexity (prose)", pc.get("ppl_before"), pc.get("ppl_after"), _ppl)
-    elif pc.get("cosine") is not None:
-        kpis += f'<div class="kpi"><span>embedding cosine</span><b>{pc["cosine"]:.3f}</b></div>'
-    return (f'<h3 class="sub" id="prune-command">What <code>{e(str(pc.get("command")))}</code> gives (claim C11)</h3>'
-            f'<div class="kpis">{kpis}</div>' + _domains(pc, "after the prune") + _tasks(pc, "prune")
-            + _source_line(pc, r.get("model")))
-
-
-def _merge(r: dict) -> str:
-    m = r.get("kv_merge")
-    un = r.get("unavailable") or {}
-    if not m:
-        return _na("The K/V merge", un.get("kv_merge", "headcount.surgery.merge_kv was not run"))
-    kpis = ('<div class="kpis">'
-            + _kpi("KV heads (all layers)", m.get("heads_before"), m.get("heads_after"))
-            + _kpi("KV cache / token", m.get("kv_bytes_per_token_before"), m.get("kv_bytes_per_token_after"),
-                   lambda v: _fmt_bytes(v) if isinstance(v, (int, float)) else "\u2013")
-            + _kpi("parameters", m.get("params_before"), m.get("params_after"),
-                   lambda v: _fmt_num(v) if isinstance(v, (int, float)) else "\u2013")
-            + _kpi("held-out perplexity (prose)", m.get("ppl_before"), m.get("ppl_after"), _ppl)
-            + "</div>")
-    if m.get("source") == "text":
-        return (f'<h3 class="sub" style="margin-top:0">Merging K/V heads to one per layer on the report\'s own text '
-                f'(merge_kv\'s defaults: {e(merge_how(m))})</h3>' + kpis + _domains(m, "after the merge"))
-    return (f'<h3 class="sub" style="margin-top:0" id="merge-command">What <code>{e(str(m.get("command")))}</code> '
-            f'gives ({e(merge_how(m))}; claim C15)</h3>' + kpis + _domains(m, "after the merge")
-            + _tasks(m, "merge") + _source_line(m, r.get("model")))
-
-
-def _surgery(r: dict) -> str:
-    un = r.get("unavailable") or {}
-    pr = r.get("pruning")
-    pc = r.get("prune_command")
-    left = (_fig(charts.pruning_chart(pr), "fig-pruning") if pr and pr.get("points")
-            else _na("The pruning curve", un.get("pruning", "headcount.surgery.pruning_curve was not run")))
-    m = r.get("kv_merge")
-    right = _merge(r)
-    if pc:
-        left += _prune_command(r)
-    elif pr:
-        left += _domains(pr, f"prune_to({((pr.get('default') or {}).get('fraction') or 0.2):g}), the starred point")
-    right += _gates(r)
-    default = (pr or {}).get("default") or {}
-    how = (f" The starred point is <code>prune_to(model, {default.get('fraction', 0.2):g})</code> with the project's "
-           f"defaults (order {e(str(default.get('order')))}, compensation {e(str(default.get('compensate')))}) at the "
-           "curve's sizes." if default else "")
-    if pc:
-        how += (" The curve is measured at the report's small sizes (its shape is the point); under it, claim C11 is "
-                "what the command gives, on the command's own held-out windows.")
-    return ('<section class="card" id="surgery"><h2>Removing heads, merging K/V heads</h2>'
-            '<p class="lede">Left: held-out perplexity as the least important heads are removed (chapter 2.3.6).'
-            f'{how} Right: the GQA trade-off measured on this model: fewer K/V heads, a smaller cache, and what it '
-            'costs (chapter 2.3.7); below it, heads removed by trained hard-concrete gates (claim C12).'
-            f'{DOMAINS_LEDE if domain_table(pc or pr) or domain_table(m) else ""}</p>'
-            f'<div class="grid2"><div>{left}</div><div>{right}</div></div></section>')
-
-
-DOMAINS_LEDE = (" Under the curve and the merge, held-out perplexity on three domains, as <code>headcount prune</code> "
-                "and <code>merge-kv</code> print it: prose (the default corpus's held-out topics, the number above), "
-                "code (held-out torch / numpy docstrings and comments) and standard-library Python source (a domain "
-                "nothing calibrates on).")
-
-
-def _domains(section: dict, after: str) -> str:
-    """The three held-out domains before / after an edit: one row per domain, or why not measured."""
-    rows = domain_table(section)
-    if not rows:
-        note = section.get("domains_note")
-        return f'<p class="lede" style="margin-top:8px">Held-out domains: {e(note)}.</p>' if note else ""
-    sizes = section.get("domain_sizes") or {}
-
-    def size(name):
-        n, w = (sizes.get(name) or [None, None])[:2]
-        return f"{n} \u00d7 {w}" if n else "\u2013"
-    body = "".join(f'<tr><td>{e(name)}</td><td>{size(name)}</td><td>{before:.2f}</td><td>{after_:.2f}</td>'
-                   f'<td>{after_ / before - 1:+.1%}</td></tr>' for name, before, after_ in rows if before)
-    return (f'<table class="data domains" style="margin-top:8px"><tr><th>held-out perplexity</th><th>windows \u00d7 '
-            f'tokens</th><th>unmodified</th><th>{e(after)}</th><th>change</th></tr>{body}</table>')
-
-
-TASK_STAGES = (("before_edit", "before the edit"), ("after_edit", "after the edit"), ("after_heal", "after healing"))
-
-
-def _tasks(section: dict, kind: str) -> str:
-    """A saved command's `tasks` block (--eval: {task: {stage: pass@1}}) as a table beside its perplexities."""
-    tasks = section.get("tasks")
-    if not tasks:
-        return ""
-    stages = [(k, label) for k, label in TASK_STAGES if any(k in v for v in tasks.values())]
-    head = "".join(f"<th>{e(label)}</th>" for _, label in stages)
-    rows = "".join(f'<tr><td>{e(name)}</td>' + "".join(f"<td>{_pass(v.get(k))}</td>" for k, _ in stages) + "</tr>"
-                   for name, v in tasks.items())
-    return (f'<table class="data tasks" id="{kind}-tasks" style="margin-top:8px"><tr><th>task pass@1 (greedy)</th>'
-            f'{head}</tr>{rows}</table>')
-
-
-def _pass(v) -> str:
-    return f"{v:.3f}" if isinstance(v, (int, float)) else "\u2013"
-
-
-def _gates(r: dict) -> str:
-    g = r.get("gates")
-    if not g:
-        return _na("Trained gates", (r.get("unavailable") or {}).get("gates", "headcount.surgery.train_gates was not run"))
-    if g.get("source") == "saved":
-        rows = "".join(f'<tr><td>{e(str(p.get("model") or ""))}</td><td>{p.get("heads_removed")} / {p.get("heads_before")}'
-                       f'</td><td>{_f(p.get("base_ppl"), 2)} \u2192 {_f(p.get("ppl"), 2)}</td></tr>'
-                       for p in g.get("points") or [])
-        quick = " --quick" if g.get("quick") else ""
-        return (f'<h3 class="sub">Trained gates (from {e(str(g.get("path")))})</h3><table class="data"><tr><th>model</th>'
-                f'<th>heads removed</th><th>held-out perplexity</th></tr>{rows}</table>'
-                f'<p class="lede" style="margin-top:4px">Source: the gates bench\'s saved{quick} result '
-                f'(<code>headcount bench surgery --part gates{quick}</code>, {g.get("steps")} steps of training, then '
-                'the lstsq refit), preferred to a short run on this model.</p>')
-    kpis = (f'<div class="kpi"><span>heads removed by the gates</span><b>{g.get("heads_removed")} of '
-            f'{g.get("heads_before")}</b><small> (target {_pct(g.get("fraction"))}'
-            f'{"" if g.get("reached") is not False else ", NOT reached"})</small></div>')
-    if g.get("ppl_before") is not None and g.get("ppl_after") is not None:
-        kpis += (f'<div class="kpi"><span>held-out perplexity</span><b>{g["ppl_before"]:.2f} \u2192 '
-                 f'{g["ppl_after"]:.2f}</b><small> ({g["ppl_after"] / g["ppl_before"] - 1:+.1%})</small></div>')
-    elif g.get("cosine") is not None:
-        kpis += f'<div class="kpi"><span>embedding cosine</span><b>{g["cosine"]:.3f}</b></div>'
-    return (f'<h3 class="sub">Trained gates ({g.get("steps")} steps, model frozen, then removal with compensation '
-            f'{e(str(g.get("compensate")))})</h3><div class="kpis">{kpis}</div>'
-            f'<p class="lede" style="margin-top:4px">Source: a short run of <code>train_gates</code> on this model in '
-            f'this report\'s run: the gates bench has no saved result for it in '
-            f'<code>benchmarks/results/{e(GATES_FILE)}</code>.</p>')
-
-
 def _footer(r: dict) -> str:
     p = r.get("params") or {}
     un = r.get("unavailable") or {}
@@ -429,7 +292,7 @@ def render_html(report: dict) -> str:
     data = ReportData.from_json(report)
 
     nav = "".join(f'<a href="#{a}">{e(b)}</a>' for a, b in NAV)
-    body = "".join([_claims(report), _accounts(report), _head_map(report), _attention(report), _surgery(report),
+    body = "".join([_claims(report), _accounts(report), _head_map(report), _attention(report), pruning.card(data),
                     healing.card(data), faithfulness.card(data), rank.card(data)])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"

@@ -18,7 +18,10 @@ from headcount.report.measures.edits import Domains, Edit  # noqa: F401 (the cla
 from headcount.report.measures.experiments import (Experiment, ExperimentData, HeadsSweepRow,  # noqa: F401
                                                    LowRankRow, MultiRelationRow, OneHead, WriteAddressRow)
 from headcount.report.measures.faithfulness import FaithfulHead, Faithfulness  # noqa: F401
+from headcount.report.measures.gates import GatePoint, Gates  # noqa: F401
 from headcount.report.measures.healing import Healing  # noqa: F401
+from headcount.report.measures.kv_merge import Merge  # noqa: F401
+from headcount.report.measures.pruning import PrunePoint, Pruning  # noqa: F401
 from headcount.report.measures.rank import HeadRank, Rank, RankRow  # noqa: F401 (the claims read them here)
 from headcount.report.section_base import Section
 
@@ -192,62 +195,6 @@ class Checks(Section):
 
 
 # ---------------------------------------------------------------------------------------- surgery
-@dataclass
-class PrunePoint(Section):
-    fraction: float
-    order: Any = None
-    compensate: Any = None
-    mode: str | None = None
-    heads_removed: int | None = None
-    heads_before: int | None = None
-    ppl: float | None = None
-    cosine: float | None = None
-
-
-@dataclass
-class Pruning(Domains):
-    default: PrunePoint = field(kw_only=True)  # prune_to's defaults at C11's fraction: the point C11 reads
-    points: list[PrunePoint] = field(default_factory=list)
-    base_ppl: float | None = None
-
-
-@dataclass
-class GatePoint(Section):
-    heads_removed: int
-    heads_before: int
-    fraction: float | None = None
-    ppl: float | None = None
-    base_ppl: float | None = None
-    cosine: float | None = None
-    model: str | None = None
-    steps: int | None = None
-    params: str | None = None
-
-
-@dataclass
-class Gates(Section):
-    source: str = "run"
-    path: str | None = None
-    quick: bool = False
-    joint: bool = False
-    steps: int | None = None
-    points: list[GatePoint] = field(default_factory=list)  # saved: the bench's points
-    fraction: float = 0.0  # run here: one target
-    heads_before: int | None = None
-    heads_removed: int | None = None
-    reached: bool | None = None
-    n_gates: int | None = None
-    n_closed: int | None = None
-    n_removed_ranked: int | None = None
-    ppl_before: float | None = None
-    ppl_after: float | None = None
-    cosine: float | None = None
-    compensate: str | None = None
-    objective: str | None = None
-    params: str | None = None
-
-
-# ------------------------------------------------------------------------------------ experiments
 # ------------------------------------------------------------------------------------------ report
 @dataclass
 class ReportData(Section):
@@ -262,7 +209,7 @@ class ReportData(Section):
     checks: Checks | None = None
     pruning: Pruning | None = None
     prune_command: Edit | None = None
-    kv_merge: Edit | None = None
+    kv_merge: Merge | None = None
     healing: Healing | None = None
     gates: Gates | None = None
     experiments: dict[str, Experiment] = field(default_factory=dict)

@@ -19,7 +19,7 @@ from headcount.report.accounts import accounts, shape_json, shape_of, window_not
 from headcount.report.checks import chapter_checks
 from headcount.report.context import Context, Step, spread, split_texts  # noqa: F401 (collect's, the tests')
 from headcount.report.curve import pruning_section
-from headcount.report.measures import faithfulness, healing, rank
+from headcount.report.measures import faithfulness, gates, healing, kv_merge, prune_command, pruning, rank
 from headcount.report.not_applicable import NotApplicable
 from headcount.report.sample import sample_attention
 from headcount.report.trained import (EXPERIMENT_NAMES, experiment_section, experiment_source, gates_section,
@@ -55,56 +55,6 @@ def importance_step(ctx: Context):
                       max_sentences=s.encoder_sentences, progress=ctx.progress)
 
 
-def pruning_step(ctx: Context) -> dict:
-    found = ctx.done.get("importance")
-    scores = {ctx.method: HeadScores.from_json(found)} if found and found["method"] == ctx.method else None
-    return pruning_section(ctx.model, calibration=ctx.calibration(ctx.sizes.importance_windows), meter=ctx.meter,
-                           sizes=ctx.sizes, seed=ctx.seed, scores=scores, progress=ctx.progress)
-
-
-# ---------------------------------------------------------------- the commands' edits (commands.py)
-def _on_default_corpus(ctx: Context) -> None:
-    if ctx.user_text:
-        raise NotApplicable("the report's own text: the commands calibrate and measure on the default corpus "
-                            "(run the command with --text FILE for this text)")
-
-
-def prune_command_step(ctx: Context) -> dict:
-    _on_default_corpus(ctx)
-    return commands.prune_section(ctx.model, results=ctx.results_dir, weights=ctx.weights, progress=ctx.progress)
-
-
-def kv_merge_step(ctx: Context) -> dict:
-    if not ctx.user_text:
-        return commands.merge_section(ctx.model, results=ctx.results_dir, weights=ctx.weights, progress=ctx.progress)
-    s = ctx.sizes  # the merge on the user's text, at the report's sizes
-    steps = {k: v for k, v in (("local_steps", s.merge_local_steps), ("uptrain_steps", s.merge_uptrain_steps))
-             if v is not None}
-    return commands.text_merge_section(ctx.model, calibration=ctx.calibration(s.merge_windows), meter=ctx.meter,
-                                       n_windows=s.merge_windows, window=ctx.window, progress=ctx.progress, **steps)
-
-
-def command_source(ctx: Context, kind: str) -> dict:
-    """What a command step reads or runs, as cache-key parameters."""
-    if ctx.user_text:
-        s = ctx.sizes
-        return {"source": "text", "windows": s.merge_windows, "eval": s.eval_windows,
-                "steps": [s.merge_local_steps, s.merge_uptrain_steps]}
-    return commands.command_source(ctx.results_dir, ctx.name, kind, ctx.weights)
-
-
-# ------------------------------------------------------------------------------------ trained steps
-def gates_step(ctx: Context) -> dict:
-    """The gates bench's saved result for this model when there is one, else a short run here."""
-    if gates_source(ctx.results_dir, ctx.name, ctx.weights)["source"] == "saved":
-        return saved_gates(ctx.results_dir, ctx.name, ctx.weights)
-    s = ctx.sizes
-    gw = min(s.gate_window, ctx.window)
-    return gates_section(ctx.model, calibration=ctx.calibration(s.gate_windows, gw), meter=ctx.meter,
-                         steps=s.gate_steps, n_windows=s.gate_windows, window=gw, calibration_windows=s.gate_windows,
-                         lr=s.gate_lr, progress=ctx.progress)
-
-
 def experiment_step(name: str, ctx: Context) -> dict:
     return experiment_section(name, results=ctx.results_dir, seed=ctx.seed, progress=ctx.progress)
 
@@ -123,15 +73,11 @@ def report_steps(ctx: Context) -> list[Step]:
         *faithfulness.steps(ctx),
         *rank.steps(ctx),
         Step("importance", sized | {"windows": s.importance_windows, "method": ctx.method}, importance_step),
-        Step("pruning", sized | cal_key | domain_key | {"fractions": list(s.pruning_fractions), "order": ctx.method,
-                                                        "random": list(s.random_fractions), "defaults": 2},
-             pruning_step),
-        Step("prune_command", {"version": 2} | command_source(ctx, "prune"), prune_command_step),  # 2: run_edit
-        Step("kv_merge", {"version": 5} | command_source(ctx, "merge"), kv_merge_step),  # 5: run_edit
+        *pruning.steps(ctx),
+        *prune_command.steps(ctx),
+        *kv_merge.steps(ctx),
         *healing.steps(ctx),
-        Step("gates", sized | cal_key | gates_source(ctx.results_dir, ctx.name, ctx.weights)
-             | {"steps": s.gate_steps, "windows": s.gate_windows, "version": 3, "gate_window": s.gate_window,
-                "lr": s.gate_lr}, gates_step),
+        *gates.steps(ctx),
     ]
     for name in EXPERIMENT_NAMES:
         steps.append(Step(f"experiment-{name}", {"seed": ctx.seed} | experiment_source(name, ctx.results_dir),
