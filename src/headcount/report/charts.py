@@ -109,26 +109,6 @@ def importance_map(importance: dict | None):
     return fig
 
 
-# -------------------------------------------------------------------------------------- accounts
-def accounts_chart(accounts: dict | None):
-    rows = (accounts or {}).get("rows") or []
-    if not rows:
-        return None
-    import plotly.graph_objects as go
-
-    labels = [f"{r['label']}<br>{r['n_kv_heads']} KV head{'s' if r['n_kv_heads'] > 1 else ''}" for r in rows]
-    colors = ["#E45756" if r.get("is_model") else "#9FB3C8" for r in rows]
-    labels = [lab.replace("<br>", ", ") for lab in labels]
-    fig = go.Figure(go.Bar(
-        y=labels, x=[r["kv_bytes_per_token"] / 1024 for r in rows], marker_color=colors, orientation="h",
-        text=[f"{r['kv_bytes_per_token'] / 1024:,.1f} KiB" for r in rows], textposition="outside",
-        hovertemplate="%{y}<br>%{x:,.1f} KiB per token<extra></extra>", cliponaxis=False))
-    layout(fig, height=260, margin=dict(l=120, r=70, t=20, b=50))
-    fig.update_xaxes(title=f"KV cache per token, KiB ({accounts.get('dtype')})", rangemode="tozero")
-    fig.update_yaxes(autorange="reversed")
-    return fig
-
-
 # ----------------------------------------------------------------------------------- attention
 def attention_grid(sample: dict | None, layer: int, head_titles: list[str] | None = None):
     """Small multiples: one heatmap per head of `layer`, tokens on both axes (queries down, keys across)."""

@@ -13,7 +13,8 @@ import json
 
 from headcount.report import charts
 from headcount.report.claims import GATES_FILE, ROLE_NAMES, command_source, domain_table, head_name, merge_how
-from headcount.report.measures import faithfulness, healing, pruning, rank
+from headcount.report.measures import faithfulness, healing, pruning, rank, shape
+from headcount.report.page import fmt_bytes, fmt_num
 from headcount.report.sections import ReportData, check_format
 from headcount.report.style import ATTENTION_JS, CSS
 
@@ -59,28 +60,27 @@ def _f(x, digits: int = 3) -> str:
 
 
 # ----------------------------------------------------------------------------------------- parts
-def _header(r: dict) -> str:
-    s = r.get("shape") or {}
-    acc = (r.get("accounts") or {}).get("rows") or []
-    mine = next((row for row in acc if row.get("is_model")), None)
-    roles = r.get("roles") or {}
-    labelled = {tuple(x[:2]) for k in ROLE_NAMES for x in ((roles.get(k) or {}).get("heads") or [])}
+def _header(r: ReportData) -> str:
+    s = r.shape
+    mine = r.accounts.model_row if r.accounts is not None else None
+    roles = r.roles or {}
+    labelled = {tuple(x[:2]) for k in ROLE_NAMES if k in roles for x in roles[k].heads}
     stats = []
-    if s:
-        stats += [(f"{s['n_layers']} \u00d7 {s['n_heads']}", "layers \u00d7 query heads"),
-                  (f"{s['n_kv_heads']}", f"KV heads per layer ({s.get('attention_kind', '')})"),
-                  (f"{s['head_dim']}", "head_dim"), (f"{s['d_model']}", "d_model")]
+    if s is not None:
+        stats += [(f"{s.n_layers} \u00d7 {s.n_heads}", "layers \u00d7 query heads"),
+                  (f"{s.n_kv_heads}", f"KV heads per layer ({s.attention_kind})"),
+                  (f"{s.head_dim}", "head_dim"), (f"{s.d_model}", "d_model")]
     if mine:
-        stats += [(_fmt_num(mine["params"]), "parameters"),
-                  (_fmt_bytes(mine["kv_bytes_per_token"]), f"KV cache / token ({r['accounts']['dtype']})")]
+        stats += [(fmt_num(mine.params), "parameters"),
+                  (fmt_bytes(mine.kv_bytes_per_token), f"KV cache / token ({r.accounts.dtype})")]
     if roles:
         stats.append((str(len(labelled)), "heads with a role"))
-    held = sum(c["status"] == "held" for c in r.get("claims") or [])
-    stats.append((f"{held} / {len(r.get('claims') or [])}", "chapter claims held"))
+    held = sum(c.status == "held" for c in r.claims)
+    stats.append((f"{held} / {len(r.claims)}", "chapter claims held"))
     cards = "".join(f'<div class="stat"><b>{e(a)}</b><span>{e(b)}</span></div>' for a, b in stats)
-    desc = s.get("describe", "")
-    return (f'<header><h1>What the heads of {e(str(r.get("model")))} do</h1>'
-            f'<div class="sub">{e(r.get("kind", ""))} \u00b7 {e(desc)}</div><div class="stats">{cards}</div></header>')
+    desc = s.describe if s is not None else ""
+    return (f'<header><h1>What the heads of {e(str(r.model))} do</h1>'
+            f'<div class="sub">{e(r.kind or "")} \u00b7 {e(desc)}</div><div class="stats">{cards}</div></header>')
 
 
 def _number(x) -> str:
@@ -95,67 +95,25 @@ def _number(x) -> str:
     return str(x)
 
 
-def _claims(r: dict) -> str:
-    claims = r.get("claims") or []
+def _claims(r: ReportData) -> str:
+    claims = r.claims
     items = []
     for c in claims:
-        cls = _STATUS_CLASS.get(c["status"], "na")
+        cls = _STATUS_CLASS.get(c.status, "na")
         items.append(
-            f'<div class="claim {cls}" id="claim-{e(c["id"])}"><h3><span class="id">{e(c["id"])}</span>{e(c["title"])}'
-            f'<span class="badge {cls}">{e(c["status"])}</span></h3>'
-            f'<p class="says">Chapter: {e(c["claim"])}</p><p class="found">{e(c["finding"])}</p>'
-            f'<p class="num">Number: <b>{e(_number(c.get("number")))}</b></p>'
-            f'<p class="test">Test: {e(c["test"])}</p>'
-            f'<p class="src">Source: {e(c.get("source") or "not available in this report")}</p></div>')
-    held = sum(c["status"] == "held" for c in claims)
+            f'<div class="claim {cls}" id="claim-{e(c.id)}"><h3><span class="id">{e(c.id)}</span>{e(c.title)}'
+            f'<span class="badge {cls}">{e(c.status)}</span></h3>'
+            f'<p class="says">Chapter: {e(c.claim)}</p><p class="found">{e(c.finding)}</p>'
+            f'<p class="num">Number: <b>{e(_number(c.number))}</b></p>'
+            f'<p class="test">Test: {e(c.test)}</p>'
+            f'<p class="src">Source: {e(c.source or "not available in this report")}</p></div>')
+    held = sum(c.status == "held" for c in claims)
     return ('<section class="card" id="claims"><h2>The chapter\'s claims, on this model</h2>'
             f'<p class="lede">Each of the {len(claims)} claims of chapter 2.3 next to what this model showed '
             f'({held} of {len(claims)} held), with the number and the test that decided it, and where the number '
             'came from: measured on this model in this run, or a small model trained from scratch (a saved full '
             'run of the experiment, or its --quick run). A claim that did not hold is shown as such.</p>'
             f'<div class="claims">{"".join(items)}</div></section>')
-
-
-def _window_note(r: dict, acc: dict) -> str:
-    """What the accounts say about sliding windows (Gemma 3), and what they leave out (a bidirectional encoder)."""
-    out = ""
-    win, mine = acc.get("window"), next((x for x in acc.get("rows") or [] if x.get("is_model")), None)
-    if win and mine and mine.get("kv_bytes_context_without_window") is not None:
-        out += (f' Sliding window: {win["local_layers"]} of {win["local_layers"] + win["global_layers"]} layers see '
-                f'the last {win["size"]:,} keys, so their KV cache holds at most {win["size"]:,} positions: at '
-                f'{acc["seq"]:,} tokens this model keeps {_fmt_bytes(mine["kv_bytes_context"])} instead of '
-                f'{_fmt_bytes(mine["kv_bytes_context_without_window"])}, and past the window each token adds '
-                f'{_fmt_bytes(mine["kv_bytes_per_token_past_window"])} (the global layers only); causal FLOPs count '
-                f'the band ({_fmt_num(mine["flops"])} instead of {_fmt_num(mine["flops_without_window"])}).')
-    note = (r.get("shape") or {}).get("note")
-    if note:
-        out += f" Not counted: {e(note)}."
-    return out
-
-
-def _accounts(r: dict) -> str:
-    acc = r.get("accounts")
-    if not acc:
-        body = _na("The three accounts", (r.get("unavailable") or {}).get("shape"))
-    else:
-        head = ("<tr><th>attention</th><th>KV heads</th><th>parameters</th><th>attention params</th>"
-                f"<th>KV cache / token</th><th>KV cache at {acc['seq']:,} tokens</th><th>FLOPs at {acc['seq']:,}</th>"
-                "<th>eager scores / layer</th></tr>")
-        rows = "".join(
-            f'<tr class="{"mine" if x.get("is_model") else ""}"><td>{e(x["label"])}'
-            f'{" (this model)" if x.get("is_model") else ""}</td><td>{x["n_kv_heads"]}</td>'
-            f'<td>{x["params"]:,}</td><td>{x["attention_params"]:,}</td><td>{_fmt_bytes(x["kv_bytes_per_token"])}</td>'
-            f'<td>{_fmt_bytes(x["kv_bytes_context"])}</td><td>{_fmt_num(x["flops"])}</td>'
-            f'<td>{_fmt_bytes(x["score_bytes_per_layer"])}</td></tr>' for x in acc["rows"])
-        fig = charts.accounts_chart(acc)
-        body = (f'<div class="wide"><div style="overflow-x:auto"><table class="data">{head}{rows}</table>'
-                f'<p class="lede" style="margin-top:10px">Only n_kv_heads changes between the rows. Parameters and '
-                f'FLOPs barely move; the KV cache falls in proportion to the KV heads. Batch 1, {e(acc["dtype"])}, '
-                f'from <code>headcount cost</code>.{_window_note(r, acc)}</p></div>'
-                f'<div>{_fig(fig, "fig-accounts")}</div></div>')
-    return ('<section class="card" id="accounts"><h2>Shape and the three accounts: MHA, GQA, MQA</h2>'
-            f'<p class="lede">The same model counted three ways: with a K/V head per query head (MHA), '
-            f'with groups of query heads sharing one (GQA), and with a single one (MQA).</p>{body}</section>')
 
 
 def _legend() -> str:
@@ -292,10 +250,10 @@ def render_html(report: dict) -> str:
     data = ReportData.from_json(report)
 
     nav = "".join(f'<a href="#{a}">{e(b)}</a>' for a, b in NAV)
-    body = "".join([_claims(report), _accounts(report), _head_map(report), _attention(report), pruning.card(data),
+    body = "".join([_claims(data), shape.card(data), _head_map(report), _attention(report), pruning.card(data),
                     healing.card(data), faithfulness.card(data), rank.card(data)])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
             f"<title>headcount report: {e(str(report.get('model')))}</title><style>{CSS}</style>"
             f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>"
-            f"{_header(report)}<main><nav>{nav}</nav>{body}{_footer(report)}</main></body></html>\n")
+            f"{_header(data)}<main><nav>{nav}</nav>{body}{_footer(report)}</main></body></html>\n")

@@ -22,6 +22,7 @@ from headcount.report.measures.gates import GatePoint, Gates  # noqa: F401
 from headcount.report.measures.healing import Healing  # noqa: F401
 from headcount.report.measures.kv_merge import Merge  # noqa: F401
 from headcount.report.measures.pruning import PrunePoint, Pruning  # noqa: F401
+from headcount.report.measures.shape import AccountRow, Accounts, Shape, SlidingWindow  # noqa: F401
 from headcount.report.measures.rank import HeadRank, Rank, RankRow  # noqa: F401 (the claims read them here)
 from headcount.report.section_base import Section
 
@@ -38,34 +39,6 @@ def check_format(report) -> None:
 
 
 # ------------------------------------------------------------------------------------- the model
-@dataclass
-class Shape(Section):
-    head_dim: int | None = None
-
-
-@dataclass
-class AccountRow(Section):
-    label: str
-    n_kv_heads: int
-    kv_bytes_per_token: int
-    is_model: bool = False
-    kv_bytes_per_token_past_window: int | None = None
-
-
-@dataclass
-class SlidingWindow(Section):
-    size: int
-    local_layers: int
-    global_layers: int
-
-
-@dataclass
-class Accounts(Section):
-    rows: list[AccountRow]
-    dtype: str = ""
-    window: SlidingWindow | None = None
-
-
 # --------------------------------------------------------------------------------------- analyses
 @dataclass
 class Role(Section):
@@ -197,6 +170,19 @@ class Checks(Section):
 # ---------------------------------------------------------------------------------------- surgery
 # ------------------------------------------------------------------------------------------ report
 @dataclass
+class Claim(Section):
+    """One of the chapter's fifteen claims as claims.read_claims states it."""
+    id: str
+    title: str
+    claim: str
+    test: str
+    status: str
+    finding: str
+    number: Any = None
+    source: str | None = None
+
+
+@dataclass
 class ReportData(Section):
     format: int
     model: str | None = None
@@ -214,7 +200,7 @@ class ReportData(Section):
     gates: Gates | None = None
     experiments: dict[str, Experiment] = field(default_factory=dict)
     unavailable: dict = field(default_factory=dict)
-    claims: list = field(default_factory=list)  # claims.read_claims's output, when assembled
+    claims: list[Claim] = field(default_factory=list)  # claims.read_claims's output, when assembled
 
     @classmethod
     def from_json(cls, data, where: str | None = None):

@@ -19,7 +19,7 @@ from headcount.report.accounts import accounts, shape_json, shape_of, window_not
 from headcount.report.checks import chapter_checks
 from headcount.report.context import Context, Step, spread, split_texts  # noqa: F401 (collect's, the tests')
 from headcount.report.curve import pruning_section
-from headcount.report.measures import faithfulness, gates, healing, kv_merge, prune_command, pruning, rank
+from headcount.report.measures import faithfulness, gates, healing, kv_merge, prune_command, pruning, rank, shape
 from headcount.report.not_applicable import NotApplicable
 from headcount.report.sample import sample_attention
 from headcount.report.trained import (EXPERIMENT_NAMES, experiment_section, experiment_source, gates_section,
@@ -27,11 +27,6 @@ from headcount.report.trained import (EXPERIMENT_NAMES, experiment_section, expe
 
 
 # ------------------------------------------------------------------------------ the model's own steps
-def shape_step(ctx: Context) -> dict:
-    s = shape_of(ctx.model)
-    return {"shape": shape_json(s, window_note(ctx.model)), "accounts": accounts(s)}
-
-
 def checks_step(ctx: Context) -> dict:
     return chapter_checks(ctx.model, ctx.sample)
 
@@ -66,7 +61,7 @@ def report_steps(ctx: Context) -> list[Step]:
     cal_key = {"calibration": s.importance_windows, "eval": s.eval_windows, "sentences": s.encoder_sentences}
     domain_key = {"domains": [s.domain_windows, s.domain_window]}  # code and source too
     steps = [
-        Step("shape", {"version": 2}, shape_step),  # 2: q/k norms, post norms, windows, gated GELU, RMSNorm
+        *shape.steps(ctx),
         Step("checks", {"sentence": ctx.sample, "version": 3}, checks_step),
         Step("sample", {"sentence": ctx.sample}, sample_step),
         Step("roles", sized | {"tokens": s.roles_tokens, "sentences": s.roles_sentences}, roles_step),

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from headcount.report.sections import Accounts, ReportData, Role
+from headcount.report.sections import Accounts, Claim, ReportData, Role
 from headcount.report.verdicts import ROLE_NAMES, head_name, role_score
 
 _MARK = {"held": "held", "partly": "partly", "did not hold": "NOT held", "not measured": "n/a"}
@@ -37,10 +37,10 @@ def _top_line(roles: dict[str, Role] | None, k: int = 4) -> str:
     return "top heads: " + ", ".join(f"{r.replace('_', '-')} {head_name(h)} {s:.2f}" for s, r, h in tops[:k])
 
 
-def _claims_line(claims: list[dict]) -> str:
-    held = sum(c["status"] == "held" for c in claims)
-    measured = sum(c["status"] != "not measured" for c in claims)
-    parts = ", ".join(f"{c['id']} {_MARK.get(c['status'], c['status'])}" for c in claims)
+def _claims_line(claims: list[Claim]) -> str:
+    held = sum(c.status == "held" for c in claims)
+    measured = sum(c.status != "not measured" for c in claims)
+    parts = ", ".join(f"{c.id} {_MARK.get(c.status, c.status)}" for c in claims)
     return f"chapter claims held: {held} of {len(claims)} ({measured} measured: {parts})"
 
 
