@@ -78,8 +78,9 @@ class Paired:
     p_value: float  # exact McNemar
 
     def to_json(self) -> dict:
+        # the p-value to 6 significant digits: a clear difference's is far below 1e-6
         return {"wins": self.wins, "losses": self.losses, "difference": round(self.difference, 6),
-                "ci95": [round(self.ci95[0], 6), round(self.ci95[1], 6)], "p_value": round(self.p_value, 6)}
+                "ci95": [round(self.ci95[0], 6), round(self.ci95[1], 6)], "p_value": float(f"{self.p_value:.6g}")}
 
 
 def paired(this: Mapping[str, bool], base: Mapping[str, bool], *, resamples: int = RESAMPLES,
