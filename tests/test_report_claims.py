@@ -6,7 +6,7 @@ import pytest
 
 from headcount.cost import ModelShape, kv_cache
 from headcount.report.accounts import _variants, accounts
-from headcount.report.charts import strongest_roles
+from headcount.report.measures.roles import strongest_roles
 from headcount.report.claims import CLAIM_IDS, c7_roles, c9_rank, c11_pruning, c13_faithfulness, c15_gqa, read_claims
 from headcount.report.collect import normalise
 from headcount.report.example import example_experiments, example_report

@@ -13,7 +13,7 @@ import json
 
 from headcount.report import charts
 from headcount.report.claims import GATES_FILE, ROLE_NAMES, command_source, domain_table, head_name, merge_how
-from headcount.report.measures import faithfulness, healing, pruning, rank, shape
+from headcount.report.measures import faithfulness, healing, pruning, rank, roles, sample, shape
 from headcount.report.page import fmt_bytes, fmt_num
 from headcount.report.sections import ReportData, check_format
 from headcount.report.style import ATTENTION_JS, CSS
@@ -116,95 +116,6 @@ def _claims(r: ReportData) -> str:
             f'<div class="claims">{"".join(items)}</div></section>')
 
 
-def _legend() -> str:
-    chips = "".join(f'<span><i style="background:{charts.ROLE_COLORS[r]}"></i>{e(r.replace("_", "-"))} '
-                    f'({charts.ROLE_SHORT[r]})</span>' for r in ROLE_NAMES)
-    return f'<div class="legend">{chips}<span><i style="background:{charts.NONE_COLOR}"></i>no role</span></div>'
-
-
-def _head_map(r: dict) -> str:
-    un = r.get("unavailable") or {}
-    roles = r.get("roles")
-    left = (_legend() + _fig(charts.head_map(roles), "fig-headmap")) if roles else _na("Role scores", un.get("roles"))
-    imp = r.get("importance")
-    right = (_fig(charts.importance_map(imp), "fig-importance") if imp and imp.get("scores")
-             else _na("Head importance", un.get("importance", "headcount.analysis.importance was not run")))
-    tops = ""
-    if roles:
-        rows = []
-        for k in ROLE_NAMES:
-            role = roles.get(k) or {}
-            hs = role.get("heads") or []
-            names = ", ".join(head_name(h) for h in hs[:6]) + (f" and {len(hs) - 6} more" if len(hs) > 6 else "")
-            rows.append(f'<tr><td><i style="display:inline-block;width:10px;height:10px;border-radius:2px;'
-                        f'background:{charts.ROLE_COLORS[k]};margin-right:6px"></i>{e(k)}</td>'
-                        f'<td>{role.get("threshold", "–")}</td><td>{len(hs)}</td>'
-                        f'<td style="text-align:left">{e(names) or "–"}</td></tr>')
-        tops = ('<h3 class="sub">Labelled heads, highest score first</h3><table class="data"><tr><th>role</th>'
-                '<th>threshold</th><th>heads</th><th style="text-align:left">which</th></tr>' + "".join(rows)
-                + "</table>")
-    method = (imp or {}).get("method")
-    return ('<section class="card" id="heads"><h2>The head map</h2>'
-            '<p class="lede">Every (layer, head) coloured by its strongest role (score over threshold; the sink '
-            'only when nothing else). Hover a cell for all its scores. Right: how much the loss depends on each '
-            f'head{f" ({e(method)})" if method else ""}.</p>'
-            f'<div class="grid2"><div>{left}</div><div><div class="legend">&nbsp;</div>{right}</div></div>'
-            f"{tops}</section>")
-
-
-def _head_titles(r: dict, n_layers: int, n_heads: int) -> list[list[str]]:
-    best = None
-    if r.get("roles"):
-        try:
-            best, _ = charts.strongest_roles(r["roles"])
-        except (KeyError, IndexError, TypeError, ValueError):
-            best = None
-    out = []
-    for l in range(n_layers):
-        row = []
-        for h in range(n_heads):
-            role = best[l][h] if best and l < len(best) and h < len(best[l]) else None
-            row.append(f"head {h}" + (f" \u00b7 {role.replace('_', '-')}" if role else ""))
-        out.append(row)
-    return out
-
-
-def _default_layer(r: dict, n_layers: int) -> int:
-    roles = r.get("roles") or {}
-    for k in ("induction", "previous_token", "duplicate_token", "positional"):
-        hs = (roles.get(k) or {}).get("heads") or []
-        if hs and hs[0][0] < n_layers:
-            return int(hs[0][0])
-    return n_layers // 2
-
-
-def _attention(r: dict) -> str:
-    sample = r.get("sample")
-    if not sample or not sample.get("layers"):
-        body = _na("Attention on a sample sentence", (r.get("unavailable") or {}).get("sample"))
-    else:
-        n_layers, n_heads = len(sample["layers"]), len(sample["layers"][0])
-        titles = _head_titles(r, n_layers, n_heads)
-        layer = _default_layer(r, n_layers)
-        fig = charts.attention_grid(sample, layer, titles[layer])
-        payload = json.dumps({"scale": sample.get("scale", 1000), "layers": sample["layers"], "titles": titles},
-                             separators=(",", ":")).replace("</", "<\\/")
-        options = "".join(f'<option value="{l}"{" selected" if l == layer else ""}>layer {l}</option>'
-                          for l in range(n_layers))
-        body = (f'<div class="controls"><button id="attn-prev" type="button">\u2190</button>'
-                f'<select id="attn-layer" aria-label="layer">{options}</select>'
-                f'<button id="attn-next" type="button">\u2192</button>'
-                f'<span class="sentence">\u201c{e(sample["sentence"])}\u201d ({len(sample["tokens"])} tokens; '
-                f'rows: queries, columns: keys)</span></div>{_fig(fig, "fig-attention")}'
-                f'<script type="application/json" id="attn-data">{payload}</script>'
-                f"<script>{ATTENTION_JS}</script>")
-    return ('<section class="card" id="attention"><h2>One sentence through every head</h2>'
-            '<p class="lede">The attention weights of each head of one layer on a sentence that repeats itself: '
-            'a previous-token head draws the diagonal just below the main one; an induction head, in the second '
-            'half, looks at the token after the earlier copy of the current one; a sink head piles its weight on '
-            'the first token. Switch layers with the menu or the arrows.</p>' + body + "</section>")
-
-
 def _kpi(label, a, b, fmt=str) -> str:
     change = ""
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a:
@@ -250,7 +161,7 @@ def render_html(report: dict) -> str:
     data = ReportData.from_json(report)
 
     nav = "".join(f'<a href="#{a}">{e(b)}</a>' for a, b in NAV)
-    body = "".join([_claims(data), shape.card(data), _head_map(report), _attention(report), pruning.card(data),
+    body = "".join([_claims(data), shape.card(data), roles.card(data), sample.card(data), pruning.card(data),
                     healing.card(data), faithfulness.card(data), rank.card(data)])
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"

@@ -98,6 +98,14 @@ def _pass(v) -> str:
     return f"{v:.3f}" if isinstance(v, (int, float)) else "\u2013"
 
 
+def _paired(block) -> str:
+    """A tasks block's paired comparisons ({stage: {wins, losses, p_value, ...}}) in one cell."""
+    if not isinstance(block, dict) or not block:
+        return "\u2013"
+    return "; ".join(f"{e(stage.replace('_', ' '))}: {p.get('wins')} / {p.get('losses')}, p = {p.get('p_value', 1.0):.2g}"
+                     for stage, p in block.items() if isinstance(p, dict))
+
+
 def tasks(section, kind: str) -> str:
     """An edit's `tasks` block (--eval: {task: {stage: pass@1}}) as a table beside its perplexities."""
     found = section.tasks
@@ -105,7 +113,9 @@ def tasks(section, kind: str) -> str:
         return ""
     stages = [(k, label) for k, label in TASK_STAGES if any(k in v for v in found.values())]
     head = "".join(f"<th>{e(label)}</th>" for _, label in stages)
-    rows = "".join(f'<tr><td>{e(name)}</td>' + "".join(f"<td>{_pass(v.get(k))}</td>" for k, _ in stages) + "</tr>"
-                   for name, v in found.items())
+    paired = any(isinstance(v.get("paired"), dict) and v["paired"] for v in found.values())
+    head += "<th>paired against before the edit (wins / losses, exact McNemar p)</th>" if paired else ""
+    rows = "".join(f'<tr><td>{e(name)}</td>' + "".join(f"<td>{_pass(v.get(k))}</td>" for k, _ in stages)
+                   + (f"<td>{_paired(v.get('paired'))}</td>" if paired else "") + "</tr>" for name, v in found.items())
     return (f'<table class="data tasks" id="{kind}-tasks" style="margin-top:8px"><tr><th>task pass@1 (greedy)</th>'
             f'{head}</tr>{rows}</table>')

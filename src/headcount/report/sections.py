@@ -23,6 +23,12 @@ from headcount.report.measures.healing import Healing  # noqa: F401
 from headcount.report.measures.kv_merge import Merge  # noqa: F401
 from headcount.report.measures.pruning import PrunePoint, Pruning  # noqa: F401
 from headcount.report.measures.shape import AccountRow, Accounts, Shape, SlidingWindow  # noqa: F401
+from headcount.report.measures.importance import Importance  # noqa: F401
+from headcount.report.measures.roles import Role  # noqa: F401
+from headcount.report.measures.sample import Sample  # noqa: F401
+from headcount.report.measures.checks import (ChapterMemory, Checks, FlopCheck, FlopRow,  # noqa: F401
+                                              FusedCheck, KVCheck, MeasuredMemory, MemoryCheck, ParamCheck,
+                                              ParamRow, PresetShape, ShapeCheck, WriteGeometry)
 from headcount.report.measures.rank import HeadRank, Rank, RankRow  # noqa: F401 (the claims read them here)
 from headcount.report.section_base import Section
 
@@ -39,134 +45,6 @@ def check_format(report) -> None:
 
 
 # ------------------------------------------------------------------------------------- the model
-# --------------------------------------------------------------------------------------- analyses
-@dataclass
-class Role(Section):
-    scores: list
-    threshold: float | None = None
-    heads: list = field(default_factory=list)  # [[layer, head(, extra)], ...], strongest first
-
-
-# --------------------------------------------------------------------------------- chapter checks
-@dataclass
-class FusedCheck(Section):  # C2
-    layer: int
-    tokens: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    max_abs_diff: float
-    max_abs_output: float
-    relative_diff: float
-    view_moves_no_data: bool = False
-    transposed_q_contiguous: bool = False
-    rotary: str = "left out"
-
-
-@dataclass
-class WriteGeometry(Section):  # C3 on the model
-    own_slice_energy: float | None = None
-    slice_share: float = float("nan")
-    reach: float = float("nan")
-    mean_overlap: float = float("nan")
-
-
-@dataclass
-class ParamRow(Section):
-    n_heads: int
-    measured: int
-    formula: int
-    n_kv_heads: int | None = None
-    head_dim: int | None = None
-
-
-@dataclass
-class ParamCheck(Section):  # C4
-    d_model: int
-    four_d2: int
-    mha: list[ParamRow]
-    model: ParamRow
-
-
-@dataclass
-class FlopRow(Section):
-    label: str
-    n_heads: int
-    measured: int
-    formula: int
-
-
-@dataclass
-class FlopCheck(Section):  # C5
-    seq: int
-    d_model: int
-    four_n2_d: int
-    two_n2_d: int
-    rows: list[FlopRow]
-
-
-@dataclass
-class ChapterMemory(Section):
-    n_heads: int
-    gib: float
-    chapter_gib: float
-
-
-@dataclass
-class MeasuredMemory(Section):
-    n_heads: int
-    seq: int
-    peak_bytes: float
-    formula: float
-
-
-@dataclass
-class MemoryCheck(Section):  # C6
-    chapter: list[ChapterMemory]
-    measured: list[MeasuredMemory] = field(default_factory=list)
-    tolerance: float = 0.1
-
-
-@dataclass
-class PresetShape(Section):
-    n_heads: int
-    head_dim: int
-    d_model: int
-    preset: str | None = None
-    chapter_n_heads: int | None = None
-    n_kv_heads: int | None = None
-
-
-@dataclass
-class ShapeCheck(Section):  # C10
-    presets: list[PresetShape]
-    decoupled: PresetShape
-    model: PresetShape
-
-
-@dataclass
-class KVCheck(Section):  # C14
-    dtype: str
-    measured: int
-    formula: int
-    by_hand: int
-    n_kv_heads: int
-    head_dim: int
-    n_layers: int
-    bytes: int
-
-
-@dataclass
-class Checks(Section):
-    c2: FusedCheck | None = None
-    c3_geometry: WriteGeometry | None = None
-    c4: ParamCheck | None = None
-    c5: FlopCheck | None = None
-    c6: MemoryCheck | None = None
-    c10: ShapeCheck | None = None
-    c14: KVCheck | None = None
-
-
 # ---------------------------------------------------------------------------------------- surgery
 # ------------------------------------------------------------------------------------------ report
 @dataclass
@@ -189,7 +67,9 @@ class ReportData(Section):
     kind: str | None = None
     shape: Shape | None = None
     accounts: Accounts | None = None
+    sample: Sample | None = None
     roles: dict[str, Role] | None = None
+    importance: Importance | None = None
     faithfulness: Faithfulness | None = None
     rank: Rank | None = None
     checks: Checks | None = None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from headcount.report.context import Context, Step
 from headcount.report.section_base import Section
+from headcount.report.trained import EXPERIMENT_NAMES, experiment_section, experiment_source
 
 
 @dataclass
@@ -63,3 +66,13 @@ class Experiment(Section):
 
     def rows(self, kind: type[Section]) -> list:
         return [kind.from_json(r, f"{self.command}: results") for r in self.result.results]
+
+
+def step(name: str, ctx: Context) -> dict:
+    return experiment_section(name, results=ctx.results_dir, seed=ctx.seed, progress=ctx.progress)
+
+
+def steps(ctx: Context) -> list[Step]:
+    """One step per experiment, report.json's experiments[name]: the same whichever model the report is on."""
+    return [Step(f"experiment-{name}", {"seed": ctx.seed} | experiment_source(name, ctx.results_dir),
+                 functools.partial(step, name), model_free=True) for name in EXPERIMENT_NAMES]
