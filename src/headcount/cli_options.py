@@ -85,3 +85,5 @@ TEXT_FILE_HELP = ("a UTF-8 text file, read whole (default: the default corpus: i
                   "calibration part to analyse)")
 TextFileOpt = Annotated[Optional[Path], typer.Option("--text", help=TEXT_FILE_HELP)]
 OptionalSeedOpt = Annotated[Optional[int], typer.Option("--seed", help="random seed")]
+EditedModelOpt = Annotated[str, typer.Option("--model", "-m", help="the edited model (a directory `headcount prune` / "
+                                                                   "`merge-kv` saved, or any model)")]

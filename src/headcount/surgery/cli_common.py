@@ -44,13 +44,14 @@ def task_rows(tasks: dict) -> list[tuple[str, float, float]]:
 
 
 def check_eval_model(evals, model) -> None:
-    """--eval needs a decoder with a tokenizer: said before the edit starts."""
+    """--eval needs a decoder with a tokenizer: said before the edit starts, under --eval (the check names the
+    model it was given, --model in `headcount eval`)."""
     if evals:
+        from headcount.cli_errors import renamed
         from headcount.tasks.harness import check_model
-        try:
+
+        with renamed({"--model": "--eval"}):
             check_model(model)
-        except ValueError as e:
-            raise ValueError(str(e).replace("--model:", "--eval:")) from None
 
 
 def calibration_and_held_out(text: Optional[Path]):

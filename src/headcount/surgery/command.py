@@ -105,6 +105,9 @@ class Edit:
     def check(self, opts: EditOptions) -> None:
         """The command's own flags, before anything is loaded or written."""
 
+    def check_calibration(self, specs) -> None:
+        """More calibration text the edit will read, checked against --eval's problems (none held by it)."""
+
     def distributed(self, opts: EditOptions):
         """(group, main) under torchrun, else (None, True)."""
         return torchrun_group()
@@ -222,6 +225,7 @@ def prepare(edit: Edit, opts: EditOptions) -> EditRun:
     out = check_out_dir(opts.out, opts.force) if opts.out is not None or edit.out_required else None
     calibration, held_out, source = calibration_and_held_out(opts.text)
     check_not_calibrated_on(specs, calibration)
+    edit.check_calibration(specs)
     group, main = edit.distributed(opts)
     return EditRun(opts, specs, calibration, held_out, source, out, group, main)
 

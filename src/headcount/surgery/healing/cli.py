@@ -1,5 +1,6 @@
-"""`headcount heal` and the --heal-steps wiring the edit commands share (prune, prune --method l0, merge-kv).
-Registered through headcount.surgery.cli; no torch import at module level.
+"""`headcount heal` (on the edit commands' skeleton, surgery/command.py: the model arrives edited, the edit is the
+heal) and the --heal-steps wiring the edit commands share (prune, prune --method l0, merge-kv). Registered
+through headcount.surgery.cli; no torch import at module level.
 
     check_heal_steps(n)                     the flag's check, before anything is loaded
     teacher_for(model, n)                   the unedited copy to distil from (None when n == 0), taken BEFORE the edit
@@ -12,15 +13,17 @@ the model is saved atomically, so an interrupted heal leaves no --out).
 
 from __future__ import annotations
 
-import json
-import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
-from headcount.models.options import DEVICE_HELP, DTYPE_HELP
-from headcount.surgery.cli_common import EVAL_HELP
+from headcount.cli_options import (EVAL_HELP, DeviceOpt, DtypeOpt, EditedModelOpt, EvalWindowsOpt, ForceOpt,
+                                   JsonOpt, OutOpt, TeacherOpt)
+from headcount.surgery.command import Edit, EditOptions, register_edit
+from headcount.surgery.healing.config import (BATCH_SIZE, DEFAULT_LR, DEFAULT_PARAMS, DEFAULT_STEPS,
+                                                DEFAULT_TOKENS, REFERENCE_RMS, WINDOW)
 
 
 TEACHER_STREAM = "teacher"  # --calibration: the teacher's own samples (healing/teacher_text.py)
@@ -66,12 +69,13 @@ def healer(teacher, heal_steps: int, *, progress: bool = True, eval_windows: int
         return None
 
     def step(model, before, after) -> dict:
+        from headcount.surgery.healing.config import HealConfig
         from headcount.surgery.healing.loop import heal
 
         known = ({"before_edit": dict(before.perplexity), "after_edit": dict(after.perplexity)}
                  if len(before.perplexity) > 1 else None)
-        result = heal(model, teacher, steps=heal_steps, known=known, progress=progress, eval_windows=eval_windows,
-                      group=group, **text_args(calibration, held_out))
+        result = heal(model, teacher, HealConfig(steps=heal_steps, eval_windows=eval_windows), known=known,
+                      progress=progress, group=group, **text_args(calibration, held_out))
         model.healing = result.metadata()
         return result.to_json()
 
@@ -101,159 +105,195 @@ def print_heal_table(block: dict, title: str = "healing") -> None:
     Console().print(table)
 
 
-def _load_pair(model_name: str, teacher_name: str, dtype: str, device: str):
+def load_pair(model_name: str, teacher_name: str, dtype: str, device: str):
+    """(the edited model, its unedited teacher), checked: a trainable --dtype, the teacher its ancestor (an
+    ArgumentError naming model or teacher: Heal.flags shows it as --model or --teacher)."""
     from headcount.models.options import load_model
     from headcount.surgery.healing.weights import check_teacher, check_trainable_dtype, share_unchanged
 
     model = load_model(model_name, dtype, device)
-    try:
-        check_trainable_dtype(model, "--dtype")
-    except ValueError as e:
-        raise ValueError(str(e)) from None
+    check_trainable_dtype(model, "--dtype")
     teacher = load_model(teacher_name, dtype, device)
-    try:
-        check_teacher(model, teacher)
-    except ValueError as e:
-        message = str(e)
-        flag = "--model" if message.startswith("model:") else "--teacher"
-        raise ValueError(f"{flag}{message[message.index(':'):]}") from None
+    check_teacher(model, teacher)
     share_unchanged(model, teacher)  # the student holds only what the edit changed (memory: docs/healing.md)
     return model, teacher
 
 
-def register(app, bench_app) -> None:
-    """Add `headcount heal`."""
-    from headcount.cli_errors import rank_errors as _one_line_errors  # rank-prefixed under torchrun
-    from headcount.surgery.healing.loop import (BATCH_SIZE, DEFAULT_LR, DEFAULT_PARAMS, DEFAULT_STEPS,
-                                                  DEFAULT_TOKENS, REFERENCE_RMS, WINDOW)
+@dataclass(frozen=True)
+class HealSettings:
+    """heal's own options, as given."""
 
-    @app.command("heal")
-    def heal_cmd(
-        model: str = typer.Option(..., "--model", "-m", help="the edited model (a directory `headcount prune` / "
-                                  "`merge-kv` saved, or any model)"),
-        teacher: str = typer.Option(..., "--teacher", help="the unedited model it came from (zoo name or path)"),
-        out: Optional[Path] = typer.Option(None, "--out", help="directory to save the healed model to"),
-        steps: int = typer.Option(DEFAULT_STEPS, "--steps",
-                                  help=f"optimizer steps ({BATCH_SIZE} window(s) of {WINDOW} tokens each)"),
-        tokens: int = typer.Option(DEFAULT_TOKENS, "--tokens", help="distinct calibration tokens drawn (training + "
-                                   "validation)"),
-        params: str = typer.Option(DEFAULT_PARAMS, "--params", help="which weights move: attention (the edited "
-                                   "layers' q/k/v/o and norms), all, or lora (merged back at the end)"),
-        lr: Optional[float] = typer.Option(None, "--lr", help="peak learning rate (default: "
-                                           + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items())
-                                           + ", scaled down where the attention weights' RMS is under "
-                                           f"{REFERENCE_RMS:g}, SmolLM2's)"),
-        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
-        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
-        eval_windows: int = typer.Option(4, "--eval-windows", help="held-out windows of 512 tokens measured per "
-                                         "domain"),
-        text: Optional[Path] = typer.Option(None, "--text", help="UTF-8 text to heal on: its paragraphs are split "
-                                            "into calibration (distilled on) and held-out parts (measured as the "
-                                            "domain 'text' beside the three); default: the mixed corpus"),
-        stream: str = typer.Option("mixed", "--calibration", help="the calibration stream without --text: mixed "
-                                   "(prose + torch/numpy docstrings and comments), prose+source (prose + the "
-                                   "same files' verbatim source: for code models), teacher (the teacher's own "
-                                   "sampled continuations of mixed's calibration prompts, --tokens of them) or "
-                                   "teacher-chat (for a chat model judged by its answers: half prose, half the "
-                                   "teacher's greedy chat answers to function stubs of the torch/numpy "
-                                   "calibration source, asked as --eval asks)"),
-        force: bool = typer.Option(False, "--force", help="replace --out if it exists"),
-        json_out: bool = typer.Option(False, "--json", help="print JSON"),
-        evals: Optional[list[str]] = typer.Option(None, "--eval", help=EVAL_HELP + " (before edit: the teacher)"),
-    ) -> None:
-        """Heal an edited model by distillation from the unedited one (KL of next-token distributions on
-        calibration text, a validation split for early stopping); print the held-out domains before the edit,
-        after it and after healing; save. Under torchrun (`torchrun --nproc-per-node N -m headcount heal ...`)
-        each step's windows are split over the ranks (DistributedDataParallel); rank 0 prints and saves."""
-        with _one_line_errors("heal"):
-            if steps < 1:
-                raise ValueError(f"--steps: expected a positive number of steps, got {steps}")
-            if tokens < 1:
-                raise ValueError(f"--tokens: expected a positive number of tokens, got {tokens}")
-            if params not in DEFAULT_LR:
-                raise ValueError(f"--params: expected one of {', '.join(DEFAULT_LR)}, got {params!r}")
-            if eval_windows < 1:
-                raise ValueError(f"--eval-windows: expected a positive number, got {eval_windows}")
-            if lr is not None and not lr > 0:
-                raise ValueError(f"--lr: expected a positive learning rate, got {lr}")
-            from headcount.analysis.batches import STREAMS
-            if stream not in (*STREAMS, *TEACHER_STREAMS):
-                raise ValueError(f"--calibration: expected one of {', '.join((*STREAMS, *TEACHER_STREAMS))}, "
-                                 f"got {stream!r}")
-            if text is not None and stream != "mixed":
-                raise ValueError(f"--calibration: {stream!r} and --text both choose the calibration; give one")
-            from headcount.models.options import parse_device, parse_dtype
-            from headcount.surgery.cli_common import (calibration_and_held_out, check_eval_model, check_out_dir,
-                                                      quality_meter, task_specs)
+    teacher: str
+    steps: int = DEFAULT_STEPS
+    tokens: int = DEFAULT_TOKENS
+    params: str = DEFAULT_PARAMS
+    lr: Optional[float] = None
+    stream: str = "mixed"
+
+    def config(self, eval_windows: int):
+        """The heal's settings (HealConfig: checked once, recorded whole in the result)."""
+        from headcount.surgery.healing.config import HealConfig
+
+        return HealConfig(steps=self.steps, tokens=self.tokens, params=self.params, lr=self.lr,
+                          eval_windows=eval_windows)
+
+    def check(self, text: Optional[Path]) -> None:
+        """Every flag checked (naming it) before anything is loaded."""
+        from headcount.analysis.batches import STREAMS
+
+        if self.steps < 1:
+            raise ValueError(f"--steps: expected a positive number of steps, got {self.steps}")
+        if self.tokens < 1:
+            raise ValueError(f"--tokens: expected a positive number of tokens, got {self.tokens}")
+        if self.params not in DEFAULT_LR:
+            raise ValueError(f"--params: expected one of {', '.join(DEFAULT_LR)}, got {self.params!r}")
+        if self.lr is not None and not self.lr > 0:
+            raise ValueError(f"--lr: expected a positive learning rate, got {self.lr}")
+        if self.stream not in (*STREAMS, *TEACHER_STREAMS):
+            raise ValueError(f"--calibration: expected one of {', '.join((*STREAMS, *TEACHER_STREAMS))}, "
+                             f"got {self.stream!r}")
+        if text is not None and self.stream != "mixed":
+            raise ValueError(f"--calibration: {self.stream!r} and --text both choose the calibration; give one")
+
+
+@register_edit
+class Heal(Edit):
+    """Heal an edited model by distillation from the unedited one: the model arrives edited (--model), the
+    unedited one is --teacher; before_edit is the teacher's quality, after_edit the student's, after_heal the
+    healed model's."""
+
+    name = "heal"
+    example = ("--teacher", "{model}", "--steps", "1", "--tokens", str(10 * WINDOW))
+    flags = {"model": "--model", "teacher": "--teacher", "tokens": "--tokens", "steps": "--steps", "lr": "--lr"}
+    legacy_keys = ("steps", "tokens", "planned_steps", "tokens_seen", "validation_tokens", "lr", "params", "layers",
+                   "trainable_params", "lora_rank", "teacher", "calibration", "window", "batch_size",
+                   "val_kl_first", "val_kl_best", "best_step", "stopped_early", "val_losses", "world_size",
+                   "checkpoint_layers", "lr_backoffs")
+
+    def __init__(self, settings: HealSettings):
+        self.settings = settings
+
+    def check(self, opts: EditOptions) -> None:
+        self.settings.check(opts.text)
+
+    def check_calibration(self, specs) -> None:
+        if self.settings.stream == TEACHER_CHAT:  # the stubs the teacher is asked about are calibration text too
+            from headcount.data import function_stubs
             from headcount.surgery.task_scores import check_not_calibrated_on
 
-            parse_dtype(dtype), parse_device(device)
-            specs = task_specs(evals)
-            calibration, held_out, _ = calibration_and_held_out(text)
-            check_not_calibrated_on(specs, calibration)
-            if stream == TEACHER_CHAT:  # the stubs the teacher is asked about are calibration text too
-                from headcount.data import function_stubs
-                check_not_calibrated_on(specs, list(function_stubs()), "--calibration teacher-chat")
-            out = check_out_dir(out, force)
-            group, main = None, True
-            if "WORLD_SIZE" in os.environ:  # under torchrun: data-parallel healing (DDP), rank 0 writes
-                from headcount import distributed
-                group = distributed.init()
-                main = distributed.is_main(group)
-            student, original = _load_pair(model, teacher, dtype, device)
-            check_eval_model(specs, student)
-            from headcount.surgery import save
-            from headcount.surgery.editing import run_edit
+            check_not_calibrated_on(specs, list(function_stubs()), "--calibration teacher-chat")
 
-            def heal_step(model, before, after) -> dict:
-                from headcount.surgery.healing.loop import heal
+    def load(self, run):
+        model, run.unedited = load_pair(run.opts.model, self.settings.teacher, run.opts.dtype, run.opts.device)
+        return model
 
-                known = {"before_edit": dict(before.perplexity), "after_edit": dict(after.perplexity)}
-                calibration_now, stream_now = calibration, stream
-                if stream == TEACHER_STREAM:  # written by the teacher now, from the mixed stream's prompts
-                    from headcount.surgery.healing.teacher_text import teacher_texts
-                    calibration_now, stream_now = teacher_texts(original, tokens, progress=main), "mixed"
-                elif stream == TEACHER_CHAT:  # as many windows as the heal draws, half of them the teacher's answers
-                    from headcount.distributed import DataParallel
-                    from headcount.surgery.healing.loop import windows_drawn
-                    from headcount.surgery.healing.teacher_text import teacher_chat_windows
-                    n = windows_drawn(steps, tokens, world=DataParallel(group).world)
-                    calibration_now, stream_now = teacher_chat_windows(original, n, progress=main), "mixed"
-                try:
-                    result = heal(model, original, steps=steps, tokens=tokens, params=params, lr=lr, known=known,
-                                  eval_windows=eval_windows, group=group,
-                                  **text_args(calibration_now, held_out, stream_now))
-                except ValueError as e:
-                    if str(e).startswith("tokens:"):
-                        raise ValueError(f"--{e}") from None
-                    raise
-                model.healing = {**result.metadata(), "teacher": teacher,
-                                 **({"calibration": str(text)} if text else {}),
-                                 **({"calibration": stream} if stream in TEACHER_STREAMS else {})}
-                return result.to_json()
+    def meter(self, run):
+        from headcount.surgery.cli_common import quality_meter
 
-            # the teacher is the model before the edit, the student after it: the three held-out domains, with
-            # --text's held-out part as a fourth, "text"
-            meter = quality_meter(None, eval_windows, specs, extra={"text": held_out} if held_out else None)
-            report = run_edit(student, None, unedited=original, meter=meter, heal=heal_step)
-            if specs:
-                student.task_scores = report.tasks()
-            if not main:
-                return
-            save(student, out, force=force)
-        from headcount.surgery.cli_common import command_line
-        # weights_sha256: the unedited model's (the teacher: the weights before the edit, what a saved result is
-        # keyed by); edited_weights_sha256: the student's before healing
-        data = {**report.healing, **({"calibration": stream} if stream in TEACHER_STREAMS else {}),
-                "teacher": teacher, "out": str(out), "weights_sha256": report.weights_sha256,
-                "edited_weights_sha256": report.edited_weights_sha256, "command": command_line()}
-        if specs:
-            data["tasks"] = report.tasks()
-        if json_out:
-            typer.echo(json.dumps(data, indent=2))
-            return
-        print_heal_table(data, f"{model} healed from {teacher}")
-        if specs:
+        # the teacher is the model before the edit, the student after it: the three held-out domains, with --text's
+        # held-out part as a fourth, "text"
+        return quality_meter(None, run.opts.eval_windows, run.specs,
+                             extra={"text": run.held_out} if run.held_out else None)
+
+    def healer(self, run):
+        return lambda model, before, after: heal_step(model, before, after, self.settings, run)
+
+    def legacy(self, report, run) -> dict:
+        stream = self.settings.stream
+        healing = {k: report.healing.get(k) for k in self.legacy_keys}
+        return healing | ({"calibration": stream} if stream in TEACHER_STREAMS else {}) | \
+            {"teacher": self.settings.teacher}
+
+    def table(self, data: dict, run) -> None:
+        print_heal_table(data["heal"], f"{run.opts.model} healed from {self.settings.teacher}")
+        if data.get("tasks"):
             from headcount.surgery.cli_common import before_after_table, task_rows
-            before_after_table(task_rows(data["tasks"]), f"{model}: task scores")
-        typer.echo(f"saved to {out} (headcount.models.load / --model {out})")
+            before_after_table(task_rows(data["tasks"]), f"{run.opts.model}: task scores")
+
+
+def heal_calibration(settings: HealSettings, run):
+    """(calibration, stream) the heal distils on: --text's calibration part, a named stream, or the teacher's own
+    text written now (teacher: its samples from the mixed stream's prompts; teacher-chat: as many windows as the
+    heal draws, half of them the teacher's answers)."""
+    if settings.stream == TEACHER_STREAM:
+        from headcount.surgery.healing.teacher_text import teacher_texts
+        return teacher_texts(run.unedited, settings.tokens, progress=run.main), "mixed"
+    if settings.stream == TEACHER_CHAT:
+        from headcount.distributed import DataParallel
+        from headcount.surgery.healing.loop import windows_drawn
+        from headcount.surgery.healing.teacher_text import teacher_chat_windows
+        n = windows_drawn(settings.steps, settings.tokens, world=DataParallel(run.group).world)
+        return teacher_chat_windows(run.unedited, n, progress=run.main), "mixed"
+    return run.calibration, settings.stream
+
+
+def heal_step(model, before, after, settings: HealSettings, run) -> dict:
+    """run_edit's heal step for `headcount heal`: heal, record the metadata (saved with the model)."""
+    from headcount.surgery.healing.loop import heal
+
+    known = {"before_edit": dict(before.perplexity), "after_edit": dict(after.perplexity)}
+    calibration, stream = heal_calibration(settings, run)
+    result = heal(model, run.unedited, settings.config(run.opts.eval_windows), known=known, group=run.group,
+                  **text_args(calibration, run.held_out, stream))
+    text = run.opts.text
+    model.healing = {**result.metadata(), "teacher": settings.teacher,
+                     **({"calibration": str(text)} if text else {}),
+                     **({"calibration": settings.stream} if settings.stream in TEACHER_STREAMS else {})}
+    return result.to_json()
+
+
+StepsOpt = Annotated[int, typer.Option("--steps", help=f"optimizer steps ({BATCH_SIZE} window(s) of {WINDOW} tokens "
+                                                       "each)")]
+TokensOpt = Annotated[int, typer.Option("--tokens", help="distinct calibration tokens drawn (training + validation)")]
+ParamsOpt = Annotated[str, typer.Option("--params", help="which weights move: attention (the edited layers' q/k/v/o "
+                                                         "and norms), all, or lora (merged back at the end)")]
+LrOpt = Annotated[Optional[float], typer.Option("--lr", help="peak learning rate (default: "
+                                                + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items())
+                                                + ", scaled down where the attention weights' RMS is under "
+                                                f"{REFERENCE_RMS:g}, SmolLM2's)")]
+HealTextOpt = Annotated[Optional[Path], typer.Option("--text", help="UTF-8 text to heal on: its paragraphs are split "
+                                                     "into calibration (distilled on) and held-out parts (measured "
+                                                     "as the domain 'text' beside the three); default: the mixed "
+                                                     "corpus")]
+StreamOpt = Annotated[str, typer.Option("--calibration", help="the calibration stream without --text: mixed (prose "
+                                        "+ torch/numpy docstrings and comments), prose+source (prose + the same "
+                                        "files' verbatim source: for code models), teacher (the teacher's own "
+                                        "sampled continuations of mixed's calibration prompts, --tokens of them) or "
+                                        "teacher-chat (for a chat model judged by its answers: half prose, half the "
+                                        "teacher's greedy chat answers to function stubs of the torch/numpy "
+                                        "calibration source, asked as --eval asks)")]
+HealEvalOpt = Annotated[Optional[list[str]], typer.Option("--eval", help=EVAL_HELP + " (before edit: the teacher)")]
+
+
+def heal_cmd(
+    model: EditedModelOpt = ...,
+    teacher: TeacherOpt = ...,
+    out: OutOpt = None,
+    steps: StepsOpt = DEFAULT_STEPS,
+    tokens: TokensOpt = DEFAULT_TOKENS,
+    params: ParamsOpt = DEFAULT_PARAMS,
+    lr: LrOpt = None,
+    dtype: DtypeOpt = "fp32",
+    device: DeviceOpt = "cpu",
+    eval_windows: EvalWindowsOpt = 4,
+    text: HealTextOpt = None,
+    stream: StreamOpt = "mixed",
+    force: ForceOpt = False,
+    json_out: JsonOpt = False,
+    evals: HealEvalOpt = None,
+) -> None:
+    """Heal an edited model by distillation from the unedited one (KL of next-token distributions on
+    calibration text, a validation split for early stopping); print the held-out domains before the edit,
+    after it and after healing; save. Under torchrun (`torchrun --nproc-per-node N -m headcount heal ...`)
+    each step's windows are split over the ranks (DistributedDataParallel); rank 0 prints and saves."""
+    from headcount.surgery.command import run_command
+
+    opts = EditOptions(model=model, dtype=dtype, device=device, out=out, force=force, text=text,
+                       evals=tuple(evals or ()), eval_windows=eval_windows, json_out=json_out)
+    run_command(Heal(HealSettings(teacher=teacher, steps=steps, tokens=tokens, params=params, lr=lr,
+                                  stream=stream)), opts)
+
+
+def register(app, bench_app) -> None:  # noqa: ARG001
+    """Add `headcount heal`."""
+    app.command("heal")(heal_cmd)

@@ -1,7 +1,8 @@
 """heal(): win back what an edit (pruning, K/V merging, L0 gates) cost, by distillation from the unedited model.
 
-    heal(model, teacher, *, steps=None, tokens=None, calibration="mixed", params="attention", lr=None,
-         progress=True, ...) -> HealResult
+    heal(model, teacher, HealConfig(steps=200, tokens=98_304, params="attention", lr=None, ...),
+         calibration="mixed", progress=True, ...) -> HealResult
+    heal(model, teacher, steps=200, ...)          the keyword form: the same HealConfig built from the keywords
 
 The loss is KL(teacher || student) of the next-token distributions (loss.distill_kl, chunked over positions)
 on calibration windows only: `tokens` distinct calibration tokens are drawn through the one calibration path
@@ -43,7 +44,7 @@ import sys
 
 import torch
 
-from headcount.arguments import one_of, positive_float, positive_int
+from headcount.arguments import ArgumentError, one_of
 from headcount.surgery.healing.result import HealResult
 from headcount.surgery.healing.step import Masters as _Masters
 from headcount.surgery.healing.step import Share, distilled, train_step
@@ -55,27 +56,10 @@ from headcount.training.checkpointing import layer_checkpointing
 from headcount.training.optimizer import Optimizer
 from headcount.training.schedule import WarmupCosine
 
-DEFAULT_PARAMS = "attention"
-DEFAULT_STEPS = 200
-DEFAULT_TOKENS = 98_304  # 192 windows of 512 tokens: healing is meant to cost at most 100k calibration tokens
-# attention: merge-kv's uptrain rate, chosen on validation windows for the same job (benchmarks/merge_defaults.py)
-DEFAULT_LR = {"attention": 3e-4, "all": 1e-4, "lora": 1e-3}
-# AdamW moves every weight by about its lr a step, whatever the weight's size: DEFAULT_LR is for attention weights
-# of RMS >= REFERENCE_RMS (SmolLM2's are 0.194); a model whose attention weights are smaller gets the lr scaled by
-# its RMS / REFERENCE_RMS, the same relative step (default_lr): a 10x larger relative step undid the heal of a
-# model with 10x smaller weights (qwen2.5-coder-0.5b's, RMS 0.019; docs/healing.md has the runs).
-REFERENCE_RMS = 0.19
-# one window of 512 tokens a step, the length the held-out perplexity is measured on: with 2 windows of 256 the
-# student never trained at positions 256-511 (docs/healing.md, "Windows of 512", has the runs and their commands)
-WINDOW = 512
-BATCH_SIZE = 1  # windows per step
-VALIDATION_WINDOWS = 8
-EVALUATIONS = 8  # validation measurements over a run (eval_every = steps // EVALUATIONS)
-PATIENCE = 3
-BACKOFF = 0.5  # the lr's factor after a validation measurement with no new best (back to the best weights)
-WARMUP = 0.05
-EVAL_WINDOWS = 4  # held-out windows of 512 tokens per domain, as `headcount prune` measures
-_COUNT = "an int >= 1"  # the wording of every count check below: "steps: expected an int >= 1, got 0"
+# the settings' defaults live with HealConfig (no torch there: the command's --help reads them); re-exported here
+from headcount.surgery.healing.config import (BACKOFF, BATCH_SIZE, DEFAULT_LR, DEFAULT_PARAMS,  # noqa: E402,F401
+                                              DEFAULT_STEPS, DEFAULT_TOKENS, EVAL_WINDOWS, EVALUATIONS, PATIENCE,
+                                              REFERENCE_RMS, VALIDATION_WINDOWS, WARMUP, WINDOW, HealConfig)
 
 
 @functools.lru_cache(maxsize=1)
@@ -133,8 +117,8 @@ def windows_drawn(steps: int | None = None, tokens: int | None = None, *, window
     tokens = DEFAULT_TOKENS if tokens is None else tokens
     n_budget = tokens // window
     if n_budget < validation_windows + 1:
-        raise ValueError(f"tokens: {tokens} tokens is {n_budget} windows of {window}; expected at least "
-                         f"{validation_windows + 1} (validation_windows + one to train on)")
+        raise ArgumentError("tokens", f"{tokens} tokens is {n_budget} windows of {window}; expected at least "
+                                      f"{validation_windows + 1} (validation_windows + one to train on)")
     return min(n_budget - validation_windows, steps * batch_size) + validation_windows
 
 
@@ -168,32 +152,25 @@ class _Healing:
     steps run in; step() one optimizer step, then the validation when one is due (validate(), which may
     back_off()); checkpoint() the held-out figures of the moment; finish() the result's totals."""
 
-    def __init__(self, model, teacher, *, steps, tokens, calibration, params, lr, progress, window, batch_size,
-                 validation_windows, eval_every, patience, max_seconds, seed, log, checkpoints, group):
+    def __init__(self, model, teacher, config: HealConfig, *, calibration, progress, log, group):
         check_teacher(model, teacher)
         check_trainable_dtype(model)
-        self.model, self.teacher, self.params, self.calibration, self.seed = model, teacher, params, calibration, seed
-        self.steps = steps = DEFAULT_STEPS if steps is None else positive_int("steps", steps, expected=_COUNT)
-        tokens = DEFAULT_TOKENS if tokens is None else positive_int("tokens", tokens, expected=_COUNT)
-        positive_int("batch_size", batch_size, expected=_COUNT, none=True)  # None: resolved below
-        positive_int("validation_windows", validation_windows, expected=_COUNT)
-        self.patience = positive_int("patience", patience, expected=_COUNT)
-        positive_int("window", window, 2)
-        one_of("params", params, DEFAULT_LR)
-        lr = default_lr(teacher, params) if lr is None else lr
-        self.lr = positive_float("lr", lr, expected="a positive learning rate")
-        self.budget = TimeBudget(max_seconds)
-        self.checkpoints = sorted({positive_int("checkpoints", c, 0) for c in checkpoints})
-        self.eval_every = max(1, steps // EVALUATIONS) if eval_every is None else \
-            positive_int("eval_every", eval_every, expected=_COUNT)
+        self.config, self.model, self.teacher, self.calibration = config, model, teacher, calibration
+        self.params, self.seed, self.patience = config.params, config.seed, config.patience
+        self.steps = steps = config.steps
+        self.lr = default_lr(teacher, config.params) if config.lr is None else config.lr
+        self.budget = TimeBudget(config.max_seconds)
+        self.checkpoints = list(config.checkpoints)
+        self.eval_every = max(1, steps // EVALUATIONS) if config.eval_every is None else config.eval_every
         from headcount.distributed import DataParallel
         self.dp = dp = DataParallel(group)
-        self.batch_size = batch_size = _batch_size(batch_size, dp.world)
+        self.batch_size = batch_size = _batch_size(config.batch_size, dp.world)
         if dp.world > batch_size:
             raise ValueError(f"torchrun: {dp.world} ranks but a step of {batch_size} windows (batch_size); use at "
                              f"most {batch_size} ranks")
-        window = min(window, model.config.max_position)
-        n_drawn = windows_drawn(steps, tokens, window=window, batch_size=batch_size,
+        window = min(config.window, model.config.max_position)
+        validation_windows = config.validation_windows
+        n_drawn = windows_drawn(steps, config.tokens, window=window, batch_size=batch_size,
                                 validation_windows=validation_windows)
         self.windows = windows = _windows(model, calibration, n_drawn, window)
         if windows.shape[0] < 2:
@@ -363,57 +340,36 @@ class _Healing:
         return result
 
 
-def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None, calibration="mixed",
-         params: str = DEFAULT_PARAMS, lr: float | None = None, progress: bool = True, window: int = WINDOW,
-         batch_size: int | None = None, validation_windows: int = VALIDATION_WINDOWS, eval_every: int | None = None,
-         patience: int = PATIENCE, held_out: bool = True, eval_windows: int = EVAL_WINDOWS,
-         known: dict | None = None, max_seconds: float | None = None, seed: int = 0, log=None,
-         checkpoints=(), group=None, checkpoint_layers: bool | None = None,
-         held_out_texts: dict | None = None) -> HealResult:
+def heal(model, teacher, config: HealConfig | None = None, *, calibration="mixed", progress: bool = True,
+         known: dict | None = None, log=None, group=None, held_out_texts: dict | None = None,
+         **settings) -> HealResult:
     """Heal `model` (edited) in place by distillation from `teacher` (its unedited ancestor); see the module doc.
 
-    steps: optimizer steps of `batch_size` windows (None = DEFAULT_STEPS; batch_size None = BATCH_SIZE, or one
-    window per rank when more ranks run, so that the defaults work under torchrun); tokens: distinct calibration tokens
-    drawn, training and validation windows together (None = DEFAULT_TOKENS; fewer are drawn when the steps
-    need fewer). params: "attention" (the edited layers' q/k/v/o and norms), "all", or "lora". lr: the peak
-    learning rate (None = default_lr(teacher, params): DEFAULT_LR[params], scaled down for small weights).
-    held_out: measure the three held-out domains before the edit (the teacher), after it and after healing
-    (`known` may hand in {"before_edit": ..., "after_edit": ...} already measured). max_seconds: after three timed
-    steps the run is shortened to fit (the schedule re-sized: training.TimeBudget).
-    checkpoints: steps after which the held-out domains are measured on the weights of that moment (one run,
-    one schedule: `result.curve`, the quality against healing tokens; the measuring time is not counted in
-    `seconds`). group: None (one process), "auto" (data-parallel over torch.distributed's default group when
-    it is initialised, as under torchrun) or a process group; see the module doc. checkpoint_layers: recompute
-    each layer's activations in backward (one more forward a step, far less memory: memory.py); None = on
-    for bf16 / fp16 weights of heap.BOUND_FROM (1 GiB) or more (the 1.5B in bf16); fp32 heals (smollm2,
-    qwen2.5-coder-0.5b by default) keep the faster path. held_out_texts: more held-out domains measured beside
-    the three, {name: list of texts} (a user's text: `headcount heal --text` measures its held-out paragraphs).
-    calibration: anything analysis.batches.calibration_batches takes ("mixed", "prose+source": half prose, half
-    verbatim torch / numpy source, a list of texts, token windows).
+    config: the settings, a HealConfig (steps, tokens, params, lr, window, batch_size, validation_windows,
+    eval_every, patience, held_out, eval_windows, max_seconds, seed, checkpoints, checkpoint_layers: its doc
+    says what each means), or the same settings as keywords, heal(model, teacher, steps=200), which build it.
+    It is recorded whole in the result (HealResult.config). calibration: anything
+    analysis.batches.calibration_batches takes ("mixed", "prose+source": half prose, half verbatim torch / numpy
+    source, a list of texts, token windows). known: {"before_edit": ..., "after_edit": ...} held-out figures
+    already measured (the edit command's). group: None (one process), "auto" (data-parallel over
+    torch.distributed's default group when it is initialised, as under torchrun) or a process group; see the
+    module doc. held_out_texts: more held-out domains measured beside the three, {name: list of texts} (a
+    user's text: `headcount heal --text` measures its held-out paragraphs). The checkpoints' figures are
+    measured on the weights of that moment (one run, one schedule: `result.curve`; the measuring time is not
+    counted in `seconds`).
     """
-    run = _Healing(model, teacher, steps=steps, tokens=tokens, calibration=calibration, params=params, lr=lr,
-                   progress=progress, window=window, batch_size=batch_size, validation_windows=validation_windows,
-                   eval_every=eval_every, patience=patience, max_seconds=max_seconds, seed=seed, log=log,
-                   checkpoints=checkpoints, group=group)
-
-    known = dict(known or {})
-    figures = {}
+    config = HealConfig.from_keywords(config, settings)
+    run = _Healing(model, teacher, config, calibration=calibration, progress=progress, log=log, group=group)
     if held_out_texts is not None and (not isinstance(held_out_texts, dict) or not all(
             isinstance(k, str) and isinstance(v, list) and v and all(isinstance(t, str) for t in v)
             for k, v in held_out_texts.items())):
         raise ValueError("held_out_texts: expected {domain name: non-empty list of texts}, got "
                          f"{type(held_out_texts).__name__}")
-    measure = functools.partial(held_out_figures, eval_windows=eval_windows, extra=held_out_texts)
-    if held_out:
-        for key, m in (("before_edit", teacher), ("after_edit", model)):
-            if not known.get(key):
-                figures[key] = measure(m)
-            else:  # the edit command measured the three domains; a user's text is measured here
-                extra = held_out_figures(m, eval_windows, extra=held_out_texts, only_extra=True) \
-                    if held_out_texts else {}
-                figures[key] = {**known[key], **extra}
+    measure = functools.partial(held_out_figures, eval_windows=config.eval_windows, extra=held_out_texts)
+    figures = _figures_before(model, teacher, config, measure, dict(known or {}), held_out_texts)
 
-    result = run.setup(checkpoint_layers)
+    result = run.setup(config.checkpoint_layers)
+    result.config = config.to_json()
     with run.running():
         run.validate()
         if 0 in run.checkpoints:
@@ -427,9 +383,24 @@ def heal(model, teacher, *, steps: int | None = None, tokens: int | None = None,
                 break
         run.best.restore()  # keep the weights of the best validation step
     run.finish()
-    if held_out:
+    if config.held_out:
         figures["after_heal"] = measure(model)
         result.held_out = figures
-    run.say(f"heal: {result.steps} steps ({params}, lr {run.lr:g}), {result.tokens:,} calibration tokens, validation "
+    run.say(f"heal: {result.steps} steps ({config.params}, lr {run.lr:g}), {result.tokens:,} calibration tokens, validation "
             f"KL {result.val_first:.4f} -> {run.best.value:.4f} (step {run.best.step}) in {result.seconds:.0f} s")
     return result
+
+
+def _figures_before(model, teacher, config: HealConfig, measure, known: dict, held_out_texts) -> dict:
+    """The held-out figures before the edit (the teacher) and after it (the student as handed in): measured, or
+    the edit command's `known` ones with a user's text measured beside them; {} when config.held_out is off."""
+    figures = {}
+    if config.held_out:
+        for key, m in (("before_edit", teacher), ("after_edit", model)):
+            if not known.get(key):
+                figures[key] = measure(m)
+            else:  # the edit command measured the three domains; a user's text is measured here
+                extra = held_out_figures(m, config.eval_windows, extra=held_out_texts, only_extra=True) \
+                    if held_out_texts else {}
+                figures[key] = {**known[key], **extra}
+    return figures

@@ -40,6 +40,7 @@ class HealResult:
     calibration: str = "mixed"  # what was distilled on: "mixed" (the default corpus), "text" (a user's), "windows"
     window: int | None = None  # tokens per training window
     batch_size: int | None = None  # windows per optimizer step
+    config: dict | None = None  # the HealConfig the run was given, whole (HealConfig.to_json)
 
     @property
     def val_first(self) -> float | None:
@@ -72,4 +73,5 @@ class HealResult:
             "world_size": self.world_size, "checkpoint_layers": self.checkpoint_layers,
             "lr_backoffs": [[s, v] for s, v in self.backoffs],
             **({"curve": self.curve} if self.curve else {}),
+            **({"config": self.config} if self.config is not None else {}),
         }

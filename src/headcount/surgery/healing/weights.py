@@ -24,7 +24,7 @@ import itertools
 
 import torch
 
-from headcount.arguments import one_of
+from headcount.arguments import ArgumentError, one_of
 
 PARAMS = ("attention", "all", "lora")
 LORA_RANK = 16
@@ -36,27 +36,28 @@ def check_teacher(model, teacher) -> None:
     """The teacher must be a decoder with the student's tokenizer and vocabulary, d_model and layer count."""
     for name, m in (("model", model), ("teacher", teacher)):
         if not hasattr(m, "lm_head") or not hasattr(m, "layers"):
-            raise ValueError(f"{name}: healing distils next-token distributions; expected a headcount decoder, got "
-                             f"{type(m).__name__}{' (an encoder)' if hasattr(m, 'layers') else ''}")
+            raise ArgumentError(name, f"healing distils next-token distributions; expected a headcount decoder, "
+                                      f"got {type(m).__name__}{' (an encoder)' if hasattr(m, 'layers') else ''}")
     if model is teacher:
-        raise ValueError("teacher: expected the unedited model, got the edited model itself")
+        raise ArgumentError("teacher", "expected the unedited model, got the edited model itself")
     mc, tc = model.config, teacher.config
     if mc.vocab_size != tc.vocab_size:
-        raise ValueError(f"teacher: vocabulary of {tc.vocab_size} tokens, the model's has {mc.vocab_size}; expected "
-                         "the edited model's ancestor (same tokenizer)")
+        raise ArgumentError("teacher", f"vocabulary of {tc.vocab_size} tokens, the model's has {mc.vocab_size}; "
+                                       "expected the edited model's ancestor (same tokenizer)")
     for field in ("d_model", "n_layers"):
         if getattr(mc, field) != getattr(tc, field):
-            raise ValueError(f"teacher: {field}={getattr(tc, field)}, the model's is {getattr(mc, field)}; expected the "
-                             "edited model's ancestor (an edit of its attention heads keeps d_model and the layers)")
+            raise ArgumentError("teacher", f"{field}={getattr(tc, field)}, the model's is {getattr(mc, field)}; "
+                                           "expected the edited model's ancestor (an edit of its attention heads "
+                                           "keeps d_model and the layers)")
     mt, tt = model.tokenizer, teacher.tokenizer
     if (mt is None) != (tt is None):
-        raise ValueError("teacher: one of the model and the teacher has a tokenizer and the other none")
+        raise ArgumentError("teacher", "one of the model and the teacher has a tokenizer and the other none")
     if mt is not None and mt.encode(PROBE_TEXT) != tt.encode(PROBE_TEXT):
-        raise ValueError("teacher: its tokenizer splits text differently from the model's; expected the edited "
-                         "model's ancestor (same tokenizer)")
+        raise ArgumentError("teacher", "its tokenizer splits text differently from the model's; expected the "
+                                       "edited model's ancestor (same tokenizer)")
     if model.embed.weight.device != teacher.embed.weight.device:
-        raise ValueError(f"teacher: on {teacher.embed.weight.device}, the model on {model.embed.weight.device}; "
-                         "expected both on one device")
+        raise ArgumentError("teacher", f"on {teacher.embed.weight.device}, the model on "
+                                       f"{model.embed.weight.device}; expected both on one device")
 
 
 def check_trainable_dtype(model, flag: str = "dtype") -> None:
