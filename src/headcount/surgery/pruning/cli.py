@@ -26,13 +26,11 @@ from headcount.cli_options import (CalibrationWindowsOpt, CompensateOpt, CurveOp
                                    JsonOpt, ModelOpt, OrderOpt, OutOpt, PngOpt, PruneMethodOpt, PruneModeOpt,
                                    SeedOpt, TextOpt, UniformOpt)
 from headcount.surgery.command import Edit, EditOptions, account_rows, heal_table, quality_rows, register_edit
-from headcount.surgery.pruning.gates_joint import JOINT_STEPS  # --joint's default steps
+from headcount.surgery.pruning.gates_config import JOINT_STEPS, L0_LR, L0_STEPS, GateConfig  # the gates' defaults
 
 PRUNE_JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
                    "kv_bytes_per_token_after", "ppl_before", "ppl_after")
 METHODS = ("retraining-free", "l0")
-L0_STEPS = 150  # --method l0's default: about 15 minutes for smollm2 on 2 cores (windows of 256, batches of 2)
-L0_LR = 0.1
 
 # prune's options whose help quotes this module's defaults (the rest are cli_options')
 L0StepsOpt = Annotated[Optional[int], typer.Option("--steps", help=f"--method l0: gate training steps (default "
@@ -57,6 +55,7 @@ class PruneSettings:
     lr: Optional[float] = None
     joint: bool = False
     joint_params: Optional[str] = None
+    gates: Optional[GateConfig] = None  # --method l0: how the gates train (resolve() builds it)
 
     def resolve(self, curve: bool = False, specs=()) -> "PruneSettings":
         """Checked (naming the flag), with the defaults that depend on other flags filled in."""
@@ -70,11 +69,12 @@ class PruneSettings:
             raise ValueError("--calibration-windows, --eval-windows: expected positive numbers")
         if specs and curve:
             raise ValueError("--eval: judges one edit; --curve measures many (drop one of them)")
-        steps, lr = check_l0(self, curve)
+        gates = check_l0(self, curve)
         if not curve and (self.fraction is None or not 0 < self.fraction < 1):
             raise ValueError(f"--fraction: expected a number in (0, 1), got {self.fraction}")
-        joint_params = (self.joint_params or "attention") if self.joint else None
-        return dataclasses.replace(self, compensate=compensate, steps=steps, lr=lr, joint_params=joint_params)
+        joint_params = gates.params if gates is not None and gates.joint else None
+        return dataclasses.replace(self, compensate=compensate, steps=gates and gates.steps, lr=gates and gates.lr,
+                                   joint_params=joint_params, gates=gates)
 
 
 def check_joint(method, joint, joint_params, compensate) -> str:
@@ -91,22 +91,20 @@ def check_joint(method, joint, joint_params, compensate) -> str:
     return compensate or ("none" if joint else "lstsq")
 
 
-def check_l0(p: PruneSettings, curve: bool) -> tuple:
-    """(steps, lr) of --method l0 (its defaults filled in), (None, None) otherwise; each flag checked."""
+def check_l0(p: PruneSettings, curve: bool) -> GateConfig | None:
+    """--method l0's GateConfig (its defaults filled in; a bad --steps or --lr is an ArgumentError, which
+    Prune.flags shows under the flag), None otherwise."""
     if p.method != "l0":
         if p.steps is not None or p.lr is not None:
             raise ValueError(f"--{'steps' if p.steps is not None else 'lr'}: only with --method l0 (gate training)")
-        return None, None
-    steps = (JOINT_STEPS if p.joint else L0_STEPS) if p.steps is None else p.steps
-    if steps < 1:
-        raise ValueError(f"--steps: --method l0 trains gates for at least 1 step, got {steps}")
-    lr = L0_LR if p.lr is None else p.lr
-    if not lr > 0:
-        raise ValueError(f"--lr: expected a positive learning rate, got {lr}")
+        return None
+    given = {k: v for k, v in (("steps", p.steps), ("lr", p.lr)) if v is not None}
+    joint = {"joint": True, "params": p.joint_params or "attention"} if p.joint else {}
+    config = GateConfig(mode=p.mode, **given, **joint)
     if curve:
         raise ValueError("--method: --curve compares retraining-free orders; use --method l0 without --curve (or "
                          "`headcount bench surgery --part gates`)")
-    return steps, lr
+    return config
 
 
 @register_edit
@@ -115,7 +113,8 @@ class Prune(Edit):
 
     name = "prune"
     example = ("--fraction", "0.5", "--compensate", "none", "--order", "random")
-    flags = {"fraction": "--fraction"}  # the gates' target (resolve_target) names the fraction
+    # library argument -> flag: the gates' target (resolve_target) and GateConfig's checks name their arguments
+    flags = {"fraction": "--fraction", "steps": "--steps", "lr": "--lr"}
     what = "the pruned model's held-out quality"
     legacy_keys = ("fraction_removed", "method", "prune")
 
@@ -190,9 +189,7 @@ def train_l0(model, p: PruneSettings, calibration, force: bool):
     from headcount.surgery.pruning.gates import REACH_TOLERANCE, train_gates
 
     unit = l0_target(model, p.fraction, p.mode)
-    joint = {"joint": True, "params": p.joint_params} if p.joint_params else {}
-    gates = train_gates(model, fraction=p.fraction, steps=p.steps, lr=p.lr, calibration=calibration, mode=p.mode,
-                        **joint)
+    gates = train_gates(model, p.gates, fraction=p.fraction, calibration=calibration)
     if not gates.reached and not force:
         raise ValueError(f"--steps: the L0 target is unreachable in {p.steps} steps: the gates' expected L0 ended at "
                          f"{gates.final_expected_l0:.1f} open {unit}, target {gates.heads_to_keep} of "

@@ -66,6 +66,7 @@ prune's default (removal.resolve_default: mixed prose + code-like text for a dec
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -73,20 +74,15 @@ import torch
 
 from headcount import arguments
 from headcount.surgery.pruning import plan as _plan
+# the settings' defaults live with GateConfig (no torch there: the command's --help reads them); re-exported here
+from headcount.surgery.pruning.gates_config import (BATCH_SIZE, INIT_LOG_ALPHA, JOINT_HARD,  # noqa: F401
+                                                    JOINT_WARMUP, LAMBDA_LR, N_WINDOWS, WARMUP, WINDOW, GateConfig)
 from headcount.surgery.pruning.hard_concrete import deterministic_gates, expected_l0, open_probability, sample_gates
 
 Tensor = torch.Tensor
 
 MODES = ("query", "group")
-N_WINDOWS = 8
-WINDOW = 256
-BATCH_SIZE = 2
-INIT_LOG_ALPHA = 2.0  # P(open) = 0.97, deterministic gate 0.96: training starts next to the teacher
 LOG_ALPHA_LIMIT = 6.0  # |log_alpha| bound: beyond it a gate saturates (see the module doc)
-LAMBDA_LR = 1.0
-WARMUP = 0.7
-JOINT_WARMUP = 0.5  # joint: the target reached by half the steps, before the gates are fixed (JOINT_HARD)
-JOINT_HARD = 0.25  # joint: the last quarter of the steps trains the weights with the gates fixed
 REACH_TOLERANCE = 0.10  # |E[L0] - target| above this share of the gates: the target was not reached
 
 
@@ -131,6 +127,7 @@ class GateResult:
     weight_lr: float | None = None  # joint: AdamW's lr on those weights
     trained_params: int = 0  # joint: how many numbers moved
     hard_steps: int = 0  # joint: the last steps, with the gates fixed at the heads kept (only the weights trained)
+    config: dict | None = None  # the GateConfig the run was given, whole (GateConfig.to_json)
 
     @property
     def final_loss(self) -> float | None:
@@ -165,6 +162,7 @@ class GateResult:
             "calibration_tokens": self.calibration_tokens, "forward_equivalents": round(self.forward_equivalents, 2),
             "seconds": round(self.seconds, 3), "joint": self.joint, "params": self.params,
             "weight_lr": self.weight_lr, "trained_params": self.trained_params, "hard_steps": self.hard_steps,
+            **({"config": self.config} if self.config is not None else {}),
         }
 
 
@@ -218,179 +216,212 @@ def resolve_target(n_gates: int, n_layers: int, heads_to_keep=None, fraction=Non
 
 
 # ------------------------------------------------------------------------------------------- train
-def train_gates(model, *, heads_to_keep: int | None = None, fraction: float | None = None, steps: int,
-                lr: float = 0.1, calibration=None, mode: str = "query", progress: bool = True,
-                n_windows: int = N_WINDOWS, window: int = WINDOW, batch_size: int = BATCH_SIZE,
-                lambda_lr: float = LAMBDA_LR, warmup: float | None = None, init: float = INIT_LOG_ALPHA,
-                history_every: int | None = None, seed: int = 0, joint: bool = False, params: str | None = None,
-                weight_lr: float | None = None, hard: float | None = None) -> GateResult:
+def train_gates(model, config: GateConfig | None = None, *, heads_to_keep: int | None = None,
+                fraction: float | None = None, calibration=None, progress: bool = True, **settings) -> GateResult:
     """Train a hard-concrete gate per head (or per GQA group) of the frozen `model`; see the module doc.
-    joint=True (Voita's setup, gates_joint.py): `params` ("attention", the default, or "all") of `model` train
-    WITH the gates (AdamW, lr `weight_lr`, None = healing's default_lr, and its schedule), IN PLACE, against a
-    frozen copy of the unedited model, on distinct calibration windows (steps x batch_size, up to healing's 98k
-    tokens; n_windows is the frozen variant's); for the last `hard` share of the steps the gates are fixed at
-    the heads kept (1) and removed (0) and only the weights train, so apply_gates' removal is exactly the model
-    trained last.
 
-    heads_to_keep / fraction: exactly one; fraction is the share of gates to REMOVE, in (0, 1). In group mode
-    both count KV groups (as prune_to's group mode does). steps: optimizer steps, one calibration batch
-    each (cycled). lr: Adam's on log_alpha; lambda_lr: Adam's (ascent) on the multipliers.
-    n_windows / window / batch_size: the calibration (decoders: windows of tokens; encoders: up to
-    32 * n_windows sentences in batches of 32). warmup: the share of steps over which the target warms up.
-    (None: WARMUP frozen, JOINT_WARMUP joint). init: log_alpha at the start. Without joint, no weight of
-    `model` changes.
+    config: how (GateConfig: steps, lr, mode, the calibration's size, the Lagrangian's lr and warm-up, joint
+    training; its doc says what each means), or the same settings as keywords, train_gates(model, steps=150,
+    fraction=0.2), which build it; recorded whole in GateResult.config. heads_to_keep / fraction: the target,
+    exactly one; fraction is the share of gates to REMOVE, in (0, 1). In group mode both count KV groups (as
+    prune_to's group mode does). joint=True (Voita's setup, gates_joint.py): the model's weights train WITH the
+    gates, IN PLACE, against a frozen copy of the unedited model, on distinct calibration windows; for the last
+    `hard` share of the steps the gates are fixed at the heads kept (1) and removed (0) and only the weights
+    train, so apply_gates' removal is exactly the model trained last. Without joint, no weight of `model`
+    changes.
     """
-    from tqdm.auto import tqdm
+    config = GateConfig.from_keywords(config, settings)
+    recipe = (JointGates if config.joint else FrozenGates)(model, config, heads_to_keep, fraction, calibration)
+    recipe.setup(progress)
+    with recipe.running():
+        for step in range(config.steps):
+            recipe.step(step)
+    return recipe.finish()
 
-    from headcount.analysis.batches import is_decoder
-    from headcount.surgery.pruning import gates_joint as _joint
-    from headcount.surgery.pruning.gates_frozen import FrozenRun
-    from headcount.training.optimizer import Optimizer
 
-    _plan.check_mode(mode)
-    steps = arguments.positive_int("steps", steps, expected="an int >= 1")
-    lr = arguments.positive_float("lr", lr, expected="a positive number")
-    lambda_lr = arguments.positive_float("lambda_lr", lambda_lr, expected="a positive number")
-    if warmup is None:
-        warmup = JOINT_WARMUP if joint else WARMUP
-    if hard is None:
-        hard = JOINT_HARD if joint else 0.0
-    hard = arguments.fraction("hard", hard, include_low=True, expected="a share of the steps in [0, 1)")
-    if hard and not joint:
-        raise ValueError(f"hard: only with joint=True (fixed gates train nothing on a frozen model), got {hard!r}")
-    warmup = arguments.fraction("warmup", warmup, include_low=True, include_high=True,
-                                expected="a share of the steps in [0, 1]")
-    history_every = max(1, steps // 20) if history_every is None else \
-        arguments.positive_int("history_every", history_every, expected="an int >= 1")
-    arguments.boolean("joint", joint, expected="True or False")
-    if joint:
-        params = _joint.check_params(_joint.DEFAULT_PARAMS if params is None else params)
-        from headcount.surgery.healing.loop import default_lr  # healing's: scaled down for a decoder's small weights
-        weight_lr = default_lr(model, params) if weight_lr is None else weight_lr
-        weight_lr = arguments.positive_float("weight_lr", weight_lr, expected="a positive number")
-    elif params is not None or weight_lr is not None:
-        raise ValueError(f"{'params' if params is not None else 'weight_lr'}: only with joint=True (the frozen "
-                         "variant trains no weight)")
-    units = _units(model, mode)
-    n_gates = sum(u[0] for u in units)
-    unit = "query heads" if mode == "query" else "KV groups"
-    keep = resolve_target(n_gates, len(units), heads_to_keep, fraction, unit=unit)
-    decoder = is_decoder(model)
-    from headcount.surgery.pruning.removal import resolve_default
+class FrozenGates:
+    """One gate training as a recipe, the frozen variant (train_gates' default): __init__ checks the target and
+    builds the gates and their optimizers; setup() the run (gates_frozen.FrozenRun: its calibration and
+    teacher) and the progress bar; running() the block the steps run in (every weight frozen, eval mode; put
+    back after); step() one optimizer step of the gates and the multipliers; finish() the GateResult.
+    JointGates changes what the run is and which gates a step draws."""
 
-    calibration = resolve_default(model, calibration)
-    device = model.embed.weight.device
+    def __init__(self, model, config: GateConfig, heads_to_keep, fraction, calibration):
+        from headcount.analysis.batches import is_decoder
+        from headcount.surgery.pruning.removal import resolve_default
+        from headcount.training.optimizer import Optimizer
 
-    start = time.perf_counter()
-    flags = [p.requires_grad for p in model.parameters()]
-    was_training = model.training
-    log_alpha = torch.full((n_gates,), float(init), device=device, requires_grad=True)
-    lambdas = torch.zeros(2, device=device, requires_grad=True)
-    # Adam on the gates, Adam ascent on the multipliers (the module doc says why these betas), constant lrs
-    opt = Optimizer([log_alpha], lr=lr, betas=(0.5, 0.99), clip=None)
-    opt_lambda = Optimizer([lambdas], lr=lambda_lr, betas=(0.0, 0.99), maximize=True, clip=None)
-    offsets = [0]
-    for n, _, _ in units:
-        offsets.append(offsets[-1] + n)
-    indices = [idx.to(device) for _, _, idx in units]
-    gen = torch.Generator(device=device).manual_seed(seed)
-    density0 = float(open_probability(log_alpha.detach()).mean())
-    density_target = keep / n_gates
-    n_warm = round(warmup * steps)
-    hard_from = steps - round(hard * steps)  # from this step on: gates fixed at the heads kept (joint only)
-    fixed = None  # the fixed gates [n_gates]: 1 kept, 0 removed
-    expected, targets, losses, history = [], [], [], []
-    dtype = model.embed.weight.dtype
+        self.model, self.config, self.fraction = model, config, fraction
+        self.units = units = _units(model, config.mode)
+        self.n_gates = n_gates = sum(u[0] for u in units)
+        unit = "query heads" if config.mode == "query" else "KV groups"
+        self.keep = resolve_target(n_gates, len(units), heads_to_keep, fraction, unit=unit)
+        self.decoder = is_decoder(model)
+        self.calibration = resolve_default(model, calibration)
+        self.device = device = model.embed.weight.device
+        self.start = time.perf_counter()
+        self.log_alpha = torch.full((n_gates,), float(config.init), device=device, requires_grad=True)
+        self.lambdas = torch.zeros(2, device=device, requires_grad=True)
+        # Adam on the gates, Adam ascent on the multipliers (the module doc says why these betas), constant lrs
+        self.opt = Optimizer([self.log_alpha], lr=config.lr, betas=(0.5, 0.99), clip=None)
+        self.opt_lambda = Optimizer([self.lambdas], lr=config.lambda_lr, betas=(0.0, 0.99), maximize=True, clip=None)
+        self.offsets = [0]
+        for n, _, _ in units:
+            self.offsets.append(self.offsets[-1] + n)
+        self.indices = [idx.to(device) for _, _, idx in units]
+        self.gen = torch.Generator(device=device).manual_seed(config.seed)
+        self.density0 = float(open_probability(self.log_alpha.detach()).mean())
+        self.density_target = self.keep / n_gates
+        self.n_warm = round(config.warmup * config.steps)
+        self.hard_from = config.steps - round(config.hard * config.steps)  # gates fixed from here (joint only)
+        self.fixed = None  # the fixed gates [n_gates]: 1 kept, 0 removed
+        self.expected, self.targets, self.losses, self.history = [], [], [], []
+        self.dtype = model.embed.weight.dtype
+        self.weight_lr, self.run, self.bar = None, None, None
 
-    def per_layer(values: Tensor) -> list[Tensor]:
+    def make_run(self):
+        from headcount.surgery.pruning.gates_frozen import FrozenRun
+
+        c = self.config
+        return FrozenRun(self.model, calibration=self.calibration, n_windows=c.n_windows, window=c.window,
+                         batch_size=c.batch_size)
+
+    def setup(self, progress: bool) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=self.config.steps, desc=f"gates ({self.config.mode})",
+                        disable=None if progress else True, leave=False)
+
+    @contextlib.contextmanager
+    def running(self):
+        """Every weight frozen and eval mode for the block (the run built inside it: joint's teacher is copied
+        before the first step); after it, whatever happened: the flags and the mode back, the run closed."""
+        model = self.model
+        flags = [p.requires_grad for p in model.parameters()]
+        was_training = model.training
+        try:
+            for p in model.parameters():
+                p.requires_grad_(False)
+            model.eval()
+            self.run = self.make_run()
+            yield self
+        finally:
+            self.bar.close()
+            for p, flag in zip(model.parameters(), flags):
+                p.requires_grad_(flag)
+            model.train(was_training)
+            if self.run is not None:
+                self.run.close()
+
+    def per_layer(self, values: Tensor) -> list[Tensor]:
         """gate values [..., n_gates] -> one [..., n_heads] tensor per layer."""
-        return [values[..., offsets[l]:offsets[l + 1]].index_select(-1, indices[l]) for l in range(len(units))]
+        o = self.offsets
+        return [values[..., o[l]:o[l + 1]].index_select(-1, self.indices[l]) for l in range(len(self.units))]
 
-    def snapshot() -> list[list[float]]:
+    def gates(self, step: int, rows: int) -> Tensor:
+        """The gates of step's batch [rows, n_gates]: one hard-concrete draw per example."""
+        return sample_gates(self.log_alpha.expand(rows, self.n_gates), generator=self.gen)
+
+    def target(self, step: int) -> float:
+        """The target density at `step`: warmed up linearly from the gates' initial density over n_warm steps."""
+        if step >= self.n_warm:
+            return self.density_target
+        return self.density0 + (self.density_target - self.density0) * (step + 1) / self.n_warm
+
+    def step(self, step: int) -> None:
+        """One step: the distillation of the gated model, the Lagrangian on the expected L0 (gates and multipliers
+        step; with the gates fixed, the loss alone), the weights' step (joint), the gates clamped, the record."""
+        z = self.gates(step, self.run.batch_rows(step))
+        distill = self.run.loss(step, [g.to(self.dtype) for g in self.per_layer(z)])[0]
+        t = self.target(step)
+        if self.fixed is None:
+            gap = open_probability(self.log_alpha).mean() - t
+            lagrangian = self.lambdas[0] * gap + self.lambdas[1] * gap * gap
+            (distill + lagrangian).backward()
+            self.opt.step()
+            self.opt_lambda.step()
+        else:
+            distill.backward()
+        self.run.step()  # the weights' step (joint); nothing for frozen gates
         with torch.no_grad():
-            return [g.tolist() for g in per_layer(deterministic_gates(log_alpha))]
-
-    run = None
-    bar = tqdm(total=steps, desc=f"gates ({mode})", disable=None if progress else True, leave=False)
-    try:
-        for p in model.parameters():
-            p.requires_grad_(False)
-        model.eval()
-        # joint: the teacher (the unedited weights, frozen) copied before the first step
-        run = _joint.JointRun(model, params=params, weight_lr=weight_lr, steps=steps, calibration=calibration,
-                              window=window, batch_size=batch_size) if joint else \
-            FrozenRun(model, calibration=calibration, n_windows=n_windows, window=window, batch_size=batch_size)
-        for step in range(steps):
-            rows = run.batch_rows(step)
-            if step >= hard_from:  # joint's last phase: the kept heads open, the others closed, the gates fixed
-                if fixed is None:
-                    chosen_now = _choose(log_alpha.detach().cpu(), offsets, keep)
-                    fixed = torch.zeros(n_gates, device=device)
-                    fixed[sorted(chosen_now)] = 1.0
-                z = fixed.expand(rows, n_gates)
-            else:
-                z = sample_gates(log_alpha.expand(rows, n_gates), generator=gen)  # [B, n_gates]: one draw each
-            head_gates = [g.to(dtype) for g in per_layer(z)]
-            distill = run.loss(step, head_gates)[0]
-            t = density_target if step >= n_warm else density0 + (density_target - density0) * (step + 1) / n_warm
-            if fixed is None:
-                gap = open_probability(log_alpha).mean() - t
-                lagrangian = lambdas[0] * gap + lambdas[1] * gap * gap
-                (distill + lagrangian).backward()
-                opt.step()
-                opt_lambda.step()
-            else:
-                distill.backward()
-            run.step()  # the weights' step (joint); nothing for frozen gates
+            self.log_alpha.clamp_(-LOG_ALPHA_LIMIT, LOG_ALPHA_LIMIT)
+            self.expected.append(float(expected_l0(self.log_alpha)))
+        self.targets.append(t * self.n_gates)
+        self.losses.append(float(distill.detach()))
+        if (step + 1) % self.config.history_every == 0 or step + 1 == self.config.steps:
             with torch.no_grad():
-                log_alpha.clamp_(-LOG_ALPHA_LIMIT, LOG_ALPHA_LIMIT)
-                expected.append(float(expected_l0(log_alpha)))
-            targets.append(t * n_gates)
-            losses.append(float(distill.detach()))
-            if (step + 1) % history_every == 0 or step + 1 == steps:
-                history.append({"step": step + 1, "gates": snapshot()})
-            bar.set_postfix(loss=f"{losses[-1]:.4f}", l0=f"{expected[-1]:.1f}/{keep}")
-            bar.update(1)
-    finally:
-        bar.close()
-        for p, flag in zip(model.parameters(), flags):
-            p.requires_grad_(flag)
-        model.train(was_training)
-        if run is not None:
-            run.close()
+                self.history.append({"step": step + 1, "gates": [g.tolist() for g in
+                                                                 self.per_layer(deterministic_gates(self.log_alpha))]})
+        self.bar.set_postfix(loss=f"{self.losses[-1]:.4f}", l0=f"{self.expected[-1]:.1f}/{self.keep}")
+        self.bar.update(1)
 
-    # student forward + backward (3 forwards) on every token seen, plus the teacher's forwards: every batch for
-    # frozen gates and an encoder's joint run, once per distinct window for a decoder's joint run (cached)
-    forward_equivalents = (3.0 * run.tokens_seen + run.teacher_tokens) / max(run.calibration_tokens, 1)
-    with torch.no_grad():
-        la = log_alpha.detach().cpu()
-        det = deterministic_gates(la)
-    chosen = _choose(la, offsets, keep) if fixed is None else set(torch.nonzero(fixed.cpu()).flatten().tolist())
-    kept, removed = {}, {}
-    n_forced = len(chosen - set(torch.topk(la, keep).indices.tolist()))
-    for l, (n, members, _) in enumerate(units):
-        for j in range(n):
-            (kept if offsets[l] + j in chosen else removed).setdefault(l, []).extend(members[j])
-    closed = det == 0
-    n_removed_closed = sum(1 for i in range(n_gates) if i not in chosen and bool(closed[i]))
-    result = GateResult(
-        mode=mode, n_gates=n_gates, heads_to_keep=keep, fraction=None if fraction is None else float(fraction),
-        steps=steps, lr=lr, layout=[list(k) for k, _ in _plan.layout(model)],
-        gates=[g.tolist() for g in _split(det if fixed is None else fixed.cpu(), offsets, units)],
-        log_alpha=[la[offsets[l]:offsets[l + 1]].tolist() for l in range(len(units))],
-        kept={l: sorted(v) for l, v in sorted(kept.items())},
-        removed={l: sorted(v) for l, v in sorted(removed.items())},
-        expected_l0=expected, target_l0=targets, loss=losses, history=history,
-        lambdas=tuple(float(v) for v in lambdas.detach().cpu()), n_closed=int(closed.sum()),
-        n_removed_closed=n_removed_closed, n_removed_ranked=n_gates - keep - n_removed_closed,
-        n_kept_closed=sum(1 for i in chosen if bool(closed[i])), n_forced=n_forced,
-        calibration_tokens=run.calibration_tokens, forward_equivalents=forward_equivalents,
-        seconds=time.perf_counter() - start,
-        objective="KL(teacher || gated) of next-token distributions" if decoder else
-        "1 - cos of mean-pooled sentence embeddings (gated vs unmodified)",
-        joint=joint, params=params, weight_lr=weight_lr, trained_params=sum(p.numel() for p in run.trained),
-        hard_steps=steps - hard_from if joint else 0)
-    return result
+    def finish(self) -> GateResult:
+        """The chosen heads (the deterministic gates' top `keep`, at least one per layer; or the fixed gates),
+        what the run cost and reached."""
+        run, keep, n_gates, offsets, units, c = self.run, self.keep, self.n_gates, self.offsets, self.units, self.config
+        # student forward + backward (3 forwards) on every token seen, plus the teacher's forwards: every batch for
+        # frozen gates and an encoder's joint run, once per distinct window for a decoder's joint run (cached)
+        forward_equivalents = (3.0 * run.tokens_seen + run.teacher_tokens) / max(run.calibration_tokens, 1)
+        with torch.no_grad():
+            la = self.log_alpha.detach().cpu()
+            det = deterministic_gates(la)
+        fixed = self.fixed
+        chosen = _choose(la, offsets, keep) if fixed is None else set(torch.nonzero(fixed.cpu()).flatten().tolist())
+        kept, removed = {}, {}
+        n_forced = len(chosen - set(torch.topk(la, keep).indices.tolist()))
+        for l, (n, members, _) in enumerate(units):
+            for j in range(n):
+                (kept if offsets[l] + j in chosen else removed).setdefault(l, []).extend(members[j])
+        closed = det == 0
+        n_removed_closed = sum(1 for i in range(n_gates) if i not in chosen and bool(closed[i]))
+        return GateResult(
+            mode=c.mode, n_gates=n_gates, heads_to_keep=keep,
+            fraction=None if self.fraction is None else float(self.fraction), steps=c.steps, lr=c.lr,
+            layout=[list(k) for k, _ in _plan.layout(self.model)],
+            gates=[g.tolist() for g in _split(det if fixed is None else fixed.cpu(), offsets, units)],
+            log_alpha=[la[offsets[l]:offsets[l + 1]].tolist() for l in range(len(units))],
+            kept={l: sorted(v) for l, v in sorted(kept.items())},
+            removed={l: sorted(v) for l, v in sorted(removed.items())},
+            expected_l0=self.expected, target_l0=self.targets, loss=self.losses, history=self.history,
+            lambdas=tuple(float(v) for v in self.lambdas.detach().cpu()), n_closed=int(closed.sum()),
+            n_removed_closed=n_removed_closed, n_removed_ranked=n_gates - keep - n_removed_closed,
+            n_kept_closed=sum(1 for i in chosen if bool(closed[i])), n_forced=n_forced,
+            calibration_tokens=run.calibration_tokens, forward_equivalents=forward_equivalents,
+            seconds=time.perf_counter() - self.start,
+            objective="KL(teacher || gated) of next-token distributions" if self.decoder else
+            "1 - cos of mean-pooled sentence embeddings (gated vs unmodified)",
+            joint=c.joint, params=c.params, weight_lr=self.weight_lr,
+            trained_params=sum(p.numel() for p in run.trained), hard_steps=c.steps - self.hard_from if c.joint else 0,
+            config=c.to_json())
+
+
+class JointGates(FrozenGates):
+    """The joint recipe (Voita's setup, gates_joint.py): the run is gates_joint.JointRun (the model's `params`
+    train with the gates, against a frozen copy); from hard_from on, a step's gates are the fixed ones (the heads
+    kept open, the others closed) and only the weights train."""
+
+    def __init__(self, model, config: GateConfig, heads_to_keep, fraction, calibration):
+        super().__init__(model, config, heads_to_keep, fraction, calibration)
+        from headcount.surgery.healing.loop import default_lr  # healing's: scaled down for a decoder's small weights
+
+        self.weight_lr = default_lr(model, config.params) if config.weight_lr is None else config.weight_lr
+        self.weight_lr = arguments.positive_float("weight_lr", self.weight_lr, expected="a positive number")
+
+    def make_run(self):
+        from headcount.surgery.pruning.gates_joint import JointRun
+
+        c = self.config
+        return JointRun(self.model, params=c.params, weight_lr=self.weight_lr, steps=c.steps,
+                        calibration=self.calibration, window=c.window, batch_size=c.batch_size)
+
+    def gates(self, step: int, rows: int) -> Tensor:
+        if step < self.hard_from:
+            return super().gates(step, rows)
+        if self.fixed is None:  # the last phase begins: the kept heads open, the others closed, the gates fixed
+            chosen_now = _choose(self.log_alpha.detach().cpu(), self.offsets, self.keep)
+            self.fixed = torch.zeros(self.n_gates, device=self.device)
+            self.fixed[sorted(chosen_now)] = 1.0
+        return self.fixed.expand(rows, self.n_gates)
 
 
 def _split(det: Tensor, offsets: list[int], units) -> list[Tensor]:

@@ -42,9 +42,10 @@ from __future__ import annotations
 import copy
 import itertools
 
-PARAMS = ("attention", "all")
-JOINT_STEPS = 200  # `prune --method l0 --joint`'s default: healing's budget (200 steps of 2 distinct windows)
-DEFAULT_PARAMS = "attention"  # healing's default (the same choice); the teacher shares everything else
+# the choices and defaults are GateConfig's (gates_config.py: one truth with `prune --method l0 --joint`)
+from headcount.surgery.pruning.gates_config import DEFAULT_JOINT_PARAMS as DEFAULT_PARAMS  # noqa: E402
+from headcount.surgery.pruning.gates_config import JOINT_PARAMS as PARAMS  # noqa: E402
+from headcount.surgery.pruning.gates_config import JOINT_STEPS  # noqa: E402,F401
 
 
 def check_params(params) -> str:
