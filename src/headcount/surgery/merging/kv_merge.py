@@ -311,12 +311,14 @@ def merge_kv(model, n_kv_heads, *, layers=None, method: str = "aware", calibrati
     result.kv_bytes_per_token_after = kv_bytes_per_token(model)
     result.forward_equivalents = _forward_equivalents(model, result) if method == "aware" else 0.0
     if teacher is not None:  # the uptrain, on the merge's own calibration windows
-        from headcount.surgery.merging.uptraining import uptrain
         import torch
 
+        from headcount.surgery.merging.defaults import UptrainConfig
+        from headcount.surgery.merging.uptraining import uptrain
+
         pieces = uptrain_windows(calibration) if isinstance(calibration, torch.Tensor) else calibration
-        trained = uptrain(model, uptrain_steps, lr=uptrain_lr, teacher=teacher, progress=progress,
-                          calibration=pieces)
+        trained = uptrain(model, UptrainConfig(steps=uptrain_steps, lr=uptrain_lr), teacher=teacher,
+                          progress=progress, calibration=pieces)
         result.uptrain = trained.to_json()
         tokens = calibration.numel() if isinstance(calibration, torch.Tensor) else result.calibration_tokens
         result.forward_equivalents += trained.token_forwards / tokens if tokens else 0.0

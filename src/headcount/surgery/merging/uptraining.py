@@ -1,7 +1,8 @@
 """uptrain: a short CPU fine-tune after merging or pruning, on calibration text.
 
-    uptrain(model, steps, *, lr=1e-4, trainable="attention", calibration=None, batch_size=1, window=256,
-            teacher=None) -> UptrainResult
+    uptrain(model, UptrainConfig(steps=20, lr=1e-4, trainable="attention", batch_size=1, window=256),
+            calibration=None, teacher=None) -> UptrainResult
+    uptrain(model, 20, lr=1e-4, ...)      the keyword form: the same UptrainConfig built from the keywords
 
 headcount.training's AdamW + clip with its linear warm-up then cosine decay to 0, a progress bar on stderr
 with the running loss, and the first / last losses logged. Decoders: next-token cross-entropy on
@@ -22,13 +23,12 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.nn.functional as F
 
-from headcount.arguments import fraction, positive_float, positive_int
+from headcount.surgery.merging.defaults import TRAINABLE, UptrainConfig
 from headcount.surgery.merging.stream import calibration_batches, is_decoder
 from headcount.training.budget import TimeBudget
 from headcount.training.optimizer import Optimizer
 from headcount.training.schedule import WarmupCosine
 
-TRAINABLE = ("attention", "qkv", "o_proj", "all")
 
 
 @dataclass
@@ -41,6 +41,7 @@ class UptrainResult:
     seconds: float
     losses: list[float] = field(default_factory=list)  # one per step
     objective: str = "cross_entropy"
+    config: dict | None = None  # the UptrainConfig the run was given, whole (UptrainConfig.to_json)
 
     @property
     def loss_first(self) -> float:
@@ -112,21 +113,25 @@ def _encoder_loss(model, batch, teacher) -> torch.Tensor:
     return 1.0 - F.cosine_similarity(pool(model), target, dim=-1).mean()
 
 
-def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calibration=None, batch_size: int = 1,
-            window: int = 256, teacher=None, weight_decay: float = 0.0, warmup: float = 0.1, seed: int = 0,
-            max_windows: int | None = None, max_seconds: float | None = None, progress: bool = True,
-            log=None) -> UptrainResult:
-    """Fine-tune `model` in place for `steps` optimizer steps on calibration text (see module docstring).
+def uptrain(model, config: UptrainConfig | int, *, calibration=None, teacher=None, progress: bool = True,
+            log=None, **settings) -> UptrainResult:
+    """Fine-tune `model` in place on calibration text (see module docstring).
 
-    max_seconds: a wall-clock budget; after the first steps are timed, the run is shortened to what fits
-    (the schedule is re-sized to the new step count, so it still ends at a learning rate of 0)."""
+    config: the settings, an UptrainConfig (steps, lr, trainable, batch_size, window, weight_decay, warmup, seed,
+    max_windows, max_seconds: its doc says what each means), or the number of steps with the other settings as
+    keywords, uptrain(model, 20, lr=3e-4), which build the same config. It is recorded whole in the result
+    (UptrainResult.config). teacher: the unmodified model (distillation; an encoder needs one)."""
     from tqdm.auto import tqdm
 
-    positive_int("steps", steps)
-    lr = positive_float("lr", lr)
-    positive_int("batch_size", batch_size)
-    fraction("warmup", warmup, include_low=True, expected="a fraction of the steps in [0, 1)")
-    budget = TimeBudget(max_seconds)
+    if isinstance(config, UptrainConfig):
+        if settings:
+            raise ValueError(f"config: give an UptrainConfig or its settings as keywords, not both (got "
+                             f"{', '.join(sorted(settings))} beside it)")
+    else:
+        config = UptrainConfig(steps=config, **settings)
+    steps, lr, trainable, batch_size = config.steps, config.lr, config.trainable, config.batch_size
+    window, max_windows, seed = config.window, config.max_windows, config.seed
+    budget = TimeBudget(config.max_seconds)
     decoder = is_decoder(model)
     if not decoder and teacher is None:
         raise ValueError("teacher: an encoder has no language-model loss; pass the unmodified model as teacher=")
@@ -146,11 +151,11 @@ def uptrain(model, steps: int, *, lr: float = 1e-4, trainable="attention", calib
     for p in params:
         p.requires_grad_(True)
     n_trainable = sum(p.numel() for p in {id(p): p for p in params}.values())
-    schedule = WarmupCosine(steps, share=warmup)
-    optimizer = Optimizer(params, lr=lr, schedule=schedule, weight_decay=weight_decay)
+    schedule = WarmupCosine(steps, share=config.warmup)
+    optimizer = Optimizer(params, lr=lr, schedule=schedule, weight_decay=config.weight_decay)
     result = UptrainResult(steps, float(lr), trainable if isinstance(trainable, str) else "layers",
                            n_trainable, 0, 0.0, objective="cross_entropy" if decoder and teacher is None else
-                           ("kl_to_teacher" if decoder else "cosine_to_teacher"))
+                           ("kl_to_teacher" if decoder else "cosine_to_teacher"), config=config.to_json())
     budget.start()
     was_training = model.training
     order: list[int] = []
