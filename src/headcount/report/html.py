@@ -2,61 +2,21 @@
 
     render_html(report) -> str
 
-Takes only the JSON-able report (collect.assemble's output), so the page can be built and tested
-without running an analysis. A missing section becomes a "not available" panel with its reason.
+Takes only the JSON-able report (collect.assemble's output), read once as the typed sections.ReportData, so the
+page can be built and tested without running an analysis. Each measure's card is in its module
+(report/measures/); this module puts them in the page's order under the header, the claims and the navigation.
+A missing section becomes a "not available" panel with its reason.
 """
 
 from __future__ import annotations
 
-import html
-import json
-
-from headcount.report import charts
-from headcount.report.claims import GATES_FILE, ROLE_NAMES, command_source, domain_table, head_name, merge_how
 from headcount.report.measures import faithfulness, healing, pruning, rank, roles, sample, shape
-from headcount.report.page import fmt_bytes, fmt_num
+from headcount.report.page import e, fmt_bytes, fmt_num
 from headcount.report.sections import ReportData, check_format
-from headcount.report.style import ATTENTION_JS, CSS
+from headcount.report.style import CSS
+from headcount.report.verdicts import ROLE_NAMES
 
-PLOT_CONFIG = {"displaylogo": False, "responsive": True,
-               "modeBarButtonsToRemove": ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines"]}
 _STATUS_CLASS = {"held": "held", "partly": "partly", "did not hold": "nothold", "not measured": "na"}
-
-e = html.escape
-
-
-def _fig(fig, div_id: str) -> str:
-    import plotly.io as pio
-    return pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG,
-                       validate=False)
-
-
-def _na(what: str, reason: str | None) -> str:
-    return (f'<div class="na"><b>{e(what)}: not available</b>{e(reason or "not computed for this report")}'
-            "</div>")
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
-        n /= 1024
-    return str(n)
-
-
-def _fmt_num(n: float) -> str:
-    for unit, div in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= div:
-            return f"{n / div:,.2f}{unit}"
-    return f"{n:,.0f}"
-
-
-def _pct(x) -> str:
-    return "–" if x is None else f"{100 * x:.0f}%"
-
-
-def _f(x, digits: int = 3) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
 
 
 # ----------------------------------------------------------------------------------------- parts
@@ -116,39 +76,20 @@ def _claims(r: ReportData) -> str:
             f'<div class="claims">{"".join(items)}</div></section>')
 
 
-def _kpi(label, a, b, fmt=str) -> str:
-    change = ""
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a:
-        change = f"<small> ({b / a - 1:+.1%})</small>"
-    return f'<div class="kpi"><span>{e(label)}</span><b>{e(fmt(a))} \u2192 {e(fmt(b))}</b>{change}</div>'
-
-
-def _ppl(v) -> str:
-    return f"{v:.2f}" if isinstance(v, (int, float)) else "\u2013"
-
-
-def _source_line(section: dict, model) -> str:
-    return f'<p class="lede source" style="margin-top:4px">Source: {_code(command_source(section, model))}</p>'
-
-
-def _code(text: str) -> str:
-    """Escape text and show its `quoted` parts as code."""
-    parts = str(text).split("`")
-    return "".join(f"<code>{e(p)}</code>" if i % 2 else e(p) for i, p in enumerate(parts))
-
-
-def _footer(r: dict) -> str:
-    p = r.get("params") or {}
-    un = r.get("unavailable") or {}
-    missing = "; ".join(f"{k}: {v}" for k, v in sorted(un.items()))
+def _footer(r: ReportData) -> str:
+    p = r.params
+    missing = "; ".join(f"{k}: {v}" for k, v in sorted(r.unavailable.items()))
     dot = " \u00b7 "
-    quick = f"{dot}quick" if p.get("quick") else ""
+    quick = f"{dot}quick" if p is not None and p.quick else ""
     gone = f"<br>not available: {e(missing)}" if missing else ""
-    return (f'<footer>headcount report{dot}model {e(str(r.get("model")))}{dot}text: {e(str(p.get("text")))}'
-            f'{dot}seed {e(str(p.get("seed")))}{quick}{gone}<br>report.json beside this page holds every '
+    text, seed = (p.text, p.seed) if p is not None else (None, None)
+    return (f'<footer>headcount report{dot}model {e(str(r.model))}{dot}text: {e(str(text))}'
+            f'{dot}seed {e(str(seed))}{quick}{gone}<br>report.json beside this page holds every '
             "number shown here.</footer>")
 
 
+# the page's cards in order (the claims first), and the navigation to them
+CARDS = (_claims, shape.card, roles.card, sample.card, pruning.card, healing.card, faithfulness.card, rank.card)
 NAV = [("claims", "Claims"), ("accounts", "Accounts"), ("heads", "Head map"), ("attention", "Attention"),
        ("surgery", "Pruning & K/V merge"), ("healing", "Healing"), ("faithfulness", "Faithfulness"), ("rank", "Rank")]
 
@@ -161,10 +102,9 @@ def render_html(report: dict) -> str:
     data = ReportData.from_json(report)
 
     nav = "".join(f'<a href="#{a}">{e(b)}</a>' for a, b in NAV)
-    body = "".join([_claims(data), shape.card(data), roles.card(data), sample.card(data), pruning.card(data),
-                    healing.card(data), faithfulness.card(data), rank.card(data)])
+    body = "".join(card(data) for card in CARDS)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
-            f"<title>headcount report: {e(str(report.get('model')))}</title><style>{CSS}</style>"
+            f"<title>headcount report: {e(str(data.model))}</title><style>{CSS}</style>"
             f"<script type=\"text/javascript\">{get_plotlyjs()}</script></head><body>"
-            f"{_header(data)}<main><nav>{nav}</nav>{body}{_footer(report)}</main></body></html>\n")
+            f"{_header(data)}<main><nav>{nav}</nav>{body}{_footer(data)}</main></body></html>\n")

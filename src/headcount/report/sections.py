@@ -48,6 +48,14 @@ def check_format(report) -> None:
 # ---------------------------------------------------------------------------------------- surgery
 # ------------------------------------------------------------------------------------------ report
 @dataclass
+class Params(Section):
+    """How the report was run."""
+    seed: int | None = None
+    quick: bool = False
+    text: str | None = None
+
+
+@dataclass
 class Claim(Section):
     """One of the chapter's fifteen claims as claims.read_claims states it."""
     id: str
@@ -79,6 +87,7 @@ class ReportData(Section):
     healing: Healing | None = None
     gates: Gates | None = None
     experiments: dict[str, Experiment] = field(default_factory=dict)
+    params: Params | None = None
     unavailable: dict = field(default_factory=dict)
     claims: list[Claim] = field(default_factory=list)  # claims.read_claims's output, when assembled
 
