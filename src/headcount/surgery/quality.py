@@ -11,7 +11,8 @@ source: standard-library Python, which nothing calibrates on), on a user's text 
 and any `extra` domains beside them. An encoder is measured by embedding fidelity (mean cosine to the unedited
 model's embedding, Spearman of all pairwise similarities) on held-out sentences; the unedited embeddings are
 taken from the first model the meter measures, so measure the unedited model first. Tasks (--eval) are
-greedy pass@1 in the prompt format the model's tokenizer calls for (headcount.tasks).
+greedy pass@1 in the format eval's auto picks (the makers' where headcount.tasks.formats has the model),
+each problem's verdict kept for the paired comparisons between stages.
 
 The held-out sets are tokenized once per meter, so every stage of an edit (before, after, healed) is measured
 on the same tokens.
