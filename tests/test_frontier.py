@@ -18,6 +18,7 @@ from headcount.frontier.spec import DEFAULT_POINTS, parse_point, parse_points
 pytestmark = pytest.mark.usefixtures("one_thread")
 runner = CliRunner()
 FAST = {"local_steps": 0, "uptrain_steps": 0}
+CHEAP_PRUNE = {"order": "random", "compensate": "mean"}  # prune_to's defaults score heads: seconds, not the point here
 HELD = ["The quick brown fox jumps over the lazy dog. " * 40, "Attention heads read keys and values. " * 40]
 CALIBRATION = torch.randint(1, 260, (6, 64), generator=torch.Generator().manual_seed(3))
 TEXT = "\n\n".join(f"Paragraph {i}: the heads of layer {i % 3} read the keys that the queries ask for. " * 6
@@ -97,8 +98,8 @@ def test_a_tiny_frontier_and_its_resume(tmp_path, monkeypatch):
     real_sensitivity = planner.sensitivity
     monkeypatch.setattr(planner, "sensitivity", lambda *a, **k: tables.append(1) or real_sensitivity(*a, **k))
     points = parse_points(["prune:0.25", "merge:0.75", "merge:256"])
-    kw = dict(model=model, eval_windows=1, calibration_windows=2, merge_options=FAST, held_out=HELD,
-              calibration=CALIBRATION, progress=False)
+    kw = dict(model=model, eval_windows=1, calibration_windows=2, merge_options=FAST, prune_options=CHEAP_PRUNE,
+              held_out=HELD, calibration=CALIBRATION, progress=False)
     first = run_frontier("tiny", points, out=tmp_path / "f", **kw)
     assert performed == ["prune:0.25", "merge:0.75", "merge:256"] and len(tables) == 1  # one table, two budgets
     rows = {r.label: r for r in first.rows}
@@ -155,36 +156,39 @@ def _saved(tmp_path):
     from headcount.models.formats.native import save
     save(tiny_byte_decoder(), tmp_path / "tiny")
     (tmp_path / "text.txt").write_text(TEXT)
+    (tmp_path / "p.jsonl").write_text(json.dumps({"task_id": "t/0", "prompt": "def f():\n", "test": "pass",
+                                                  "entry_point": "f"}) + "\n")
     return str(tmp_path / "tiny")
 
 
 def test_the_command_prints_rows_and_the_frontier(tmp_path):
     model = _saved(tmp_path)
-    args = ["frontier", "--model", model, "--point", "prune:0.25", "--calibration-windows", "2", "--eval-windows", "1",
-            "--text", str(tmp_path / "text.txt"),
-            "--out", str(tmp_path / "f"), "--png", str(tmp_path / "f.png")]
-    result = runner.invoke(app, args + ["--json"])
+    args = ["frontier", "--model", model, "--point", "drop:0.5", "--calibration-windows", "2", "--eval-windows", "1",
+            "--text", str(tmp_path / "text.txt"), "--out", str(tmp_path / "f")]
+    result = runner.invoke(app, args + ["--json", "--png", str(tmp_path / "f.png")])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert [r["point"] for r in data["rows"]] == ["unedited", "prune:0.25"]
-    assert data["frontier"] and set(data["frontier"]) <= {"unedited", "prune:0.25"}
+    assert [r["point"] for r in data["rows"]] == ["unedited", "drop:0.5"]
+    assert data["rows"][1]["kv_bytes_per_token"] == data["rows"][0]["kv_bytes_per_token"] // 2
+    assert data["frontier"] and set(data["frontier"]) <= {"unedited", "drop:0.5"}
     for key in ("kv_bytes_per_token", "attention_flops_per_token", "attention_flops_per_token_4k", "params",
                 "perplexity", "pass_at_1", "pass_at_1_ci95", "paired", "seconds"):
         assert key in data["rows"][1]
     assert (tmp_path / "f.png").stat().st_size > 1000
     table = runner.invoke(app, args, env={"COLUMNS": "250"})
-    assert table.exit_code == 0 and "prune:0.25" in table.stdout
+    assert table.exit_code == 0 and "drop:0.5" in table.stdout, table.output
 
 
 @pytest.mark.parametrize("args,match", [
     (["--point", "grow:0.2"], "--point"),
     (["--point", "prune:1.5"], "--point"),
     (["--point", "merge:1B"], "--point merge:1B.*below"),
-    (["--eval", "humaneval:1", "--eval", "humaneval:2"], "--eval: a frontier is judged on one task"),
+    (["--eval", "PROBLEMS", "--eval", "PROBLEMS:1"], "--eval: a frontier is judged on one task"),
     (["--sensitivity", "vibes"], "--sensitivity"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, match):
     model = _saved(tmp_path)
+    args = [str(tmp_path / "p.jsonl") + a[len("PROBLEMS"):] if a.startswith("PROBLEMS") else a for a in args]
     result = runner.invoke(app, ["frontier", "--model", model, "--out", str(tmp_path / "f")] + args)
     assert result.exit_code == 2, result.output
     import re
@@ -217,3 +221,36 @@ def test_a_chained_point_applies_its_edits_in_order():
     assert list(both.edit) == ["drop:0.5", "merge:0.75"]
     assert both.edit["merge:0.75"]["kv_bytes_per_token_before"] == dropped.kv_bytes_per_token
     assert both.kv_bytes_per_token <= 0.75 * dropped.kv_bytes_per_token
+
+
+def test_judged_by_a_task_each_row_has_its_interval_and_the_paired_comparison(tmp_path, monkeypatch):
+    """The task's verdicts come from a stand-in for the harness (a tiny random model passes nothing): problem i
+    passes when the model keeps more than i x 32 KV bytes per token, so the rows differ in known ways."""
+    from types import SimpleNamespace
+
+    from headcount.surgery.task_scores import parse_eval
+    from headcount.tasks import harness
+    from headcount.tasks.stats import wilson_interval
+
+    rows = [{"task_id": f"t/{i}", "prompt": f"def f{i}():\n", "test": "pass", "entry_point": f"f{i}"} for i in range(8)]
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec, = parse_eval([str(tmp_path / "p.jsonl")])
+
+    def evaluate(model, task, problems, settings):
+        kv = run.kv_bytes_per_token(model)
+        return SimpleNamespace(samples=[SimpleNamespace(task_id=p.task_id, passed=kv > 32 * i)
+                                        for i, p in enumerate(problems)])
+
+    monkeypatch.setattr(harness, "evaluate", evaluate)
+    frontier = run_frontier("tiny", parse_points(["merge:0.75", "drop:0.5"]), model=tiny_byte_decoder(), spec=spec,
+                            eval_windows=1, calibration_windows=2, merge_options=FAST, held_out=HELD,
+                            calibration=CALIBRATION, progress=False)
+    base, merged, dropped = frontier.rows
+    assert frontier.score == "pass_at_1" and frontier.task == spec.label
+    assert base.pass_at_1 == 1.0 and merged.pass_at_1 == 6 / 8 and dropped.pass_at_1 == 4 / 8  # 256, 192, 128 bytes
+    assert merged.pass_at_1_ci95 == pytest.approx(list(wilson_interval(6, 8)), abs=1e-6)
+    assert dropped.paired["wins"] == 0 and dropped.paired["losses"] == 4 and dropped.paired["difference"] == -0.5
+    # every point saves KV bytes at a price in pass@1: none beats another, all on the frontier
+    assert frontier.to_json()["frontier"] == ["unedited", "merge:0.75", "drop:0.5"]
+    assert brute_force([r.kv_bytes_per_token for r in frontier.rows], [r.pass_at_1 for r in frontier.rows]) == \
+        [True, True, True]

@@ -128,12 +128,12 @@ def _read_rows(path: Path) -> list[Row] | None:
 # ------------------------------------------------------------------------------------------ the runner
 class _Runner:
     def __init__(self, unedited, *, meter, spec, heal_steps, calibration_windows, eval_windows, sensitivity,
-                 merge_options, out, progress, bar, calibration=None, held_out=None):
+                 merge_options, out, progress, bar, calibration=None, held_out=None, prune_options=None):
         self.unedited, self.meter, self.spec, self.heal_steps = unedited, meter, spec, heal_steps
         self.calibration_windows, self.eval_windows = calibration_windows, eval_windows
         self.sensitivity, self.merge_options, self.out, self.progress, self.bar = (
             sensitivity, dict(merge_options or {}), out, progress, bar)
-        self.calibration, self.held_out = calibration, held_out
+        self.calibration, self.held_out, self.prune_options = calibration, held_out, dict(prune_options or {})
         self.tables: dict[str, object] = {}
         self.base_row: Row | None = None
 
@@ -202,7 +202,7 @@ class _Runner:
             from headcount.surgery import prune_to
 
             result = prune_to(model, float(step.amount), calibration=self.calibration,
-                              calibration_windows=self.calibration_windows)
+                              calibration_windows=self.calibration_windows, **self.prune_options)
             return {"heads_removed": result.heads_before - result.heads_after,
                     "kv_bytes_per_token_after": result.kv_bytes_per_token_after}
         if step.edit == "merge":
@@ -269,21 +269,25 @@ def mark(rows: list[Row], score: str) -> None:
 
 
 def settings_of(model_name: str, *, heal_steps: int, spec, eval_windows: int, calibration_windows: int,
-                sensitivity: str, dtype: str, merge_options: dict | None, source: str = "default corpus") -> dict:
+                sensitivity: str, dtype: str, merge_options: dict | None, prune_options: dict | None = None,
+                source: str = "default corpus") -> dict:
     """What a saved frontier must match to be read back (the points may differ: a rerun adds or reads them)."""
     return {"model": str(model_name), "heal_steps": int(heal_steps), "eval": None if spec is None else spec.label,
             "eval_windows": int(eval_windows), "calibration_windows": int(calibration_windows),
             "sensitivity": sensitivity, "dtype": dtype, "merge_options": dict(sorted((merge_options or {}).items())),
+            "prune_options": dict(sorted((prune_options or {}).items())),
             "text": source}
 
 
 def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int = 0, spec=None, out: Path | None = None,
                  force: bool = False, eval_windows: int = 4, calibration_windows: int = 8, sensitivity: str = "loss",
-                 dtype: str = "fp32", device: str = "cpu", merge_options: dict | None = None, calibration=None,
+                 dtype: str = "fp32", device: str = "cpu", merge_options: dict | None = None,
+                 prune_options: dict | None = None, calibration=None,
                  held_out=None, source: str = "default corpus", progress: bool = True) -> Frontier:
     """Measure the unedited model and every point (see the module doc); `model`: an already loaded model named
     `model_name` (tests), else loaded here. spec: a surgery.task_scores.TaskSpec (--eval) or None.
-    merge_options: merge_kv keywords beside its defaults (local_steps, uptrain_steps: tests keep them small).
+    merge_options / prune_options: merge_kv / prune_to keywords beside their defaults (`headcount prune`'s and
+    `headcount merge-kv`'s; tests keep them cheap: local_steps, uptrain_steps, order).
     calibration: what prune, merge and drop choose on (None: each edit's default on the default corpus; texts or
     token windows). held_out: surgery.quality.QualityMeter's held_out (None: the default corpus's three domains).
     source: what calibration and held_out came from, recorded in the settings (--text's file)."""
@@ -297,7 +301,7 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
     out = None if out is None else Path(out)
     settings = settings_of(model_name, heal_steps=heal_steps, spec=spec, eval_windows=eval_windows,
                            calibration_windows=calibration_windows, sensitivity=sensitivity, dtype=dtype,
-                           merge_options=merge_options, source=source)
+                           merge_options=merge_options, prune_options=prune_options, source=source)
     resume = check_out(out, settings, force)
     if model is None:
         from headcount.models.options import load_model
@@ -334,7 +338,8 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
     with tqdm(total=len(points) + 1, desc="frontier", disable=None if progress else True) as bar:
         runner = _Runner(model, meter=meter, spec=spec, heal_steps=heal_steps, calibration_windows=calibration_windows,
                          eval_windows=eval_windows, sensitivity=sensitivity, merge_options=merge_options, out=out,
-                         progress=progress, bar=bar, calibration=calibration, held_out=held_out)
+                         progress=progress, bar=bar, calibration=calibration, held_out=held_out,
+                         prune_options=prune_options)
         path = None if out is None else out / "unedited" / "result.json"
         saved = _read_rows(path) if resume else None
         if saved:
