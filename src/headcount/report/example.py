@@ -36,21 +36,8 @@ def _pattern(kind: int, n: int) -> list[list[int]]:
     return rows
 
 
-def example_report(n_layers: int = 4, n_heads: int = 4, *, missing: tuple[str, ...] = (),
-                   overrides: dict | None = None) -> dict:
-    """collect.assemble's output for a synthetic model. missing: results left out (their sections become
-    `unavailable`); overrides: {result name: a function of that result returning the one to use} (tests break
-    one claim at a time this way)."""
-    from headcount.cost import ModelShape
-    from headcount.report.accounts import accounts, shape_json
-    from headcount.report.collect import assemble
-
-    shape = ModelShape(d_model=32 * n_heads, n_heads=n_heads, n_kv_heads=max(1, n_heads // 2), n_layers=n_layers,
-                       vocab_size=1000, d_ff=128 * n_heads, mlp="gated", norm="rmsnorm", final_norm=True,
-                       position="rotary", name="example")
-    n = len(TOKENS)
-    sample = {"sentence": " ".join(TOKENS), "tokens": TOKENS, "scale": 1000,
-              "layers": [[_pattern((h + l) % 4, n) for h in range(n_heads)] for l in range(n_layers)]}
+def _roles(n_layers: int, n_heads: int) -> dict:
+    """Role scores: a strong head per labelled role in every layer, the rest low."""
     kinds = {"previous_token": 0, "sink": 1, "induction": 3, "duplicate_token": None, "positional": 0,
              "syntactic": None, "rare_word": None}
     thresholds = {"previous_token": 0.5, "duplicate_token": 0.5, "induction": 0.4, "positional": 0.9,
@@ -66,6 +53,14 @@ def example_report(n_layers: int = 4, n_heads: int = 4, *, missing: tuple[str, .
             heads = [[l, h, -1] for l, h in heads]
         heads.sort(key=lambda e: -scores[e[0]][e[1]])
         roles[role] = {"scores": scores, "threshold": thresholds[role], "heads": heads}
+    return roles
+
+
+def _analyses(shape, n_layers: int, n_heads: int) -> dict:
+    """The read-only analyses: the sample's attention, roles, faithfulness, rank, importance."""
+    n = len(TOKENS)
+    sample = {"sentence": " ".join(TOKENS), "tokens": TOKENS, "scale": 1000,
+              "layers": [[_pattern((h + l) % 4, n) for h in range(n_heads)] for l in range(n_layers)]}
     faith = {"epsilon": 0.01, "layers": [0, n_layers - 1], "n_examples": 4,
              "heads": [{"layer": l, "head": h, "tau_gradient": round(0.1 * ((h + l) % 5) - 0.1, 3),
                         "tau_loo": round(0.05 * h, 3), "tau_uniform": 0.0, "jsd": round(0.2 + 0.1 * h, 3),
@@ -80,55 +75,86 @@ def example_report(n_layers: int = 4, n_heads: int = 4, *, missing: tuple[str, .
                         for L in (16, 32, 64, 128)]}
     importance = {"method": "gradient", "scores": [[round(1.0 / (1 + l + h), 4) for h in range(n_heads)]
                                                    for l in range(n_layers)]}
+    return {"sample": sample, "roles": _roles(n_layers, n_heads), "faithfulness": faith, "rank": rank,
+            "importance": importance}
+
+
+def _pruning(n_layers: int, n_heads: int) -> dict:
+    """The curve (two compensations) with prune_to's default as the starred point, on the three domains."""
     pruning = {"model": "example", "base_ppl": 10.0,
                "points": [{"fraction": f, "order": "gradient", "compensate": c, "mode": "query",
                            "heads_removed": round(f * n_layers * n_heads), "ppl": round(10.0 * (1 + f * f * k), 3)}
                           for f in (0.1, 0.2, 0.3, 0.4, 0.5) for c, k in (("none", 2.0), ("lstsq", 0.4))]}
-    merge = {"heads_before": shape.n_kv_heads, "heads_after": 1, "params_before": 100000, "params_after": 96000,
-             "kv_bytes_per_token_before": 2 * n_layers * shape.n_kv_heads * 32 * 4,
-             "kv_bytes_per_token_after": 2 * n_layers * 32 * 4, "ppl_before": 10.0, "ppl_after": 11.5,
-             "method": "aware"}
     pruning["default"] = {"fraction": 0.2, "order": "reconstruction", "compensate": "lstsq", "mode": "query",
                           "heads_removed": round(0.2 * n_layers * n_heads), "heads_before": n_layers * n_heads,
                           "via": "prune_to", "ppl": 10.3}
     pruning["points"].append(dict(pruning["default"]))
     sizes = {"prose": [4, 256], "code": [2, 128], "source": [2, 128]}  # the three held-out domains
     base = {"prose": 10.0, "code": 20.0, "source": 6.0}
-    pruning |= {"ppl_by_domain_before": base, "ppl_by_domain_after": {"prose": 10.3, "code": 21.0, "source": 6.6},
-                "domain_sizes": sizes}
-    command_sizes = {"prose": [4, 512], "code": [4, 512], "source": [4, 512]}  # the commands' held-out windows
-    command_base = {"prose": 16.5, "code": 24.4, "source": 9.1}
-    sha = "0" * 64
-    merge |= {"heads_before": n_layers * shape.n_kv_heads, "heads_after": n_layers, "ppl_before": 16.5,
-              "ppl_after": 26.6, "ppl_by_domain_before": command_base,
-              "ppl_by_domain_after": {"prose": 26.6, "code": 45.8, "source": 25.0}, "domain_sizes": command_sizes,
-              "source": "saved", "command": "headcount merge-kv --model example --kv-heads 1 --json",
-              "path": "benchmarks/results/commands/example-merge-kv-1.json", "weights_sha256": sha, "kv_heads": 1,
-              "options": {"local_steps": 60, "n_windows": 16}, "uptrain": {"steps": 20, "lr": 0.0003}}
+    return pruning | {"ppl_by_domain_before": base, "ppl_by_domain_after": {"prose": 10.3, "code": 21.0, "source": 6.6},
+                      "domain_sizes": sizes}
+
+
+COMMAND_SIZES = {"prose": [4, 512], "code": [4, 512], "source": [4, 512]}  # the commands' held-out windows
+COMMAND_BASE = {"prose": 16.5, "code": 24.4, "source": 9.1}
+SHA = "0" * 64
+
+
+def _commands(shape, n_layers: int, n_heads: int) -> dict:
+    """What the commands give (saved results): the prune (C11), the K/V merge (C15) and the healed prune."""
+    merge = {"heads_before": n_layers * shape.n_kv_heads, "heads_after": n_layers, "params_before": 100000,
+             "params_after": 96000, "kv_bytes_per_token_before": 2 * n_layers * shape.n_kv_heads * 32 * 4,
+             "kv_bytes_per_token_after": 2 * n_layers * 32 * 4, "ppl_before": 16.5, "ppl_after": 26.6,
+             "method": "aware", "ppl_by_domain_before": COMMAND_BASE,
+             "ppl_by_domain_after": {"prose": 26.6, "code": 45.8, "source": 25.0}, "domain_sizes": COMMAND_SIZES,
+             "source": "saved", "command": "headcount merge-kv --model example --kv-heads 1 --json",
+             "path": "benchmarks/results/commands/example-merge-kv-1.json", "weights_sha256": SHA, "kv_heads": 1,
+             "options": {"local_steps": 60, "n_windows": 16}, "uptrain": {"steps": 20, "lr": 0.0003}}
+    removed = round(0.2 * n_layers * n_heads)
     prune_command = {"source": "saved", "command": "headcount prune --model example --fraction 0.2 --out DIR --json",
-                     "path": "benchmarks/results/commands/example-prune-0.2.json", "weights_sha256": sha,
+                     "path": "benchmarks/results/commands/example-prune-0.2.json", "weights_sha256": SHA,
                      "fraction": 0.2, "order": "reconstruction", "compensate": "lstsq", "mode": "query",
-                     "heads_before": n_layers * n_heads, "heads_after": n_layers * n_heads - round(0.2 * n_layers * n_heads),
-                     "heads_removed": round(0.2 * n_layers * n_heads), "ppl_before": 16.5, "ppl_after": 17.4,
-                     "ppl_by_domain_before": command_base,
+                     "heads_before": n_layers * n_heads, "heads_after": n_layers * n_heads - removed,
+                     "heads_removed": removed, "ppl_before": 16.5, "ppl_after": 17.4,
+                     "ppl_by_domain_before": COMMAND_BASE,
                      "ppl_by_domain_after": {"prose": 17.4, "code": 26.8, "source": 10.5},
-                     "domain_sizes": command_sizes, "command_seconds": 120.0}
-    healing = {"source": "saved", "command": "headcount prune --model example --fraction 0.5 --heal-steps 200 --out DIR "
-               "--json", "path": "benchmarks/results/commands/example-prune-0.5-heal-200.json", "weights_sha256": sha,
+                     "domain_sizes": COMMAND_SIZES, "command_seconds": 120.0}
+    healing = {"source": "saved",
+               "command": "headcount prune --model example --fraction 0.5 --heal-steps 200 --out DIR --json",
+               "path": "benchmarks/results/commands/example-prune-0.5-heal-200.json", "weights_sha256": SHA,
                "fraction": 0.5, "heads_before": n_layers * n_heads, "heads_after": n_layers * n_heads // 2,
-               "held_out": {"before_edit": command_base, "after_edit": {"prose": 23.2, "code": 35.4, "source": 17.2},
+               "held_out": {"before_edit": COMMAND_BASE, "after_edit": {"prose": 23.2, "code": 35.4, "source": 17.2},
                             "after_heal": {"prose": 19.3, "code": 28.2, "source": 13.5}},
-               "domain_sizes": command_sizes, "steps": 200, "planned_steps": 200, "tokens": 95744,
+               "domain_sizes": COMMAND_SIZES, "steps": 200, "planned_steps": 200, "tokens": 95744,
                "tokens_seen": 102400, "params": "attention", "lr": 0.0003, "trainable_params": 13400000,
                "heal_seconds": 429.0, "command_seconds": 490.0, "val_kl_first": 0.477, "val_kl_best": 0.282,
                "best_step": 200, "stopped_early": False}
-    gates = {"source": "run", "fraction": 0.5, "steps": 40, "heads_before": n_layers * n_heads,
-             "heads_removed": n_layers * n_heads // 2, "reached": True, "n_closed": n_layers * n_heads // 2,
-             "n_gates": n_layers * n_heads, "n_removed_ranked": 0, "compensate": "lstsq", "mode": "query",
-             "objective": "KL of next-token distributions", "ppl_before": 10.0, "ppl_after": 11.2}
-    results = {"shape": {"shape": shape_json(shape), "accounts": accounts(shape)}, "sample": sample, "roles": roles,
-               "faithfulness": faith, "rank": rank, "importance": importance, "pruning": pruning, "kv_merge": merge,
-               "prune_command": prune_command, "healing": healing, "gates": gates, "checks": example_checks(shape), **example_experiments()}
+    return {"kv_merge": merge, "prune_command": prune_command, "healing": healing}
+
+
+def _gates(n_layers: int, n_heads: int) -> dict:
+    return {"source": "run", "fraction": 0.5, "steps": 40, "heads_before": n_layers * n_heads,
+            "heads_removed": n_layers * n_heads // 2, "reached": True, "n_closed": n_layers * n_heads // 2,
+            "n_gates": n_layers * n_heads, "n_removed_ranked": 0, "compensate": "lstsq", "mode": "query",
+            "objective": "KL of next-token distributions", "ppl_before": 10.0, "ppl_after": 11.2}
+
+
+def example_report(n_layers: int = 4, n_heads: int = 4, *, missing: tuple[str, ...] = (),
+                   overrides: dict | None = None) -> dict:
+    """collect.assemble's output for a synthetic model. missing: results left out (their sections become
+    `unavailable`); overrides: {result name: a function of that result returning the one to use} (tests break
+    one claim at a time this way)."""
+    from headcount.cost import ModelShape
+    from headcount.report.accounts import accounts, shape_json
+    from headcount.report.collect import assemble
+
+    shape = ModelShape(d_model=32 * n_heads, n_heads=n_heads, n_kv_heads=max(1, n_heads // 2), n_layers=n_layers,
+                       vocab_size=1000, d_ff=128 * n_heads, mlp="gated", norm="rmsnorm", final_norm=True,
+                       position="rotary", name="example")
+    results = {"shape": {"shape": shape_json(shape), "accounts": accounts(shape)},
+               **_analyses(shape, n_layers, n_heads),
+               "pruning": _pruning(n_layers, n_heads), **_commands(shape, n_layers, n_heads),
+               "gates": _gates(n_layers, n_heads), "checks": example_checks(shape), **example_experiments()}
     for key, change in (overrides or {}).items():
         results[key] = change(copy.deepcopy(results.get(key)))
     for key in missing:

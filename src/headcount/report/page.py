@@ -102,8 +102,8 @@ def _paired(block) -> str:
     """A tasks block's paired comparisons ({stage: {wins, losses, p_value, ...}}) in one cell."""
     if not isinstance(block, dict) or not block:
         return "\u2013"
-    return "; ".join(f"{e(stage.replace('_', ' '))}: {p.get('wins')} / {p.get('losses')}, p = {p.get('p_value', 1.0):.2g}"
-                     for stage, p in block.items() if isinstance(p, dict))
+    return "; ".join(f"{e(stage.replace('_', ' '))}: {p.get('wins')} / {p.get('losses')}, "
+                     f"p = {p.get('p_value', 1.0):.2g}" for stage, p in block.items() if isinstance(p, dict))
 
 
 def tasks(section, kind: str) -> str:
