@@ -76,3 +76,9 @@ def test_bad_input_is_one_line_exit_2_nothing_written(saved, tmp_path, args, mes
     line = result.output.strip()
     assert "\n" not in line and line.startswith("headcount drop-attention: ") and re.search(message, line), line
     assert not (tmp_path / "out").exists()
+
+
+def test_the_commands_defaults_are_the_librarys():
+    from headcount.surgery.dropping import choose, cli
+
+    assert cli.BY == choose.BY and cli.N_WINDOWS == choose.N_WINDOWS
