@@ -244,13 +244,19 @@ def run_serve(model_name: str, edited: list[str], engines: list[str], contexts: 
             say(f"{engine} skipped: {e}")
             bar.update(planned)
     bar.close()
-    settings = {"new_tokens": new_tokens, "threads": threads, "repeats": repeats, "contexts": contexts,
-                "batches": batches,
-                "engines": engines, "prompt": "the default corpus's held-out text, then its calibration text",
-                "dtypes": {"headcount": "fp32 weights, fp32 KV", "llamacpp": "f32 GGUF, f16 KV (llama.cpp's default)",
-                           "vllm": f"fp32 weights, fp32 KV, VLLM_CPU_KVCACHE_SPACE={vllm_engine.CACHE_GIB} GiB, "
-                                   "enforce_eager, no prefix caching"}}
+    settings = _settings(new_tokens=new_tokens, threads=threads, repeats=repeats, contexts=contexts, batches=batches,
+                         engines=engines, cache_gib=vllm_engine.CACHE_GIB)
     return ServeResult(rows, skipped, capacity, cpu_name(), settings)
+
+
+def _settings(*, new_tokens, threads, repeats, contexts, batches, engines, cache_gib) -> dict:
+    """The run's settings as the JSON records them (the prompt and each engine's dtypes in words)."""
+    return {"new_tokens": new_tokens, "threads": threads, "repeats": repeats, "contexts": contexts,
+            "batches": batches,
+            "engines": engines, "prompt": "the default corpus's held-out text, then its calibration text",
+            "dtypes": {"headcount": "fp32 weights, fp32 KV", "llamacpp": "f32 GGUF, f16 KV (llama.cpp's default)",
+                       "vllm": f"fp32 weights, fp32 KV, VLLM_CPU_KVCACHE_SPACE={cache_gib} GiB, "
+                               "enforce_eager, no prefix caching"}}
 
 
 def _best(repeats: int, run) -> dict:
