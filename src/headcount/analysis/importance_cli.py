@@ -13,15 +13,23 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Annotated
 
 import typer
 
-from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
-
+from headcount.cli_options import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, PngOpt, TextFileOpt
 from headcount.paths import check_png
 
 METHOD_NAMES = ("gradient", "ablation", "confidence", "reconstruction")  # = importance.METHODS (no torch here)
+
+MethodOpt = Annotated[str, typer.Option("--method", help="gradient | ablation | confidence | reconstruction")]
+WindowsOpt = Annotated[int, typer.Option("--windows", help="decoder: windows of --window tokens (encoder: N x 16 "
+                                                           "sentences)")]
+AgreementWindowsOpt = Annotated[int, typer.Option("--windows", help="calibration windows for the agreement "
+                                                                    "(encoder: x16 sentences)")]
+WindowOpt = Annotated[int, typer.Option("--window", help="tokens per window")]
+NormalizeOpt = Annotated[bool, typer.Option("--normalize", help="divide each layer's scores by their L2 norm")]
+TopOpt = Annotated[int, typer.Option("--top", help="rows of the table at each end")]
 
 
 def heatmap(scores, path: str | Path) -> None:
@@ -72,94 +80,81 @@ def _table(scores, top: int):
     return table
 
 
+def importance_cmd(model: ModelOpt = "smollm2", dtype: DtypeOpt = "fp32", device: DeviceOpt = "cpu",
+                   method: MethodOpt = "gradient", text: TextFileOpt = None, json_out: JsonOpt = False,
+                   png: PngOpt = None, windows: WindowsOpt = 16, window: WindowOpt = 512,
+                   normalize: NormalizeOpt = False, top: TopOpt = 10) -> None:
+    """Score every attention head (higher = more important); least important first in the table."""
+    from headcount.cli_errors import one_line_errors
+
+    with one_line_errors("importance"):
+        if method not in METHOD_NAMES:
+            raise ValueError(f"--method: expected one of {', '.join(METHOD_NAMES)}, got {method!r}")
+        if windows < 1:
+            raise ValueError(f"--windows: expected a positive number, got {windows}")
+        if window < 2:
+            raise ValueError(f"--window: expected at least 2, got {window}")
+        if png is not None:
+            check_png(png)
+        texts, source = None, "default corpus: calibration"
+        if text is not None:
+            from headcount.data import read_text
+            texts, source = read_text(text), str(text)
+        from headcount.analysis.head_importance import importance
+        from headcount.models.options import load_model
+
+        group, main = None, True
+        if "WORLD_SIZE" in os.environ:  # under torchrun: each rank scores a shard of the text
+            from headcount import distributed as runtime
+            group = runtime.init()
+            main = runtime.is_main(group)
+        lm = load_model(model, dtype, device)
+        scores = importance(lm, texts, method, window=window, max_windows=windows, max_sentences=16 * windows,
+                            normalize=normalize, progress=main, source=source, group=group)
+        if not main:  # every rank holds the same scores; rank 0 prints
+            return
+        if png is not None:
+            heatmap(scores, png)
+        if json_out:
+            typer.echo(json.dumps(scores.to_json()))
+        else:
+            from rich.console import Console
+            console = Console()
+            console.print(_table(scores, top))
+            if png is not None:
+                console.print(f"heatmap: {png}")
+
+
+def bench_importance_cmd(model: ModelOpt = "smollm2", dtype: DtypeOpt = "fp32", device: DeviceOpt = "cpu",
+                         window: WindowOpt = 256, windows: AgreementWindowsOpt = 2, json_out: JsonOpt = False) -> None:
+    """Cost of gradient / ablation scoring per batch over a plain forward, and Spearman of each method
+    against ablation over all heads (calibration text)."""
+    from headcount.cli_errors import one_line_errors
+
+    with one_line_errors("bench importance"):
+        import torch
+
+        from headcount.analysis.head_importance import agreement, cost_ratio
+        from headcount.models.options import load_model
+
+        torch.set_num_threads(min(2, torch.get_num_threads()))
+        lm = load_model(model, dtype, device)
+        cost = cost_ratio(lm, window=window)
+        agree = agreement(lm, window=window, max_windows=windows, max_sentences=16 * windows)
+        out = {"cost": cost, "spearman_vs_ablation": agree["spearman"], "n_heads": agree["n_heads"],
+               "n_tokens": agree["n_tokens"]}
+        if json_out:
+            typer.echo(json.dumps(out, indent=2))
+            return
+        typer.echo(f"{model}: one batch ({cost['tokens']} tokens): forward {cost['forward_s']:.3f} s; "
+                   f"gradient {cost['gradient_s']:.3f} s = {cost['gradient_ratio']:.2f} forwards; "
+                   f"ablation {cost['ablation_s']:.3f} s = {cost['ablation_ratio']:.1f} forwards "
+                   f"({cost['n_heads']} heads)")
+        for name, rho in agree["spearman"].items():
+            typer.echo(f"  Spearman vs ablation over {agree['n_heads']} heads: {name:20s} {rho:+.3f}")
+
+
 def register(app, bench_app) -> None:
     """Add `headcount importance` and `headcount bench importance`."""
-    from headcount.cli_errors import one_line_errors as _one_line_errors
-
-    @app.command("importance")
-    def importance_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
-        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
-        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
-        method: str = typer.Option("gradient", "--method", help="gradient | ablation | confidence | reconstruction"),
-        text: Optional[Path] = typer.Option(None, "--text", help="a UTF-8 calibration text file "
-                                            "(default: the calibration part of the default corpus)"),
-        json_out: bool = typer.Option(False, "--json", help="print HeadScores JSON"),
-        png: Optional[Path] = typer.Option(None, "--png", help="save a [layers x heads] heatmap PNG here"),
-        windows: int = typer.Option(16, "--windows", help="decoder: windows of --window tokens "
-                                    "(encoder: N x 16 sentences)"),
-        window: int = typer.Option(512, "--window", help="tokens per window"),
-        normalize: bool = typer.Option(False, "--normalize", help="divide each layer's scores by their L2 norm"),
-        top: int = typer.Option(10, "--top", help="rows of the table at each end"),
-    ) -> None:
-        """Score every attention head (higher = more important); least important first in the table."""
-        with _one_line_errors("importance"):
-            if method not in METHOD_NAMES:
-                raise ValueError(f"--method: expected one of {', '.join(METHOD_NAMES)}, got {method!r}")
-            if windows < 1:
-                raise ValueError(f"--windows: expected a positive number, got {windows}")
-            if window < 2:
-                raise ValueError(f"--window: expected at least 2, got {window}")
-            if png is not None:
-                check_png(png)
-            texts, source = None, "default corpus: calibration"
-            if text is not None:
-                from headcount.data import read_text
-                texts, source = read_text(text), str(text)
-            from headcount.analysis.head_importance import importance
-            from headcount.models.options import load_model
-
-            group, main = None, True
-            if "WORLD_SIZE" in os.environ:  # under torchrun: each rank scores a shard of the text
-                from headcount import distributed as runtime
-                group = runtime.init()
-                main = runtime.is_main(group)
-            lm = load_model(model, dtype, device)
-            scores = importance(lm, texts, method, window=window, max_windows=windows, max_sentences=16 * windows,
-                                normalize=normalize, progress=main, source=source, group=group)
-            if not main:  # every rank holds the same scores; rank 0 prints
-                return
-            if png is not None:
-                heatmap(scores, png)
-            if json_out:
-                typer.echo(json.dumps(scores.to_json()))
-            else:
-                from rich.console import Console
-                console = Console()
-                console.print(_table(scores, top))
-                if png is not None:
-                    console.print(f"heatmap: {png}")
-
-    @bench_app.command("importance")
-    def bench_importance_cmd(
-        model: str = typer.Option("smollm2", "--model", "-m", help=MODEL_HELP),
-        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
-        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
-        window: int = typer.Option(256, "--window", help="tokens per window"),
-        windows: int = typer.Option(2, "--windows", help="calibration windows for the agreement (encoder: x16 "
-                                    "sentences)"),
-        json_out: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Cost of gradient / ablation scoring per batch over a plain forward, and Spearman of each method
-        against ablation over all heads (calibration text)."""
-        with _one_line_errors("bench importance"):
-            import torch
-
-            from headcount.analysis.head_importance import agreement, cost_ratio
-            from headcount.models.options import load_model
-
-            torch.set_num_threads(min(2, torch.get_num_threads()))
-            lm = load_model(model, dtype, device)
-            cost = cost_ratio(lm, window=window)
-            agree = agreement(lm, window=window, max_windows=windows, max_sentences=16 * windows)
-            out = {"cost": cost, "spearman_vs_ablation": agree["spearman"], "n_heads": agree["n_heads"],
-                   "n_tokens": agree["n_tokens"]}
-            if json_out:
-                typer.echo(json.dumps(out, indent=2))
-                return
-            typer.echo(f"{model}: one batch ({cost['tokens']} tokens): forward {cost['forward_s']:.3f} s; "
-                       f"gradient {cost['gradient_s']:.3f} s = {cost['gradient_ratio']:.2f} forwards; "
-                       f"ablation {cost['ablation_s']:.3f} s = {cost['ablation_ratio']:.1f} forwards "
-                       f"({cost['n_heads']} heads)")
-            for name, rho in agree["spearman"].items():
-                typer.echo(f"  Spearman vs ablation over {agree['n_heads']} heads: {name:20s} {rho:+.3f}")
+    app.command("importance")(importance_cmd)
+    bench_app.command("importance")(bench_importance_cmd)
