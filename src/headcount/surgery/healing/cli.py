@@ -175,6 +175,7 @@ class Heal(Edit):
 
     def check(self, opts: EditOptions) -> None:
         self.settings.check(opts.text)
+        self.settings.config(opts.eval_windows)  # HealConfig's own checks, before loading
 
     def check_calibration(self, specs) -> None:
         if self.settings.stream == TEACHER_CHAT:  # the stubs the teacher is asked about are calibration text too
@@ -186,6 +187,12 @@ class Heal(Edit):
     def load(self, run):
         model, run.unedited = load_pair(run.opts.model, self.settings.teacher, run.opts.dtype, run.opts.device)
         return model
+
+    def check_model(self, model, run) -> None:
+        from headcount.surgery.healing.loop import windows_drawn
+
+        config = self.settings.config(run.opts.eval_windows)  # the tokens budget, in the model's windows
+        windows_drawn(config.steps, config.tokens, window=min(config.window, model.config.max_position))
 
     def meter(self, run):
         from headcount.surgery.cli_common import quality_meter

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from headcount.arguments import one_of, positive_float, positive_int
+from headcount.arguments import ArgumentError, one_of, positive_float, positive_int
 
 DEFAULT_PARAMS = "attention"
 DEFAULT_STEPS = 200
@@ -96,3 +96,12 @@ class HealConfig:
         if config is not None and not isinstance(config, cls):
             raise ValueError(f"config: expected a HealConfig, got {type(config).__name__}")
         return config if config is not None else cls(**settings)
+
+
+def check_budget(tokens: int, window: int, validation_windows: int) -> int:
+    """The windows `tokens` holds, when they are at least the validation windows and one to train on."""
+    n_budget = tokens // window
+    if n_budget < validation_windows + 1:
+        raise ArgumentError("tokens", f"{tokens} tokens is {n_budget} windows of {window}; expected at least "
+                                      f"{validation_windows + 1} (validation_windows + one to train on)")
+    return n_budget

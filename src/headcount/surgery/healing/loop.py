@@ -44,7 +44,7 @@ import sys
 
 import torch
 
-from headcount.arguments import ArgumentError, one_of
+from headcount.arguments import one_of
 from headcount.surgery.healing.result import HealResult
 from headcount.surgery.healing.step import Masters as _Masters
 from headcount.surgery.healing.step import Share, distilled, train_step
@@ -59,7 +59,8 @@ from headcount.training.schedule import WarmupCosine
 # the settings' defaults live with HealConfig (no torch there: the command's --help reads them); re-exported here
 from headcount.surgery.healing.config import (BACKOFF, BATCH_SIZE, DEFAULT_LR, DEFAULT_PARAMS,  # noqa: E402,F401
                                               DEFAULT_STEPS, DEFAULT_TOKENS, EVAL_WINDOWS, EVALUATIONS, PATIENCE,
-                                              REFERENCE_RMS, VALIDATION_WINDOWS, WARMUP, WINDOW, HealConfig)
+                                              REFERENCE_RMS, VALIDATION_WINDOWS, WARMUP, WINDOW, HealConfig,
+                                              check_budget)
 
 
 @functools.lru_cache(maxsize=1)
@@ -115,10 +116,7 @@ def windows_drawn(steps: int | None = None, tokens: int | None = None, *, window
     steps = DEFAULT_STEPS if steps is None else steps
     batch_size = _batch_size(batch_size, world)
     tokens = DEFAULT_TOKENS if tokens is None else tokens
-    n_budget = tokens // window
-    if n_budget < validation_windows + 1:
-        raise ArgumentError("tokens", f"{tokens} tokens is {n_budget} windows of {window}; expected at least "
-                                      f"{validation_windows + 1} (validation_windows + one to train on)")
+    n_budget = check_budget(tokens, window, validation_windows)
     return min(n_budget - validation_windows, steps * batch_size) + validation_windows
 
 
