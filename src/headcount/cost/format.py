@@ -53,9 +53,27 @@ def to_json(obj) -> str:
 
 
 # ------------------------------------------------------------------------------------ one model
+class _Rows:
+    """The report table's rows: a section title, or an exact number with its human form and how it is counted."""
+
+    def __init__(self, table: Table):
+        self.table = table
+
+    def section(self, name: str) -> None:
+        self.table.add_row(f"[bold]{name}[/bold]", "", "", "", end_section=False)
+
+    def count(self, label, n, how=""):
+        self.table.add_row(label, f"{n:,}", human_count(n), how)
+
+    def flops(self, label, n, how=""):
+        self.table.add_row(label, f"{n:,}", human_flops(n), how)
+
+    def nbytes(self, label, n, how=""):
+        self.table.add_row(label, f"{n:,}", human_bytes(n), how)
+
+
 def render_report(rep: dict, console: Console, *, fit: dict | None = None, note: str = "", source: str = "") -> None:
-    p, f, s, kv = rep["params"], rep["flops"], rep["score_memory_bytes"], rep["kv_cache"]
-    shape = rep["shape"]
+    shape, kv = rep["shape"], rep["kv_cache"]
     title = (f"{rep['model']}: {shape['describe']}\nbatch {rep['batch']}, seq {rep['seq']:,}, {rep['dtype']} "
              f"({rep['bytes_per_element']} bytes)")
     table = Table(title=title, title_justify="left", show_lines=False)
@@ -63,21 +81,23 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
     table.add_column("exact", justify="right", no_wrap=True)
     table.add_column("", justify="right", no_wrap=True)
     table.add_column("how", style="dim")
+    rows = _Rows(table)
+    _param_rows(rows, rep)
+    _flop_rows(rows, rep)
+    _score_rows(rows, rep)
+    _kv_rows(rows, rep)
+    if fit is not None:
+        _fit_rows(table, fit, rows.section)
+    console.print(table)
+    for line in (note, kv.get("note", ""), f"source: {source}" if source else ""):
+        if line:
+            console.print(f"[dim]note: {line}[/dim]" if not line.startswith("source") else f"[dim]{line}[/dim]")
 
-    def section(name: str) -> None:
-        table.add_row(f"[bold]{name}[/bold]", "", "", "", end_section=False)
 
-    def count(label, n, how=""):
-        table.add_row(label, f"{n:,}", human_count(n), how)
-
-    def flops(label, n, how=""):
-        table.add_row(label, f"{n:,}", human_flops(n), how)
-
-    def nbytes(label, n, how=""):
-        table.add_row(label, f"{n:,}", human_bytes(n), how)
-
+def _param_rows(rows: _Rows, rep: dict) -> None:
+    p, shape, count = rep["params"], rep["shape"], rows.count
     a = p["attention_per_layer_detail"]
-    section("parameters")
+    rows.section("parameters")
     qk = f" + q/k norm {a['qk_norm']:,}" if a.get("qk_norm") else ""
     count("  attention per layer", p["attention_per_layer"],
           f"Q {a['q']:,} + K {a['k']:,} + V {a['v']:,} + O {a['o']:,}{qk} + bias {a['bias']:,}")
@@ -102,14 +122,18 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
     if "experts" in p:
         count("  active per token", p["active_per_token"], "what one token's forward reads (MoE)")
 
+
+def _flop_rows(rows: _Rows, rep: dict) -> None:
+    f, flops = rep["flops"], rows.flops
     fa, fc = f["attention_per_layer"], f["attention_per_layer_causal"]
-    section("FLOPs (a multiply-add is 2 FLOPs; matmuls only)")
+    rows.section("FLOPs (a multiply-add is 2 FLOPs; matmuls only)")
     flops("  projections X W_Q, X W_K, X W_V", fa["projections"], "2 B n d (n_heads + 2 n_kv) head_dim")
     flops("  scores Q K^T", fa["scores"], f"2 B n_heads n^2 head_dim; causal {fc['scores']:,}")
     flops("  read A V", fa["read"], f"2 B n_heads n^2 head_dim; causal {fc['read']:,}")
     flops("  output W_O", fa["output"], "2 B n n_heads head_dim d")
     flops("  attention per layer", fa["total"], f"causal {fc['total']:,}")
-    flops("  attention, all layers", f["attention_total"], f"{f['attention_modules']} attention module{'s' if f['attention_modules'] > 1 else ''}")
+    flops("  attention, all layers", f["attention_total"],
+          f"{f['attention_modules']} attention module{'s' if f['attention_modules'] > 1 else ''}")
     if "attention_per_local_layer_causal" in f:
         fl, w = f["attention_per_local_layer_causal"], f["window"]
         flops(f"  local layer (window {w:,}), causal", fl["total"],
@@ -126,18 +150,25 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
     flops("  model forward", f["total"], f"causal {f['total_causal']:,}" + (
         f" (without the window {f['total_causal_without_window']:,})" if "total_causal_without_window" in f else ""))
 
-    section("score memory (one attention layer)")
-    nbytes("  eager: scores Q K^T", s["eager_per_layer"], "B x n_heads x n^2 x bytes")
-    nbytes("  eager: + softmax output (peak)", s["eager_peak_per_layer"], "scores and weights both alive")
-    nbytes("  fused (SDPA / FlashAttention)", s["fused_per_layer"], "no n x n tensor")
-    if "banded_per_local_layer" in s:
-        nbytes("  local layer, banded kernel", s["banded_per_local_layer"],
-               f"B x n_heads x n x min(n, {kv['window']:,}) x bytes; a masked eager path holds the full n x n")
 
-    section("KV cache")
+def _score_rows(rows: _Rows, rep: dict) -> None:
+    s, kv = rep["score_memory_bytes"], rep["kv_cache"]
+    rows.section("score memory (one attention layer)")
+    rows.nbytes("  eager: scores Q K^T", s["eager_per_layer"], "B x n_heads x n^2 x bytes")
+    rows.nbytes("  eager: + softmax output (peak)", s["eager_peak_per_layer"], "scores and weights both alive")
+    rows.nbytes("  fused (SDPA / FlashAttention)", s["fused_per_layer"], "no n x n tensor")
+    if "banded_per_local_layer" in s:
+        rows.nbytes("  local layer, banded kernel", s["banded_per_local_layer"],
+                    f"B x n_heads x n x min(n, {kv['window']:,}) x bytes; a masked eager path holds the full n x n")
+
+
+def _kv_rows(rows: _Rows, rep: dict) -> None:
+    kv, shape, nbytes = rep["kv_cache"], rep["shape"], rows.nbytes
+    rows.section("KV cache")
     nbytes("  per token", kv["bytes_per_token"],
-           f"2 x {kv['layers']} layer{'s' if kv['layers'] > 1 else ''} x {shape['n_kv_heads']} KV heads x {shape['head_dim']} x "
-           f"{rep['bytes_per_element']} B" + (f" (every layer, while n <= {kv['window']:,})" if kv.get("window") else ""))
+           f"2 x {kv['layers']} layer{'s' if kv['layers'] > 1 else ''} x {shape['n_kv_heads']} KV heads x "
+           f"{shape['head_dim']} x {rep['bytes_per_element']} B"
+           + (f" (every layer, while n <= {kv['window']:,})" if kv.get("window") else ""))
     if kv.get("window") is None:
         nbytes(f"  {rep['batch']} x {rep['seq']:,} tokens", kv["bytes_for_context"],
                f"with {shape['n_heads']} KV heads (MHA): "
@@ -152,13 +183,6 @@ def render_report(rep: dict, console: Console, *, fit: dict | None = None, note:
                f"all {kv['layers']} layers x {rep['seq']:,} positions")
         nbytes("  per token past the window", kv["bytes_per_token_past_window"],
                f"only the {kv['global_layers']} global layers grow")
-
-    if fit is not None:
-        _fit_rows(table, fit, section)
-    console.print(table)
-    for line in (note, kv.get("note", ""), f"source: {source}" if source else ""):
-        if line:
-            console.print(f"[dim]note: {line}[/dim]" if not line.startswith("source") else f"[dim]{line}[/dim]")
 
 
 def _fit_rows(table: Table, fit: dict, section) -> None:
