@@ -121,71 +121,35 @@ def uptrain(model, config: UptrainConfig | int, *, calibration=None, teacher=Non
     max_windows, max_seconds: its doc says what each means), or the number of steps with the other settings as
     keywords, uptrain(model, 20, lr=3e-4), which build the same config. It is recorded whole in the result
     (UptrainResult.config). teacher: the unmodified model (distillation; an encoder needs one)."""
-    from tqdm.auto import tqdm
-
     if isinstance(config, UptrainConfig):
         if settings:
             raise ValueError(f"config: give an UptrainConfig or its settings as keywords, not both (got "
                              f"{', '.join(sorted(settings))} beside it)")
     else:
         config = UptrainConfig(steps=config, **settings)
-    steps, lr, trainable, batch_size = config.steps, config.lr, config.trainable, config.batch_size
-    window, max_windows, seed = config.window, config.max_windows, config.seed
     budget = TimeBudget(config.max_seconds)
     decoder = is_decoder(model)
     if not decoder and teacher is None:
         raise ValueError("teacher: an encoder has no language-model loss; pass the unmodified model as teacher=")
-    params = _parameters(model, trainable)
-    if decoder:
-        batches = calibration_batches(model, calibration, n_windows=max_windows or 10**9, window=window,
-                                      batch_size=batch_size)
-        pool = torch.cat([b.ids for b in batches])
-    else:
-        batches = calibration_batches(model, calibration, n_sentences=max(256, 16 * batch_size))
-        pool = None
-    generator = torch.Generator().manual_seed(seed)
-
+    params = _parameters(model, config.trainable)
+    data = _Data(model, config, calibration, decoder)
     frozen = {p: p.requires_grad for p in model.parameters()}
     for p in model.parameters():
         p.requires_grad_(False)
     for p in params:
         p.requires_grad_(True)
     n_trainable = sum(p.numel() for p in {id(p): p for p in params}.values())
-    schedule = WarmupCosine(steps, share=config.warmup)
-    optimizer = Optimizer(params, lr=lr, schedule=schedule, weight_decay=config.weight_decay)
-    result = UptrainResult(steps, float(lr), trainable if isinstance(trainable, str) else "layers",
+    schedule = WarmupCosine(config.steps, share=config.warmup)
+    optimizer = Optimizer(params, lr=config.lr, schedule=schedule, weight_decay=config.weight_decay)
+    trainable = config.trainable
+    result = UptrainResult(config.steps, float(config.lr), trainable if isinstance(trainable, str) else "layers",
                            n_trainable, 0, 0.0, objective="cross_entropy" if decoder and teacher is None else
                            ("kl_to_teacher" if decoder else "cosine_to_teacher"), config=config.to_json())
     budget.start()
     was_training = model.training
-    order: list[int] = []
     model.train()
     try:
-        bar = tqdm(range(steps), desc="uptrain", disable=None if progress else True, leave=False)
-        running = None
-        for step in bar:
-            if step >= schedule.total:
-                break
-            if budget.fit(step, schedule):  # three steps timed, then the run fitted to the budget
-                bar.total = schedule.total
-            if not order:
-                n = pool.shape[0] if decoder else len(batches)
-                order = torch.randperm(n, generator=generator).tolist()
-            if decoder:
-                take = [order.pop() for _ in range(min(batch_size, len(order)))]
-                ids = pool[take]
-                loss = _decoder_loss(model, ids, teacher)
-                result.tokens += ids.numel()
-            else:
-                batch = batches[order.pop()]
-                loss = _encoder_loss(model, batch, teacher)
-                result.tokens += int(batch.mask.sum())
-            loss.backward()
-            optimizer.step()
-            value = float(loss.detach())
-            result.losses.append(value)
-            running = value if running is None else 0.9 * running + 0.1 * value
-            bar.set_postfix(loss=f"{running:.4f}")
+        _steps(model, data, teacher, optimizer, schedule, budget, result, progress)
     finally:
         for p, flag in frozen.items():
             p.requires_grad_(flag)
@@ -201,3 +165,52 @@ def uptrain(model, config: UptrainConfig | int, *, calibration=None, teacher=Non
         import sys
         print(message, file=sys.stderr)
     return result
+
+
+class _Data:
+    """The uptrain's calibration: a decoder's windows (one pool, drawn batch_size rows a step) or an encoder's
+    sentence batches, in a seeded random order, reshuffled when used up."""
+
+    def __init__(self, model, config: UptrainConfig, calibration, decoder: bool):
+        self.decoder, self.batch_size = decoder, config.batch_size
+        if decoder:
+            self.batches = calibration_batches(model, calibration, n_windows=config.max_windows or 10**9,
+                                               window=config.window, batch_size=config.batch_size)
+            self.pool = torch.cat([b.ids for b in self.batches])
+        else:
+            self.batches = calibration_batches(model, calibration, n_sentences=max(256, 16 * config.batch_size))
+            self.pool = None
+        self.generator = torch.Generator().manual_seed(config.seed)
+        self.order: list[int] = []
+
+    def loss(self, model, teacher) -> tuple:
+        """(the loss of the next batch, its tokens)."""
+        if not self.order:
+            n = self.pool.shape[0] if self.decoder else len(self.batches)
+            self.order = torch.randperm(n, generator=self.generator).tolist()
+        if self.decoder:
+            ids = self.pool[[self.order.pop() for _ in range(min(self.batch_size, len(self.order)))]]
+            return _decoder_loss(model, ids, teacher), ids.numel()
+        batch = self.batches[self.order.pop()]
+        return _encoder_loss(model, batch, teacher), int(batch.mask.sum())
+
+
+def _steps(model, data: _Data, teacher, optimizer, schedule, budget, result: UptrainResult, progress: bool) -> None:
+    """The optimizer steps (fewer when the time budget re-sizes the schedule), each loss recorded in `result`."""
+    from tqdm.auto import tqdm
+
+    bar = tqdm(range(result.steps), desc="uptrain", disable=None if progress else True, leave=False)
+    running = None
+    for step in bar:
+        if step >= schedule.total:
+            break
+        if budget.fit(step, schedule):  # three steps timed, then the run fitted to the budget
+            bar.total = schedule.total
+        loss, tokens = data.loss(model, teacher)
+        result.tokens += tokens
+        loss.backward()
+        optimizer.step()
+        value = float(loss.detach())
+        result.losses.append(value)
+        running = value if running is None else 0.9 * running + 0.1 * value
+        bar.set_postfix(loss=f"{running:.4f}")
