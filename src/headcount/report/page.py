@@ -111,11 +111,11 @@ def tasks(section, kind: str) -> str:
     found = section.tasks
     if not found:
         return ""
-    stages = [(k, label) for k, label in TASK_STAGES if any(k in v for v in found.values())]
+    stages = [(k, label) for k, label in TASK_STAGES if any(k not in v.absent for v in found.values())]
     head = "".join(f"<th>{e(label)}</th>" for _, label in stages)
-    paired = any(isinstance(v.get("paired"), dict) and v["paired"] for v in found.values())
+    paired = any(isinstance(v.paired, dict) and v.paired for v in found.values())
     head += "<th>paired against before the edit (wins / losses, exact McNemar p)</th>" if paired else ""
-    rows = "".join(f'<tr><td>{e(name)}</td>' + "".join(f"<td>{_pass(v.get(k))}</td>" for k, _ in stages)
-                   + (f"<td>{_paired(v.get('paired'))}</td>" if paired else "") + "</tr>" for name, v in found.items())
+    rows = "".join(f'<tr><td>{e(name)}</td>' + "".join(f"<td>{_pass(getattr(v, k))}</td>" for k, _ in stages)
+                   + (f"<td>{_paired(v.paired)}</td>" if paired else "") + "</tr>" for name, v in found.items())
     return (f'<table class="data tasks" id="{kind}-tasks" style="margin-top:8px"><tr><th>task pass@1 (greedy)</th>'
             f'{head}</tr>{rows}</table>')

@@ -19,6 +19,15 @@ class Domains(Section):
 
 
 @dataclass
+class TaskScores(Section):
+    """One task's pass@1 at each stage of an edit (--eval), and its paired comparisons against before the edit."""
+    before_edit: float | None = None
+    after_edit: float | None = None
+    after_heal: float | None = None
+    paired: dict | None = None  # {stage: {wins, losses, p_value, ...}}
+
+
+@dataclass
 class Edit(Domains):
     """prune_command, kv_merge, healing: an edit the commands make, saved / run here ("saved", "run"), or the
     K/V merge on the report's own text ("text")."""
@@ -39,4 +48,4 @@ class Edit(Domains):
     cosine: float | None = None
     options: dict | None = None
     uptrain: dict | None = None
-    tasks: dict | None = None  # {task: {before_edit, after_edit, after_heal}} pass@1, from a saved command result
+    tasks: dict[str, TaskScores] | None = None  # {task: its pass@1 per stage}, from a saved command result

@@ -3,22 +3,31 @@ edit, after it and after healing (its saved --json for these weights; healing is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headcount.report import commands
 from headcount.report.context import Context, Step
 from headcount.report.measures.commanded import command_key, on_default_corpus
 from headcount.report.measures.edits import Edit
 from headcount.report.page import e, not_available, ppl, size_cell, source_line, tasks
+from headcount.report.section_base import Section
 
 NAME = "healing"
+
+
+@dataclass
+class HeldOut(Section):
+    """Held-out perplexity per domain ({domain: perplexity}) at each stage of a healed edit."""
+    before_edit: dict = field(default_factory=dict)
+    after_edit: dict = field(default_factory=dict)
+    after_heal: dict = field(default_factory=dict)
 
 
 @dataclass
 class Healing(Edit):
     """The healed edit: its `held_out` stages ({before_edit, after_edit, after_heal}: {domain: perplexity}) and
     the heal's own facts, as the command's --json gives them."""
-    held_out: dict | None = None
+    held_out: HeldOut | None = None
     steps: int | None = None
     planned_steps: int | None = None
     tokens: int | None = None
@@ -62,8 +71,8 @@ def card(r) -> str:
     if h is None:
         body = not_available("Healing", r.unavailable.get("healing", "not measured for this report"))
     else:
-        figures = h.held_out or {}
-        before, edit, healed = (figures.get(k) or {} for k in ("before_edit", "after_edit", "after_heal"))
+        figures = h.held_out or HeldOut()
+        before, edit, healed = figures.before_edit or {}, figures.after_edit or {}, figures.after_heal or {}
         sizes = h.domain_sizes or {}
         rows = "".join(f'<tr><td>{e(name)}</td><td>{size_cell(sizes, name)}</td><td>{ppl(b)}</td>'
                        f'<td>{ppl(edit.get(name))}</td><td>{ppl(healed.get(name))}</td>'
