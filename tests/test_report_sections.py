@@ -144,3 +144,24 @@ def test_the_report_calls_analysis_with_keywords_it_takes(tiny, tmp_path, monkey
     monkeypatch.setattr(rank_measure, "rank", lambda model, texts=None, *, seed: pytest.fail("called"))
     with pytest.raises(TypeError, match="max_windows"):
         _collect(tiny, tmp_path, ("shape", "rank"))
+
+
+def test_every_measure_step_has_its_typed_section(tiny):
+    """The measure modules' wiring: each step's name is a typed field of ReportData (the shape step gives `shape` and
+    `accounts`; the experiments gather under `experiments`), so no section reaches the page untyped."""
+    from dataclasses import fields as dc_fields
+
+    from headcount.report.collect import QUICK
+    from headcount.report.steps import MEASURES, Context, report_steps
+
+    ctx = Context.build(tiny, None, seed=0, sizes=QUICK, sample=None, progress=False, results_dir=None,
+                        timings=None, weights="w")
+    typed = {f.name for f in dc_fields(ReportData)}
+    names = [s.name for s in report_steps(ctx)]
+    assert len(names) == len(set(names))
+    for name in names:
+        key = "experiments" if name.startswith("experiment-") else name
+        assert key in typed, name
+    assert {"shape", "accounts"} <= typed
+    assert [m.NAME for m in MEASURES] == [n for n in dict.fromkeys(
+        "experiments" if n.startswith("experiment-") else n for n in names)]

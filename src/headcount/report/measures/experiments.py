@@ -10,6 +10,8 @@ from headcount.report.context import Context, Step
 from headcount.report.section_base import Section
 from headcount.report.trained import EXPERIMENT_NAMES, experiment_section, experiment_source
 
+NAME = "experiments"  # report.json's key: {name: Experiment}, one step per experiment ("experiment-<name>")
+
 
 @dataclass
 class MultiRelationRow(Section):  # C1
