@@ -123,7 +123,7 @@ class Edit:
 
     def teacher(self, model, run: EditRun):
         """The unedited model --heal-steps distils from (None without healing), taken before the edit."""
-        from headcount.surgery.healing.cli import teacher_for
+        from headcount.surgery.healing.heal_steps import teacher_for
 
         return teacher_for(model, run.opts.heal_steps, run.opts.dtype, deep=self.deep_teacher)
 
@@ -142,7 +142,7 @@ class Edit:
 
     def healer(self, run: EditRun):
         """run_edit's heal step (--heal-steps: distil from the teacher); None: no healing."""
-        from headcount.surgery.healing.cli import healer
+        from headcount.surgery.healing.heal_steps import healer
 
         return healer(run.teacher, run.opts.heal_steps, progress=run.main, eval_windows=run.opts.eval_windows,
                       group=run.group, calibration=run.calibration, held_out=run.held_out)
@@ -206,7 +206,7 @@ def check_shared(opts: EditOptions) -> list:
     the --eval specs (read and checked before any work)."""
     from headcount.models.options import parse_device, parse_dtype
     from headcount.surgery.cli_common import task_specs
-    from headcount.surgery.healing.cli import check_heal_steps
+    from headcount.surgery.healing.heal_steps import check_heal_steps
 
     check_heal_steps(opts.heal_steps)
     if opts.eval_windows < 1:
@@ -290,6 +290,6 @@ def quality_rows(data: dict, source: str) -> list:
 def heal_table(data: dict, title: str) -> None:
     """The healing block's table when the edit was healed (--heal-steps)."""
     if data.get("heal"):
-        from headcount.surgery.healing.cli import print_heal_table
+        from headcount.surgery.healing.heal_steps import print_heal_table
 
         print_heal_table(data["heal"], title)

@@ -4,6 +4,7 @@ Registered through headcount.surgery.cli; no torch import at module level.
 
     headcount merge-kv --model smollm2 --kv-heads 1 [--method aware|mean] [--layers 0,5,7]
                        [--local-steps N] [--local-tokens N] [--uptrain-steps N] [--out DIR [--force]] [--json]
+    headcount merge-kv --model smollm2 --budget 0.75 | 12KiB   (the layers merge_plan chooses for a KV budget)
 
 Prints a before/after table (KV and query heads, parameters, KV-cache bytes per token from
 KVCache.nbytes, held-out perplexity, or embedding fidelity for an encoder) and, with --json, the edit
@@ -46,6 +47,9 @@ EVAL_WINDOWS = 4
 UptrainStepsOpt = Annotated[Optional[int], typer.Option(
     "--uptrain-steps", help="fine-tune steps on the calibration windows after merging, distilled from the unmerged "
                             f"model (default: {UPTRAIN_STEPS} for an aware merge of a decoder, else 0)")]
+BudgetOpt = Annotated[Optional[str], typer.Option(
+    "--budget", help="instead of --kv-heads: the KV cache to keep, a fraction of the KV bytes per token (0.75) or bytes "
+                     "per token (12KiB); merge_plan chooses the layers and their K/V heads")]
 UptrainLrOpt = Annotated[Optional[float], typer.Option(
     "--uptrain-lr", help=f"peak learning rate of --uptrain-steps (default {UPTRAIN_LR:g}, scaled down like heal's for "
                          "a model with small attention weights)")]
@@ -72,7 +76,7 @@ def parse_layers(text: Optional[str]) -> Optional[list[int]]:
 class MergeSettings:
     """merge-kv's own options, as given."""
 
-    kv_heads: int
+    kv_heads: Optional[int]  # None with --budget
     method: str = "aware"
     layers: Optional[str] = None
     uptrain_steps: Optional[int] = None
@@ -81,10 +85,21 @@ class MergeSettings:
     local_tokens: int = LOCAL_TOKENS
     calibration_windows: int = CALIBRATION_WINDOWS
     timeout: float = 120.0
+    budget: Optional[str] = None  # --budget as given (surgery.merging.planner.parse_budget reads it)
 
     def check(self) -> Optional[list[int]]:
         """Every flag checked (naming it) before anything is loaded; the layers to merge (None: all)."""
-        if self.kv_heads < 1:
+        if self.budget is not None:
+            from headcount.surgery.merging.planner import parse_budget
+
+            if self.kv_heads is not None or self.layers is not None:
+                raise ValueError(f"--budget: merge_plan chooses the layers and their K/V heads; give --budget or "
+                                 f"--kv-heads / --layers, not both (got --budget {self.budget} with "
+                                 f"{'--kv-heads' if self.kv_heads is not None else '--layers'})")
+            parse_budget(self.budget)
+        elif self.kv_heads is None:
+            raise ValueError("--kv-heads: expected a number of KV heads per merged layer (or --budget), got none")
+        elif self.kv_heads < 1:
             raise ValueError(f"--kv-heads: expected a positive number of KV heads, got {self.kv_heads}")
         if self.method not in ("aware", "mean"):
             raise ValueError(f"--method: expected aware or mean, got {self.method!r}")
@@ -142,29 +157,48 @@ class MergeKV(Edit):
     def check_model(self, model, run) -> None:
         from headcount.surgery.merging.kv_merge import _targets
 
+        if self.settings.budget is not None:
+            from headcount.surgery.merging.planner import check_budget, parse_budget
+
+            check_budget(model, parse_budget(self.settings.budget), flag="--budget")  # before any measurement
+            return
         _targets(model, self.settings.kv_heads, self.layers, self.settings.method)  # before any measurement
 
     def apply(self, model, run):
         from headcount.surgery.merging.kv_merge import merge_kv
 
         s = self.settings  # merge_kv's own defaults for everything not given as a flag (the uptrain included)
-        return merge_kv(model, s.kv_heads, layers=self.layers, method=s.method, calibration=run.calibration,
+        target, self.plan = s.kv_heads, None
+        if s.budget is not None:  # the plan's sensitivity on merge_kv's own default calibration ("mixed") or --text's
+            from headcount.surgery.merging.planner import merge_plan, parse_budget
+
+            self.plan = merge_plan(model, parse_budget(s.budget), method=s.method, progress=run.main,
+                                   calibration="mixed" if run.calibration is None else run.calibration)
+            model.merge_plan = {"budget": s.budget, **self.plan_json()}  # saved in headcount.json
+            target = self.plan
+        return merge_kv(model, target, layers=self.layers, method=s.method, calibration=run.calibration,
                         n_windows=s.calibration_windows, local_steps=s.local_steps,
                         local_tokens=s.local_tokens or None, uptrain_steps=s.uptrain_steps,
                         uptrain_lr=s.uptrain_lr, group=run.group, progress=run.main)
 
     def healer(self, run):
-        from headcount.surgery.healing.cli import healer
+        from headcount.surgery.healing.heal_steps import healer
 
         # every rank heals the same way (one process's steps), as the uptrain: no group
         return healer(run.teacher, run.opts.heal_steps, progress=run.main, eval_windows=run.opts.eval_windows,
                       calibration=run.calibration, held_out=run.held_out)
 
+    def plan_json(self) -> dict:
+        """--budget's keys: the plan {layer: n_kv_heads} (the layers that change) and its predicted loss."""
+        return {"plan": {str(k): v for k, v in sorted(self.plan.kv_heads.items())},
+                "predicted_loss_increase": self.plan.predicted_loss_increase, "sensitivity": self.plan.by}
+
     def legacy(self, report, run) -> dict:
         self.query_heads = report.accounts_before["heads"]  # the table's row: a merge keeps every query head
         merged = report.edit
         up = merged.get("uptrain")
-        return {"method": self.settings.method, "merge_options": merged.get("options"),
+        budget = {"budget": self.settings.budget, **self.plan_json()} if getattr(self, "plan", None) else {}
+        return {"method": self.settings.method, "merge_options": merged.get("options"), **budget,
                 "uptrain": ({k: up.get(k) for k in ("steps", "lr", "tokens", "objective", "loss_first", "loss_last")}
                             if up else None)}
 
@@ -180,8 +214,8 @@ def print_merge(data: dict, s: MergeSettings, run, queries: int) -> None:
     rows = account_rows(data, "KV heads (all layers)")
     rows[1] = ("query heads (all layers)", queries, queries)
     rows += quality_rows(data, run.source) + task_rows(data.get("tasks") or {})
-    before_after_table(rows, f"{model}: K/V heads merged to {s.kv_heads} ({s.method}) in "
-                             f"{len(merged['layers'])} layer(s)")
+    to = f"budget {s.budget}" if s.budget is not None else s.kv_heads
+    before_after_table(rows, f"{model}: K/V heads merged to {to} ({s.method}) in {len(merged['layers'])} layer(s)")
     if merged.get("uptrain"):
         u = merged["uptrain"]
         typer.echo(f"uptrain: {u['steps']} steps, {u['objective']} {u['loss_first']:.4f} -> {u['loss_last']:.4f}")
@@ -192,7 +226,8 @@ def merge_kv_cmd(
     model: ModelOpt = "smollm2",
     dtype: DtypeOpt = "fp32",
     device: DeviceOpt = "cpu",
-    kv_heads: KVHeadsOpt = ...,
+    kv_heads: KVHeadsOpt = None,
+    budget: BudgetOpt = None,
     method: MergeMethodOpt = "aware",
     layers: LayersOpt = None,
     uptrain_steps: UptrainStepsOpt = None,
@@ -218,7 +253,7 @@ def merge_kv_cmd(
                        evals=tuple(evals or ()), eval_windows=eval_windows, heal_steps=heal_steps, json_out=json_out)
     settings = MergeSettings(kv_heads=kv_heads, method=method, layers=layers, uptrain_steps=uptrain_steps,
                              uptrain_lr=uptrain_lr, local_steps=local_steps, local_tokens=local_tokens,
-                             calibration_windows=calibration_windows, timeout=timeout)
+                             calibration_windows=calibration_windows, timeout=timeout, budget=budget)
     run_command(MergeKV(settings), opts)
 
 

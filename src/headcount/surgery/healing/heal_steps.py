@@ -1,0 +1,85 @@
+"""The --heal-steps wiring every edit command shares (prune, prune --method l0, merge-kv, drop-attention, through
+surgery/command.py) and `headcount heal`'s table. No torch import at module level; imports neither the skeleton
+nor any command (the skeleton imports it).
+
+    check_heal_steps(n)                     the flag's check, before anything is loaded
+    teacher_for(model, n)                   the unedited copy to distil from (None when n == 0), taken BEFORE the edit
+    healer(teacher, n)                      run_edit's heal step: heal, record the metadata; the JSON block
+    print_heal_table(block)                 before the edit / after the edit / after healing, every domain
+"""
+
+from __future__ import annotations
+
+
+def check_heal_steps(heal_steps: int) -> None:
+    if heal_steps is None or heal_steps < 0:
+        raise ValueError(f"--heal-steps: expected a number of steps >= 0 (0 = no healing), got {heal_steps}")
+
+
+def teacher_for(model, heal_steps: int, dtype: str = "fp32", deep: bool = False):
+    """The unedited model to heal from: a copy of its attention (every other tensor shared; healing's "attention"
+    default moves only attention and norms, and gives the student its own copy of anything else it moves).
+    deep: a full copy, when the edit itself trains tensors outside attention in place (prune --joint: its norms)."""
+    if not heal_steps:
+        return None
+    from headcount.models.copying import attention_copy
+    from headcount.surgery.healing.weights import check_trainable_dtype
+
+    if not hasattr(model, "lm_head"):
+        raise ValueError(f"--heal-steps: healing distils next-token distributions; {model.name or 'this model'} is an "
+                         "encoder (use 0)")
+    try:
+        check_trainable_dtype(model, "--dtype")
+    except ValueError as e:
+        raise ValueError(f"{e} (--heal-steps trains the edited model)") from None
+    if deep:
+        import copy
+        return copy.deepcopy(model)
+    return attention_copy(model)
+
+
+def healer(teacher, heal_steps: int, *, progress: bool = True, eval_windows: int = 4, group=None, calibration=None,
+           held_out=None):
+    """run_edit's heal step for --heal-steps (None when there is no teacher): heal the edited model from `teacher`
+    for `heal_steps` steps, reusing the edit's held-out figures before and after the edit. group: the torchrun
+    group the edit ran on (the heal runs data-parallel over it, DDP); calibration / held_out: the calibration
+    and held-out parts of the edit's --text (None: the default "mixed" calibration; the text's held-out part is
+    measured as a fourth domain, "text", beside the three). The step returns HealResult.to_json()."""
+    if teacher is None:
+        return None
+
+    def step(model, before, after) -> dict:
+        from headcount.surgery.healing.config import HealConfig
+        from headcount.surgery.healing.loop import heal
+
+        known = ({"before_edit": dict(before.perplexity), "after_edit": dict(after.perplexity)}
+                 if len(before.perplexity) > 1 else None)
+        result = heal(model, teacher, HealConfig(steps=heal_steps, eval_windows=eval_windows), known=known,
+                      progress=progress, group=group, **text_args(calibration, held_out))
+        model.healing = result.metadata()
+        return result.to_json()
+
+    return step
+
+
+def text_args(calibration, held_out, stream: str = "mixed") -> dict:
+    """heal()'s calibration and held_out_texts for --text's two parts (None: the named `stream`, "mixed" by
+    default)."""
+    return {"calibration": stream if calibration is None else calibration,
+            "held_out_texts": {"text": held_out} if held_out else None}
+
+
+def print_heal_table(block: dict, title: str = "healing") -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    figures = block.get("held_out") or {}
+    before, edit, healed = (figures.get(k) or {} for k in ("before_edit", "after_edit", "after_heal"))
+    table = Table(title=f"{title}: {block['steps']} steps ({block['params']}), {block['tokens']:,} calibration tokens, "
+                        f"{block['seconds']:.0f} s")
+    for col in ("held-out perplexity", "before edit", "after edit", "after heal", "edit", "healed"):
+        table.add_column(col, justify="left" if col.startswith("held") else "right")
+    for name in before:
+        b, e, h = before[name], edit.get(name), healed.get(name)
+        table.add_row(name, f"{b:.3f}", f"{e:.3f}", f"{h:.3f}", f"{(e / b - 1) * 100:+.1f}%", f"{(h / b - 1) * 100:+.1f}%")
+    Console().print(table)
