@@ -62,9 +62,13 @@ def test_quality_round_trips_with_verdicts_and_reads_old_results():
 def test_the_report_shows_the_paired_comparison_where_a_result_has_it():
     from types import SimpleNamespace
 
+    from headcount.report.measures.edits import TaskScores
     from headcount.report.page import tasks
 
-    page = tasks(SimpleNamespace(tasks=_report().tasks()), "prune")
-    assert "after edit: 1 / 3, p = 0.62" in page and "after heal: 2 / 0, p = 0.5" in page
-    old = tasks(SimpleNamespace(tasks={"mine:20": {"before_edit": 0.5, "after_edit": 0.5}}), "prune")
+    def page(block):
+        return tasks(SimpleNamespace(tasks={k: TaskScores.from_json(v) for k, v in block.items()}), "prune")
+
+    shown = page(_report().tasks())
+    assert "after edit: 1 / 3, p = 0.62" in shown and "after heal: 2 / 0, p = 0.5" in shown
+    old = page({"mine:20": {"before_edit": 0.5, "after_edit": 0.5}})
     assert "paired" not in old and "<td>0.500</td><td>0.500</td></tr>" in old
