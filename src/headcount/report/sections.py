@@ -1,4 +1,5 @@
-"""report.json's sections as dataclasses: what the claims (claims.py) and the summary read, typed.
+"""report.json as one typed object, ReportData: what the page (html.py and the measures' cards), the claims
+(claims.py) and the summary read. Each section's dataclass lives with its measure in report/measures/.
 
     ReportData.from_json(report) -> ReportData   (refuses another format version: one line, "rebuild it")
     check_format(report)                          that check alone (the page builder runs it)
@@ -14,22 +15,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from headcount.report.measures.edits import Domains, Edit  # noqa: F401 (the claims read them here)
+# each section is declared with its measure (report/measures/); they are gathered here for ReportData, and
+# re-exported for the claims and the summary, which read them from this module
+from headcount.report.measures.checks import (ChapterMemory, Checks, FlopCheck, FlopRow,  # noqa: F401
+                                              FusedCheck, KVCheck, MeasuredMemory, MemoryCheck, ParamCheck,
+                                              ParamRow, PresetShape, ShapeCheck, WriteGeometry)
+from headcount.report.measures.edits import Domains, Edit, TaskScores  # noqa: F401
 from headcount.report.measures.experiments import (Experiment, ExperimentData, HeadsSweepRow,  # noqa: F401
                                                    LowRankRow, MultiRelationRow, OneHead, WriteAddressRow)
 from headcount.report.measures.faithfulness import FaithfulHead, Faithfulness  # noqa: F401
 from headcount.report.measures.gates import GatePoint, Gates  # noqa: F401
-from headcount.report.measures.healing import Healing  # noqa: F401
+from headcount.report.measures.healing import Healing, HeldOut  # noqa: F401
+from headcount.report.measures.importance import Importance  # noqa: F401
 from headcount.report.measures.kv_merge import Merge  # noqa: F401
 from headcount.report.measures.pruning import PrunePoint, Pruning  # noqa: F401
-from headcount.report.measures.shape import AccountRow, Accounts, Shape, SlidingWindow  # noqa: F401
-from headcount.report.measures.importance import Importance  # noqa: F401
+from headcount.report.measures.rank import HeadRank, Rank, RankRow  # noqa: F401
 from headcount.report.measures.roles import Role  # noqa: F401
 from headcount.report.measures.sample import Sample  # noqa: F401
-from headcount.report.measures.checks import (ChapterMemory, Checks, FlopCheck, FlopRow,  # noqa: F401
-                                              FusedCheck, KVCheck, MeasuredMemory, MemoryCheck, ParamCheck,
-                                              ParamRow, PresetShape, ShapeCheck, WriteGeometry)
-from headcount.report.measures.rank import HeadRank, Rank, RankRow  # noqa: F401 (the claims read them here)
+from headcount.report.measures.shape import AccountRow, Accounts, Shape, SlidingWindow  # noqa: F401
 from headcount.report.section_base import Section
 
 FORMAT = 3  # report.json's format version (3: typed sections; a K/V merge is the command's or the report's text's)
