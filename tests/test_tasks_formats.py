@@ -102,8 +102,10 @@ def test_the_answer_is_read_as_evalplus_reads_it():
     assert completion_of("def f():\n\treturn 1\n```\nmore", PromptFormat("evalplus"), "f") == "\ndef f():\n    return 1"
 
 
-@pytest.mark.slow
-def test_show_prompt_prints_the_text_and_the_token_count(smollm2):
+def test_show_prompt_prints_the_text_and_the_token_count(smollm2, monkeypatch):
+    from headcount.models import options
+
+    monkeypatch.setattr(options, "load_model", lambda name, dtype, device: smollm2)  # the session's copy
     result = runner.invoke(app, ["eval", "--model", "smollm2", "--show-prompt", "HumanEval/3"])
     assert result.exit_code == 0, result.output
     problem = {p.task_id: p for p in load_problems("humaneval", limit=4)}["HumanEval/3"]
