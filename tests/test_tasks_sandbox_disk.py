@@ -127,3 +127,19 @@ def test_descriptors_and_the_oom_killers_choice_are_bounded(mode):
 def test_bad_disk_budgets_are_refused(value):
     with pytest.raises(ValueError, match="--sandbox-disk"):
         sandbox.check_disk_bytes(value)
+
+
+def test_bubblewraps_own_sized_mounts_bound_it_too():
+    # the way a user without root gets (bwrap's --size tmpfs mounts): here run as nobody, started by root
+    if sandbox._working("bwrap") is None or sandbox._system_python() is None:
+        pytest.skip("no bubblewrap here")
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("run as root: the user's own way is the one the other tests use")
+    way = sandbox._Way("bwrap", sandbox._system_python(), nobody=True)
+    with _Watch() as watch:
+        result = sandbox._execute(way, program(PROBLEM, FILLER), timeout=TIMEOUT, memory_bytes=1 << 30,
+                                  disk_bytes=BOUND)
+    assert watch.memory - watch.low_memory < BOUND + SLACK
+    assert not result.passed and "No space left on device" in result.detail, result
