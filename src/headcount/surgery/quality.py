@@ -182,8 +182,9 @@ class QualityMeter:
             out[spec.label] = result.pass_at_1
             out.verdicts[spec.label] = result.verdicts()
             if self.log is not None:
-                self.log(f"{spec.label}: pass@1 {result.pass_at_1:.3f} ({result.passed}/{result.n_problems}, "
-                         f"{result.seconds:.0f} s)")
+                lo, hi = result.pass_at_1_ci95 or (result.pass_at_1, result.pass_at_1)
+                self.log(f"{spec.label}: pass@1 {result.pass_at_1:.3f} [95% CI {lo:.3f}-{hi:.3f}] "
+                         f"({result.passed}/{result.n_problems}, {result.prompt_format} format, {result.seconds:.0f} s)")
         return out
 
     def measure(self, model, known: dict | None = None, *, tasks: bool = True) -> Quality:
