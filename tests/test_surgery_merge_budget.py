@@ -110,3 +110,61 @@ def test_kl_without_a_chat_template_says_what_to_do():
         sensitivity(model, by="kl", progress=False)
     with pytest.raises(ValueError, match="by: expected one of loss, kl"):
         sensitivity(model, by="nll", calibration=_ids(), progress=False)
+
+
+# ------------------------------------------------------------------------------------------ merge-kv --budget
+TEXT = "\n\n".join(f"Paragraph {i}: the heads of layer {i % 3} read the keys that the queries ask for. " * 6
+                   for i in range(8))
+FAST = ["--local-steps", "0", "--uptrain-steps", "0", "--calibration-windows", "2", "--eval-windows", "1"]
+
+
+def _saved(tmp_path):
+    from conftest import tiny_byte_decoder
+    from headcount.models.formats.native import save
+
+    save(tiny_byte_decoder(), tmp_path / "tiny")
+    (tmp_path / "text.txt").write_text(TEXT)
+    return ["--model", str(tmp_path / "tiny"), "--text", str(tmp_path / "text.txt")]
+
+
+def test_merge_kv_budget_merges_the_planned_layers_and_records_the_plan(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from headcount.cli import app
+
+    result = CliRunner().invoke(app, ["merge-kv", *_saved(tmp_path), "--budget", "0.75", *FAST, "--out",
+                                      str(tmp_path / "m"), "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    before, after = data["kv_bytes_per_token_before"], data["kv_bytes_per_token_after"]
+    assert before == 2 * 2 * 2 * 8 * 4 and after <= 0.75 * before  # 2 layers x 2 K/V heads x (K, V) x 8 dims x fp32
+    assert data["plan"] and all(v == 1 for v in data["plan"].values())
+    assert after == before - sum(2 * (2 - v) * 8 * 4 for v in data["plan"].values())
+    assert isinstance(data["predicted_loss_increase"], float) and data["budget"] == "0.75"
+    saved = json.loads((tmp_path / "m" / "headcount.json").read_text())
+    assert saved["merge_plan"]["plan"] == data["plan"]
+    assert [layer["n_kv_heads"] for layer in saved["layers"]] == [1 if str(i) in data["plan"] else 2 for i in range(2)]
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--budget", "0.75", "--kv-heads", "1"], "^headcount merge-kv: --budget: .*not both"),
+    (["--budget", "0.75", "--layers", "0"], "^headcount merge-kv: --budget: .*not both"),
+    (["--budget", "12Kb"], "^headcount merge-kv: --budget: expected a unit of bytes"),
+    (["--budget", "1.5"], "^headcount merge-kv: --budget: expected a fraction"),
+    (["--budget", "100"], "^headcount merge-kv: --budget: 100 KV bytes per token is below what every-layer MQA"),
+    ([], "^headcount merge-kv: --kv-heads: .*or --budget"),
+])
+def test_merge_kv_budget_bad_input_exits_2_writing_nothing(tmp_path, args, match):
+    import re
+
+    from typer.testing import CliRunner
+
+    from headcount.cli import app
+
+    result = CliRunner().invoke(app, ["merge-kv", *_saved(tmp_path), *args, *FAST, "--out", str(tmp_path / "m")])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and re.search(match, lines[0]), result.output
+    assert not (tmp_path / "m").exists()

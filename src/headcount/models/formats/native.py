@@ -151,6 +151,8 @@ def write(model, directory: str | Path, *, force: bool = False) -> Path:
         **({"healing": model.healing} if getattr(model, "healing", None) else {}),
         # --eval's pass@1 per task: before the edit, after it, after healing (surgery/task_scores.py)
         **({"tasks": model.task_scores} if getattr(model, "task_scores", None) else {}),
+        # merge-kv --budget's plan: the budget, {layer: n_kv_heads} and its predicted loss
+        **({"merge_plan": model.merge_plan} if getattr(model, "merge_plan", None) else {}),
         "tokenizer": None if tok is None else {
             "bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id,
             "pad_token_id": tok.pad_token_id, "add_special_tokens": tok.add_special_tokens},
