@@ -245,7 +245,8 @@ class _Runner:
                 model, Quality(base.perplexity, base.fidelity), Quality(after.perplexity, after.fidelity))
             known = (block.get("held_out") or {}).get("after_heal")
             rows.append(self.measure(model, point.text, True, heal_start,
-                                     {**edit, "heal": {k: block.get(k) for k in ("steps", "tokens", "params", "seconds")}},
+                                     {**edit, "heal": {k: block.get(k)
+                                                       for k in ("steps", "tokens", "params", "seconds")}},
                                      known=known))
         if self.out is not None:
             self.stage(point.text, "saving")
@@ -279,8 +280,9 @@ def settings_of(model_name: str, *, heal_steps: int, spec, eval_windows: int, ca
             "text": source}
 
 
-def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int = 0, spec=None, out: Path | None = None,
-                 force: bool = False, eval_windows: int = 4, calibration_windows: int = 8, sensitivity: str = "loss",
+def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int = 0, spec=None,
+                 out: Path | None = None, force: bool = False, eval_windows: int = 4, calibration_windows: int = 8,
+                 sensitivity: str = "loss",
                  dtype: str = "fp32", device: str = "cpu", merge_options: dict | None = None,
                  prune_options: dict | None = None, calibration=None,
                  held_out=None, source: str = "default corpus", progress: bool = True) -> Frontier:

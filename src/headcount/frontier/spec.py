@@ -60,7 +60,8 @@ def _step(text: str, whole: str, flag: str) -> Step:
     try:
         value = float(amount)
     except ValueError:
-        raise ValueError(f"{flag}: expected {edit}:F with F a fraction in (0, 1), got {text!r} (in {whole!r})") from None
+        raise ValueError(f"{flag}: expected {edit}:F with F a fraction in (0, 1), got {text!r} "
+                         f"(in {whole!r})") from None
     if not 0 < value < 1:
         raise ValueError(f"{flag}: expected {edit}:F with F a fraction in (0, 1), got {text!r} (in {whole!r})")
     return Step(edit, value, f"{edit}:{amount}")

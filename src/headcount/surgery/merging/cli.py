@@ -48,8 +48,8 @@ UptrainStepsOpt = Annotated[Optional[int], typer.Option(
     "--uptrain-steps", help="fine-tune steps on the calibration windows after merging, distilled from the unmerged "
                             f"model (default: {UPTRAIN_STEPS} for an aware merge of a decoder, else 0)")]
 BudgetOpt = Annotated[Optional[str], typer.Option(
-    "--budget", help="instead of --kv-heads: the KV cache to keep, a fraction of the KV bytes per token (0.75) or bytes "
-                     "per token (12KiB); merge_plan chooses the layers and their K/V heads")]
+    "--budget", help="instead of --kv-heads: the KV cache to keep, a fraction of the KV bytes per token (0.75) or "
+                     "bytes per token (12KiB); merge_plan chooses the layers and their K/V heads")]
 UptrainLrOpt = Annotated[Optional[float], typer.Option(
     "--uptrain-lr", help=f"peak learning rate of --uptrain-steps (default {UPTRAIN_LR:g}, scaled down like heal's for "
                          "a model with small attention weights)")]
