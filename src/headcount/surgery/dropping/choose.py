@@ -20,6 +20,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
+from headcount.arguments import ArgumentError
+
 BY = ("similarity", "loss")
 N_WINDOWS = 8  # calibration windows of WINDOW tokens (4,096 tokens): the order is stable well before that
 WINDOW = 512
@@ -56,7 +58,7 @@ def _check(model, by: str) -> None:
     from headcount.models.decoder import Decoder
 
     if by not in BY:
-        raise ValueError(f"by: expected one of {', '.join(BY)}, got {by!r}")
+        raise ArgumentError("by", f"expected one of {', '.join(BY)}, got {by!r}")
     if not isinstance(model, Decoder):
         raise ValueError(f"model: drop-attention edits decoders (a layer's MLP keeps the residual stream going); "
                          f"this is {type(model).__name__}")

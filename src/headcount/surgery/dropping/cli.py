@@ -58,6 +58,7 @@ class DropAttention(Edit):
     out_required = False
     what = "the model's held-out quality with attention sublayers dropped"
     legacy_keys = ("dropped",)
+    flags = {"layers": "--layers", "fraction": "--fraction", "by": "--by"}
 
     def __init__(self, fraction: Optional[float], layers: Optional[str], by: str, calibration_windows: int):
         self.fraction, self.layers_text, self.by = fraction, layers, by
@@ -85,10 +86,7 @@ class DropAttention(Edit):
                              f"{type(model).__name__}")
         n = len(model.layers)
         if self.layers is not None:
-            try:
-                check_layers(model, self.layers)
-            except ValueError as e:
-                raise ValueError(f"--{e}") from None
+            check_layers(model, self.layers)  # an ArgumentError named "layers": shown under --layers (flags)
             return
         live = n - len(model.dropped_layers)
         if layer_count(n, self.fraction) >= live:

@@ -17,6 +17,7 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
+from headcount.arguments import ArgumentError
 from headcount.surgery.dropping.choose import N_WINDOWS, DropOrder, _check, drop_order
 
 
@@ -56,8 +57,8 @@ def kv_bytes_per_token(model) -> int:
 def layer_count(n_layers: int, fraction) -> int:
     """How many layers `fraction` of n_layers drops: round half up, at least one."""
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 < fraction < 1.0:
-        raise ValueError(f"fraction: expected a number in (0, 1), the share of the {n_layers} layers whose attention "
-                         f"goes, got {fraction!r}")
+        raise ArgumentError("fraction", f"expected a number in (0, 1), the share of the {n_layers} layers whose "
+                                        f"attention goes, got {fraction!r}")
     return max(1, math.floor(fraction * n_layers + 0.5))
 
 
@@ -69,19 +70,20 @@ def check_layers(model, layers) -> list[int]:
     try:
         wanted = [int(i) for i in layers]
     except (TypeError, ValueError):
-        raise ValueError(f"layers: expected layer indices in 0..{n - 1}, got {layers!r}") from None
+        raise ArgumentError("layers", f"expected layer indices in 0..{n - 1}, got {layers!r}") from None
     if not wanted:
-        raise ValueError(f"layers: expected at least one layer index in 0..{n - 1}, got none")
+        raise ArgumentError("layers", f"expected at least one layer index in 0..{n - 1}, got none")
     bad = [i for i in wanted if not 0 <= i < n]
     if bad:
-        raise ValueError(f"layers: expected layer indices in 0..{n - 1} (the model has {n} layers), got {bad[0]}")
+        raise ArgumentError("layers", f"expected layer indices in 0..{n - 1} (the model has {n} layers), "
+                                      f"got {bad[0]}")
     if len(set(wanted)) != len(wanted):
-        raise ValueError(f"layers: expected each layer once, got {sorted(wanted)}")
+        raise ArgumentError("layers", f"expected each layer once, got {sorted(wanted)}")
     gone = sorted(set(wanted) & set(dropped_layers(model)))
     if gone:
-        raise ValueError(f"layers: layer {gone[0]}'s attention is already dropped")
+        raise ArgumentError("layers", f"layer {gone[0]}'s attention is already dropped")
     if len(set(wanted) | set(dropped_layers(model))) == n:
-        raise ValueError(f"layers: that would drop the attention of all {n} layers; keep at least one")
+        raise ArgumentError("layers", f"that would drop the attention of all {n} layers; keep at least one")
     return sorted(wanted)
 
 
@@ -100,8 +102,8 @@ def plan_drop(model, fraction=None, layers=None, by: str = "similarity", order: 
     count = layer_count(n, fraction)
     live = attention_layers(model)
     if count >= len(live):
-        raise ValueError(f"fraction: {fraction} of {n} layers is {count}, and {len(live)} still have attention; "
-                         "keep at least one")
+        raise ArgumentError("fraction", f"{fraction} of {n} layers is {count}, and {len(live)} still have attention; "
+                                        "keep at least one")
     if order is None:
         order = drop_order(model, by=by, calibration=calibration, n_windows=n_windows, progress=progress)
     elif not isinstance(order, DropOrder):
