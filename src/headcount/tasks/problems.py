@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from headcount.arguments import positive_int
+from headcount.arguments import ArgumentError, positive_int
 
 TASKS = ("humaneval",)
 PROBLEM_FIELDS = ("task_id", "prompt", "test", "entry_point")  # each a required string
@@ -25,6 +25,11 @@ PROBLEM_FIELDS = ("task_id", "prompt", "test", "entry_point")  # each a required
 
 class TaskError(ValueError):
     """Bad task input (a problem file, a completions file, --task, --limit): one line, what and where."""
+
+
+class TaskArgumentError(TaskError, ArgumentError):
+    """A TaskError that knows the argument it is about (--task, --limit, --against): a caller that takes the
+    value under another flag (an edit's --eval) shows it there with `renamed`."""
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,7 @@ class Completion:
 
 def load_problems(task: str | os.PathLike, *, limit: int | None = None) -> list[Problem]:
     """The problems of a built-in task (TASKS) or of a JSONL file in HumanEval's format, the first `limit`."""
-    positive_int("--limit", limit, expected="a positive whole number", none=True, error=TaskError)
+    positive_int("--limit", limit, expected="a positive whole number", none=True, error=TaskArgumentError)
     problems = _read_problems(_problem_file(task))
     return problems if limit is None else problems[:limit]
 
@@ -83,7 +88,7 @@ def _problem_file(task: str | os.PathLike) -> Path:
     path = Path(task)
     if not path.is_file():
         names = " or ".join(TASKS)
-        raise TaskError(f"--task: expected one of {names} or a .jsonl file of problems, got {str(task)!r}")
+        raise TaskArgumentError("--task", f"expected one of {names} or a .jsonl file of problems, got {str(task)!r}")
     return path
 
 
