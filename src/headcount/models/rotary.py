@@ -71,27 +71,28 @@ def inverse_frequencies(head_dim: int, theta: float) -> Tensor:
     return 1.0 / (theta ** exponents)
 
 
-def _number(params: dict, key: str, rope_type: str, *, positive: bool = True) -> float:
+def _number(params: dict, key: str, rope_type: str, *, positive: bool = True, block: str = "rope_parameters") -> float:
     value = params.get(key)
     if not is_number(value) or (positive and not value > 0):
-        raise ValueError(f"rope_parameters.{key}: rope_type {rope_type!r} needs a {'positive ' if positive else ''}"
+        raise ValueError(f"{block}.{key}: rope_type {rope_type!r} needs a {'positive ' if positive else ''}"
                          f"number, got {value!r}")
     return value
 
 
-def check_rope(rope_type: str, params: dict, rotary_dim: int) -> None:
+def check_rope(rope_type: str, params: dict, rotary_dim: int, *, block: str = "rope_parameters") -> None:
     """Raise ValueError naming the field when `params` (a rope_parameters block) lacks what rope_type needs,
-    holds a field headcount does not read for it, or gives a factor list of the wrong length."""
+    holds a field headcount does not read for it, or gives a factor list of the wrong length. block: the config
+    key the fields are read from, as the message names it (an older config's rope_scaling)."""
     if rope_type not in ROPE_FIELDS:
-        raise ValueError(f"rope_parameters.rope_type: {rope_type!r} is not supported (headcount implements "
+        raise ValueError(f"{block}.rope_type: {rope_type!r} is not supported (headcount implements "
                          f"{', '.join(ROPE_TYPES)})")
     need, may = ROPE_FIELDS[rope_type]
     for key in need:
         if key not in params:
-            raise ValueError(f"rope_parameters.{key}: missing; rope_type {rope_type!r} needs {', '.join(need)}")
+            raise ValueError(f"{block}.{key}: missing; rope_type {rope_type!r} needs {', '.join(need)}")
     extra = sorted(set(params) - set(need) - set(may) - {"rope_type", "type", "rope_theta", "partial_rotary_factor"})
     if extra:
-        raise ValueError(f"rope_parameters.{extra[0]}: not a field of rope_type {rope_type!r} (headcount reads "
+        raise ValueError(f"{block}.{extra[0]}: not a field of rope_type {rope_type!r} (headcount reads "
                          f"{', '.join((*need, *may)) or 'only rope_theta'}) and will not ignore it")
     for key in ("short_factor", "long_factor"):
         if key in need:
@@ -99,14 +100,15 @@ def check_rope(rope_type: str, params: dict, rotary_dim: int) -> None:
             if (not isinstance(value, (list, tuple)) or len(value) != rotary_dim // 2
                     or not all(is_number(v) for v in value)):
                 got = f"{len(value)} entries" if isinstance(value, (list, tuple)) else repr(value)
-                raise ValueError(f"rope_parameters.{key}: expected a list of {rotary_dim // 2} numbers (rotary_dim / 2), "
+                raise ValueError(f"{block}.{key}: expected a list of {rotary_dim // 2} numbers (rotary_dim / 2), "
                                  f"got {got}")
     if rope_type in ("linear", "dynamic", "llama3") or (rope_type == "yarn" and params.get("factor") is not None):
-        _number(params, "factor", rope_type)
+        _number(params, "factor", rope_type, block=block)
     if rope_type == "llama3":
-        low, high = _number(params, "low_freq_factor", rope_type), _number(params, "high_freq_factor", rope_type)
+        low = _number(params, "low_freq_factor", rope_type, block=block)
+        high = _number(params, "high_freq_factor", rope_type, block=block)
         if high == low:
-            raise ValueError(f"rope_parameters.high_freq_factor: equals low_freq_factor ({low}); llama3 divides by "
+            raise ValueError(f"{block}.high_freq_factor: equals low_freq_factor ({low}); llama3 divides by "
                              "their difference")
 
 

@@ -134,9 +134,9 @@ def _rope_fields(cfg: dict, kind: str, head_dim: int, source: str) -> dict:
     params = {k: v for k, v in block.items() if k not in ("rope_type", "type", "rope_theta", "partial_rotary_factor")}
     rotary_dim = int(head_dim * partial)
     try:
-        check_rope(kind_of_rope, params, rotary_dim)
+        check_rope(kind_of_rope, params, rotary_dim, block=where)
     except ValueError as e:
-        raise CheckpointError(f"{source}: {where}{str(e)[len('rope_parameters'):]}") from None
+        raise CheckpointError(f"{source}: {e}") from None
     fields = dict(rope_theta=theta, rotary_dim=rotary_dim if partial != 1.0 else None)
     if kind_of_rope == "linear":  # the older spelling of linear scaling: DecoderConfig.rope_scaling
         return {**fields, "rope_scaling": float(params["factor"])}
