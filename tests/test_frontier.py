@@ -254,3 +254,14 @@ def test_judged_by_a_task_each_row_has_its_interval_and_the_paired_comparison(tm
     assert frontier.to_json()["frontier"] == ["unedited", "merge:0.75", "drop:0.5"]
     assert brute_force([r.kv_bytes_per_token for r in frontier.rows], [r.pass_at_1 for r in frontier.rows]) == \
         [True, True, True]
+
+
+def test_a_frontier_written_before_a_setting_existed_is_still_read_back(tmp_path):
+    settings = run.settings_of("tiny", heal_steps=0, spec=None, eval_windows=1, calibration_windows=2,
+                               sensitivity="loss", dtype="fp32", merge_options=None, prune_options=None)
+    older = {k: v for k, v in settings.items() if k != "prune_options"}
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / run.MANIFEST).write_text(json.dumps({"settings": older}))
+    assert run.check_out(tmp_path / "f", settings, force=False)
+    with pytest.raises(ValueError, match="prune_options"):
+        run.check_out(tmp_path / "f", {**settings, "prune_options": {"order": "random"}}, force=False)

@@ -100,6 +100,9 @@ def check_out(out: Path | None, settings: dict, force: bool) -> bool:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"--out: {manifest} is not readable ({type(e).__name__}); --force replaces it") from None
     theirs = {k: v for k, v in saved.items() if k != "weights_sha256"}
+    for key, value in settings.items():  # a setting added since that frontier was written, at its empty default
+        if key not in theirs and value in ({}, None):
+            theirs[key] = value
     if theirs != settings:
         if force:
             return False
