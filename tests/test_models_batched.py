@@ -161,6 +161,29 @@ def test_continuous_batching_gives_each_prompt_its_own_tokens(family, monkeypatc
     assert sorted(seen) == list(range(len(prompts))) and seen != list(range(len(prompts)))  # as each finished
 
 
+def test_continuous_batching_grows_a_full_cache_and_each_row_keeps_its_tokens(monkeypatch):
+    """A cache holds GROWTH columns past its widest row and is rebuilt wider when full: with 3 columns of room,
+    20 new tokens rebuild it many times over, and every row still gets the tokens it gets alone."""
+    from headcount.models import continuous
+
+    ours = from_transformers(exactness.random_transformers_model("llama"))
+    prompts = _prompts((24, 7, 15, 3, 30))
+    alone = [generate(ours, p, 20, stop_at_eos=False).new_ids for p in prompts]
+    monkeypatch.setattr(continuous, "GROWTH", 3)
+    widths = []
+    merged = continuous._merged_cache
+
+    def counting(*args, **kw):
+        out = merged(*args, **kw)
+        widths.append(out[0].max_len)
+        return out
+
+    monkeypatch.setattr(continuous, "_merged_cache", counting)
+    rows = continuous.generate_many(ours, prompts, 20, batch_size=3, stop_at_eos=False)
+    assert [r.new_ids for r in rows] == alone
+    assert len(widths) > 20 // 3 and max(widths) <= 30 + 20 + 3  # rebuilt as it filled, never the whole budget
+
+
 @pytest.mark.parametrize("family", ("llama", "gpt_neox"))
 def test_continuous_batching_prefills_a_shared_prefix_once_and_each_row_keeps_its_tokens(family, monkeypatch):
     """Prompts that share 12 leading tokens (a chat template's system turn, say): the prefix runs through the

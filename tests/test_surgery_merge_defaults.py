@@ -1,5 +1,5 @@
 """One truth for K/V merging: merge_kv(model, n) with no overrides is `headcount merge-kv --kv-heads n`.
-The command's own code path (run_merge, what `headcount merge-kv` calls) and the API with its defaults give
+The command's own code path (the MergeKV edit run by the edit commands' skeleton, what `headcount merge-kv` calls) and the API with its defaults give
 bit-identical weights on a tiny random decoder, and the API's defaults include the command's local reconstruction
 and its short uptrain."""
 
@@ -27,7 +27,11 @@ def saved_tiny(tmp_path_factory):
 
 def test_the_api_defaults_are_the_commands(saved_tiny, tmp_path):
     out = tmp_path / "merged"
-    data = cli.run_merge(str(saved_tiny), 1, out=out, eval_windows=1)  # `headcount merge-kv --kv-heads 1 --out D`
+    from headcount.surgery.command import EditOptions, run_edit_command
+
+    # `headcount merge-kv --kv-heads 1 --out D`
+    data, _ = run_edit_command(cli.MergeKV(cli.MergeSettings(1)),
+                               EditOptions(model=str(saved_tiny), out=out, eval_windows=1))
     by_command = load(out).state_dict()
 
     model = load(saved_tiny)
@@ -46,8 +50,8 @@ def test_the_api_defaults_are_the_commands(saved_tiny, tmp_path):
     assert all(layer.error_after_local is not None for layer in result.layers)  # the local steps ran
     # the command's JSON carries the same merge and the weights it started from (what saved results are keyed by)
     from headcount.models.fingerprint import weights_hash
-    assert data["json"]["weights_sha256"] == weights_hash(load(saved_tiny))
-    assert data["extra"]["uptrain"] == result.uptrain | {k: data["extra"]["uptrain"][k] for k in ("seconds",)}
+    assert data["weights_sha256"] == weights_hash(load(saved_tiny))
+    assert data["edit"]["uptrain"] == result.uptrain | {k: data["edit"]["uptrain"][k] for k in ("seconds",)}
 
 
 def test_closed_form_when_asked(saved_tiny):
