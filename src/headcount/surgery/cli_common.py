@@ -138,3 +138,20 @@ def command_line() -> str:
         else:
             words += [flag, str(value)]
     return shlex.join(words)
+
+
+def parse_layers(text: Optional[str]) -> Optional[list[int]]:
+    """'0,5,7' -> [0, 5, 7]; None -> None (every layer): the --layers of merge-kv and drop-attention."""
+    if text is None:
+        return None
+    try:
+        layers = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"--layers: expected comma-separated layer indices such as 0,5,7, got {text!r}") from None
+    if not layers:
+        raise ValueError(f"--layers: expected at least one layer index, got {text!r}")
+    if len(set(layers)) != len(layers):
+        raise ValueError(f"--layers: duplicate layer indices in {text!r}")
+    if any(i < 0 for i in layers):
+        raise ValueError(f"--layers: expected indices >= 0, got {text!r}")
+    return layers

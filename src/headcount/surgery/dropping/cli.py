@@ -13,13 +13,13 @@ that is not similarity or loss): one line, exit 2, nothing written.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from headcount.cli_options import (CalibrationWindowsOpt, DeviceOpt, DtypeOpt, EvalOpt, EvalWindowsOpt, ForceOpt,
-                                   HealStepsOpt, JsonOpt, ModelOpt, TextOpt)
+                                   HealStepsOpt, JsonOpt, ModelOpt, OutOpt, TextOpt)
+from headcount.surgery.cli_common import parse_layers
 from headcount.surgery.command import Edit, EditOptions, account_rows, heal_table, quality_rows, register_edit
 
 BY = ("similarity", "loss")  # choose.BY, repeated so that --help imports no torch (a test checks they agree)
@@ -33,24 +33,6 @@ DropLayersOpt = Annotated[Optional[str], typer.Option(
 ByOpt = Annotated[str, typer.Option(
     "--by", help="the order of --fraction: similarity (cos of each attention's input and output, He et al. 2024; "
                  "one forward pass) or loss (the calibration loss of dropping each layer alone)")]
-DropOutOpt = Annotated[Optional[Path], typer.Option("--out", help="directory to save the edited model to")]
-
-
-def parse_layer_list(text: str) -> list[int]:
-    """'13,18' -> [13, 18]; ValueError naming --layers."""
-    try:
-        layers = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"--layers: expected comma-separated layer indices such as 13,18, got {text!r}") from None
-    if not layers:
-        raise ValueError(f"--layers: expected at least one layer index, got {text!r}")
-    if len(set(layers)) != len(layers):
-        raise ValueError(f"--layers: expected each layer once, got {text!r}")
-    if any(i < 0 for i in layers):
-        raise ValueError(f"--layers: expected layer indices >= 0, got {text!r}")
-    return layers
-
-
 @register_edit
 class DropAttention(Edit):
     name = "drop-attention"
@@ -72,7 +54,7 @@ class DropAttention(Edit):
         if self.fraction is not None and not 0.0 < self.fraction < 1.0:
             raise ValueError(f"--fraction: expected a share of the layers in (0, 1), got {self.fraction}")
         if self.layers_text is not None:
-            self.layers = parse_layer_list(self.layers_text)
+            self.layers = parse_layers(self.layers_text)
         if self.by not in BY:
             raise ValueError(f"--by: expected one of {', '.join(BY)}, got {self.by!r}")
         if self.calibration_windows < 1:
@@ -123,7 +105,7 @@ def register(app, bench_app) -> None:
         fraction: DropFractionOpt = None,
         layers: DropLayersOpt = None,
         by: ByOpt = "similarity",
-        out: DropOutOpt = None,
+        out: OutOpt = None,
         force: ForceOpt = False,
         json_out: JsonOpt = False,
         text: TextOpt = None,
