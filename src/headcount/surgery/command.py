@@ -23,7 +23,7 @@ A command adds its own options and its edit; everything else is here, once:
     def drop_layers_cmd(model: ModelOpt = "smollm2", out: OutOpt = None, ..., layers: LayersOpt = "1"):
         run_command(DropLayers(layers), EditOptions(model=model, out=out, ...))
 
-run_command does, in order: the shared flags' checks (--heal-steps, --eval-windows, --dtype, --device, the
+run_command does, in order: the shared flags' checks (--heal-steps, --heal-calibration, --eval-windows, --dtype, --device, the
 --eval specs), the command's `check`, the --out check, the --text split into calibration and held-out, the --eval
 checks (no eval problem in the calibration text; a decoder with a tokenizer), loading (`Edit.load`), the
 command's `check_model`, the teacher for --heal-steps (taken before the edit), the meter, `run_edit` (measure,
@@ -70,6 +70,7 @@ class EditOptions:
     eval_windows: int = 4
     heal_steps: int = 0
     json_out: bool = False
+    heal_calibration: str = "mixed"  # healing/calibrations.py's CALIBRATIONS
 
 
 @dataclass
@@ -145,7 +146,8 @@ class Edit:
         from headcount.surgery.healing.heal_steps import healer
 
         return healer(run.teacher, run.opts.heal_steps, progress=run.main, eval_windows=run.opts.eval_windows,
-                      group=run.group, calibration=run.calibration, held_out=run.held_out)
+                      group=run.group, calibration=run.calibration, held_out=run.held_out,
+                      name=run.opts.heal_calibration)
 
     def legacy(self, report, run: EditRun) -> dict:
         """The command's older top-level keys (legacy_keys), kept beside the schema's for the scripts that read
@@ -202,13 +204,14 @@ def run_edit_command(edit: Edit, opts: EditOptions):
 
 
 def check_shared(opts: EditOptions) -> list:
-    """The shared flags' checks, before the command's own: --heal-steps, --eval-windows, --dtype, --device;
-    the --eval specs (read and checked before any work)."""
+    """The shared flags' checks, before the command's own: --heal-steps, --heal-calibration, --eval-windows,
+    --dtype, --device; the --eval specs (read and checked before any work)."""
     from headcount.models.options import parse_device, parse_dtype
     from headcount.surgery.cli_common import task_specs
-    from headcount.surgery.healing.heal_steps import check_heal_steps
+    from headcount.surgery.healing.heal_steps import check_heal_calibration, check_heal_steps
 
     check_heal_steps(opts.heal_steps)
+    check_heal_calibration(opts.heal_calibration, opts.heal_steps, opts.text)
     if opts.eval_windows < 1:
         raise ValueError(f"--eval-windows: expected a positive number, got {opts.eval_windows}")
     parse_dtype(opts.dtype), parse_device(opts.device)
@@ -218,6 +221,7 @@ def check_shared(opts: EditOptions) -> list:
 def prepare(edit: Edit, opts: EditOptions) -> EditRun:
     """Every check that needs nothing loaded, in order, then the torchrun group: the run's state."""
     from headcount.surgery.cli_common import calibration_and_held_out, check_out_dir
+    from headcount.surgery.healing.calibrations import check_stubs_not_evaluated
     from headcount.surgery.task_scores import check_not_calibrated_on
 
     specs = check_shared(opts)
@@ -225,6 +229,7 @@ def prepare(edit: Edit, opts: EditOptions) -> EditRun:
     out = check_out_dir(opts.out, opts.force) if opts.out is not None or edit.out_required else None
     calibration, held_out, source = calibration_and_held_out(opts.text)
     check_not_calibrated_on(specs, calibration)
+    check_stubs_not_evaluated(specs, opts.heal_calibration, "--heal-calibration")  # what the teacher is asked
     edit.check_calibration(specs)
     group, main = edit.distributed(opts)
     return EditRun(opts, specs, calibration, held_out, source, out, group, main)

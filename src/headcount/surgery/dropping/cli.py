@@ -21,6 +21,7 @@ from headcount.cli_options import (CalibrationWindowsOpt, DeviceOpt, DtypeOpt, E
                                    HealStepsOpt, JsonOpt, ModelOpt, OutOpt, TextOpt)
 from headcount.surgery.cli_common import parse_layers
 from headcount.surgery.command import Edit, EditOptions, account_rows, heal_table, quality_rows, register_edit
+from headcount.surgery.healing.heal_steps import HealCalibrationOpt
 
 BY = ("similarity", "loss")  # choose.BY, repeated so that --help imports no torch (a test checks they agree)
 N_WINDOWS = 8  # choose.N_WINDOWS (the same check)
@@ -111,6 +112,7 @@ def register(app, bench_app) -> None:
         text: TextOpt = None,
         evals: EvalOpt = None,
         heal_steps: HealStepsOpt = 0,
+        heal_calibration: HealCalibrationOpt = "mixed",
         eval_windows: EvalWindowsOpt = 4,
         calibration_windows: CalibrationWindowsOpt = N_WINDOWS,
         dtype: DtypeOpt = "fp32",
@@ -123,4 +125,4 @@ def register(app, bench_app) -> None:
         run_command(DropAttention(fraction, layers, by, calibration_windows),
                     EditOptions(model=model, dtype=dtype, device=device, out=out, force=force, text=text,
                                 evals=tuple(evals or ()), eval_windows=eval_windows, heal_steps=heal_steps,
-                                json_out=json_out))
+                                json_out=json_out, heal_calibration=heal_calibration))

@@ -23,11 +23,10 @@ from headcount.surgery.healing.heal_steps import (check_heal_steps, healer, prin
                                                   teacher_for, text_args)
 from headcount.surgery.healing.config import (BATCH_SIZE, DEFAULT_LR, DEFAULT_PARAMS, DEFAULT_STEPS,
                                                 DEFAULT_TOKENS, REFERENCE_RMS, WINDOW)
-
-
-TEACHER_STREAM = "teacher"  # --calibration: the teacher's own samples (healing/teacher_text.py)
-TEACHER_CHAT = "teacher-chat"  # --calibration: prose and the teacher's chat answers (teacher_chat_windows)
-TEACHER_STREAMS = (TEACHER_STREAM, TEACHER_CHAT)
+# --calibration's values are declared once, in calibrations.py (every edit command's --heal-calibration takes them)
+from headcount.surgery.healing.calibrations import HELP as CALIBRATION_HELP
+from headcount.surgery.healing.calibrations import TEACHER as TEACHER_STREAM  # noqa: F401
+from headcount.surgery.healing.calibrations import TEACHER_CHAT, TEACHER_STREAMS, check_calibration  # noqa: F401
 
 
 def load_pair(model_name: str, teacher_name: str, dtype: str, device: str):
@@ -64,8 +63,6 @@ class HealSettings:
 
     def check(self, text: Optional[Path]) -> None:
         """Every flag checked (naming it) before anything is loaded."""
-        from headcount.analysis.batches import STREAMS
-
         if self.steps < 1:
             raise ValueError(f"--steps: expected a positive number of steps, got {self.steps}")
         if self.tokens < 1:
@@ -74,9 +71,7 @@ class HealSettings:
             raise ValueError(f"--params: expected one of {', '.join(DEFAULT_LR)}, got {self.params!r}")
         if self.lr is not None and not self.lr > 0:
             raise ValueError(f"--lr: expected a positive learning rate, got {self.lr}")
-        if self.stream not in (*STREAMS, *TEACHER_STREAMS):
-            raise ValueError(f"--calibration: expected one of {', '.join((*STREAMS, *TEACHER_STREAMS))}, "
-                             f"got {self.stream!r}")
+        check_calibration("--calibration", self.stream)
         if text is not None and self.stream != "mixed":
             raise ValueError(f"--calibration: {self.stream!r} and --text both choose the calibration; give one")
 
@@ -103,11 +98,9 @@ class Heal(Edit):
         self.settings.config(opts.eval_windows)  # HealConfig's own checks, before loading
 
     def check_calibration(self, specs) -> None:
-        if self.settings.stream == TEACHER_CHAT:  # the stubs the teacher is asked about are calibration text too
-            from headcount.data import function_stubs
-            from headcount.surgery.task_scores import check_not_calibrated_on
+        from headcount.surgery.healing.calibrations import check_stubs_not_evaluated
 
-            check_not_calibrated_on(specs, list(function_stubs()), "--calibration teacher-chat")
+        check_stubs_not_evaluated(specs, self.settings.stream, "--calibration")
 
     def load(self, run):
         model, run.unedited = load_pair(run.opts.model, self.settings.teacher, run.opts.dtype, run.opts.device)
@@ -145,17 +138,13 @@ class Heal(Edit):
 
 def heal_calibration(settings: HealSettings, run):
     """(calibration, stream) the heal distils on: --text's calibration part, a named stream, or the teacher's own
-    text written now (teacher: its samples from the mixed stream's prompts; teacher-chat: as many windows as the
-    heal draws, half of them the teacher's answers)."""
-    if settings.stream == TEACHER_STREAM:
-        from headcount.surgery.healing.teacher_text import teacher_texts
-        return teacher_texts(run.unedited, settings.tokens, progress=run.main), "mixed"
-    if settings.stream == TEACHER_CHAT:
+    text written now (calibrations.build_calibration)."""
+    if settings.stream in TEACHER_STREAMS:
         from headcount.distributed import DataParallel
-        from headcount.surgery.healing.loop import windows_drawn
-        from headcount.surgery.healing.teacher_text import teacher_chat_windows
-        n = windows_drawn(settings.steps, settings.tokens, world=DataParallel(run.group).world)
-        return teacher_chat_windows(run.unedited, n, progress=run.main), "mixed"
+        from headcount.surgery.healing.calibrations import build_calibration
+
+        return build_calibration(settings.stream, run.unedited, settings.steps, settings.tokens,
+                                 world=DataParallel(run.group).world, progress=run.main)
     return run.calibration, settings.stream
 
 
@@ -187,13 +176,7 @@ HealTextOpt = Annotated[Optional[Path], typer.Option("--text", help="UTF-8 text 
                                                      "into calibration (distilled on) and held-out parts (measured "
                                                      "as the domain 'text' beside the three); default: the mixed "
                                                      "corpus")]
-StreamOpt = Annotated[str, typer.Option("--calibration", help="the calibration stream without --text: mixed (prose "
-                                        "+ torch/numpy docstrings and comments), prose+source (prose + the same "
-                                        "files' verbatim source: for code models), teacher (the teacher's own "
-                                        "sampled continuations of mixed's calibration prompts, --tokens of them) or "
-                                        "teacher-chat (for a chat model judged by its answers: half prose, half the "
-                                        "teacher's greedy chat answers to function stubs of the torch/numpy "
-                                        "calibration source, asked as --eval asks)")]
+StreamOpt = Annotated[str, typer.Option("--calibration", help=CALIBRATION_HELP)]
 HealEvalOpt = Annotated[Optional[list[str]], typer.Option("--eval", help=EVAL_HELP + " (before edit: the teacher)")]
 
 

@@ -45,6 +45,7 @@ import sys
 import torch
 
 from headcount.arguments import one_of
+from headcount.surgery.healing.masked import MaskedWindows
 from headcount.surgery.healing.result import HealResult
 from headcount.surgery.healing.step import Masters as _Masters
 from headcount.surgery.healing.step import Share, distilled, train_step
@@ -134,14 +135,20 @@ def _calibration_name(calibration) -> str:
         return calibration if calibration in STREAMS else "text"
     if isinstance(calibration, list) and all(isinstance(t, str) for t in calibration):
         return "text"
+    if isinstance(calibration, MaskedWindows):
+        return calibration.name
     return "windows"  # token windows or ready batches
 
 
-def _windows(model, calibration, n_windows: int, window: int) -> torch.Tensor:
+def _windows(model, calibration, n_windows: int, window: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(ids [N, T], the loss mask [N, T] bool or None: every token a target): the first n_windows windows."""
     from headcount.analysis.batches import calibration_batches
 
+    if isinstance(calibration, MaskedWindows):  # windows of their own width (teacher answers), each with its mask
+        ids = calibration.ids.to(model.embed.weight.device)
+        return ids[:n_windows], calibration.mask.to(ids.device)[:n_windows]
     batches = calibration_batches(model, calibration, n_windows=n_windows, window=window, batch_size=n_windows)
-    return torch.cat([b.ids for b in batches])[:n_windows]
+    return torch.cat([b.ids for b in batches])[:n_windows], None
 
 
 class _Healing:
@@ -170,7 +177,8 @@ class _Healing:
         validation_windows = config.validation_windows
         n_drawn = windows_drawn(steps, config.tokens, window=window, batch_size=batch_size,
                                 validation_windows=validation_windows)
-        self.windows = windows = _windows(model, calibration, n_drawn, window)
+        windows, self.mask = _windows(model, calibration, n_drawn, window)
+        self.windows = windows
         if windows.shape[0] < 2:
             raise ValueError(f"calibration: {windows.shape[0]} window(s) of {window} tokens; expected at least 2")
         self.n_val = n_val = min(validation_windows, windows.shape[0] // 2)  # a short text keeps half to train on
@@ -206,7 +214,7 @@ class _Healing:
                                  lora_rank=self.mover.rank if self.params == "lora" else None,
                                  calibration=_calibration_name(self.calibration), window=int(windows.shape[1]),
                                  batch_size=self.batch_size)
-        self.source = _Teacher(teacher, windows)
+        self.source = _Teacher(teacher, windows, mask=self.mask)
         self.val_rows = list(range(self.n_train, self.n_train + self.n_val))[dp.rank::dp.world]
         self.schedule = WarmupCosine(self.steps, share=WARMUP)
         self.opt = Optimizer(self.masters.params() if self.masters else self.trainable, lr=self.lr,
@@ -258,7 +266,7 @@ class _Healing:
             if len(rows) < dp.world:
                 raise ValueError(f"torchrun: {dp.world} ranks but {len(rows)} training windows a step")
             value = train_step(self.model, self.source, rows[dp.rank::dp.world], self.head_t, self.opt.adamw,
-                               self.trainable, ddp=self.ddp, dp=dp, positions=len(rows) * (t - 1),
+                               self.trainable, ddp=self.ddp, dp=dp, positions=self.source.positions(rows),
                                masters=self.masters)
         self.opt.advance()
         self.done += 1
@@ -348,7 +356,8 @@ def heal(model, teacher, config: HealConfig | None = None, *, calibration="mixed
     says what each means), or the same settings as keywords, heal(model, teacher, steps=200), which build it.
     It is recorded whole in the result (HealResult.config). calibration: anything
     analysis.batches.calibration_batches takes ("mixed", "prose+source": half prose, half verbatim torch / numpy
-    source, a list of texts, token windows). known: {"before_edit": ..., "after_edit": ...} held-out figures
+    source, a list of texts, token windows), or MaskedWindows (windows with a loss mask: the KL is summed only
+    where the predicted token is a target, in training and validation alike; answers.teacher_answers). known: {"before_edit": ..., "after_edit": ...} held-out figures
     already measured (the edit command's). group: None (one process), "auto" (data-parallel over
     torch.distributed's default group when it is initialised, as under torchrun) or a process group; see the
     module doc. held_out_texts: more held-out domains measured beside the three, {name: list of texts} (a

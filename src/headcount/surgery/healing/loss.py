@@ -2,6 +2,7 @@
 [T, vocab] tensor is built for a large vocabulary (models.decoder.chunked_nll's budget).
 
     distill_kl(student_hidden [N, d], teacher_hidden [N, d], student_head, teacher_head) -> KL summed (float32)
+    distill_kl(..., mask=[N] bool)       the sum over the rows where mask is True only (the others are no target)
 
 Both hidden states are the decoders' final-norm outputs (Decoder(..., compute_logits=False).hidden_states),
 one row per predicted position. The teacher's side carries no gradient.
@@ -80,16 +81,24 @@ def _plain(head) -> bool:
 
 
 def distill_kl(student_hidden: Tensor, teacher_hidden: Tensor, student_head, teacher_head=None, *,
-               chunk: int | None = None) -> Tensor:
+               chunk: int | None = None, mask: Tensor | None = None) -> Tensor:
     """Sum over rows of KL(softmax(teacher_head(teacher_hidden)) || softmax(student_head(student_hidden))), nats.
 
     student_hidden, teacher_hidden: [..., d_model] with the same leading shape. teacher_head defaults to the
     student's (a pruned model shares its lm_head with its teacher). chunk: rows at a time (None = the
     chunked_nll budget: LOGIT_ELEMENTS // vocab rows, a quarter of that with gradients or fused); plain linear heads
-    take the fused path (see the module doc), any other head is checkpointed chunk by chunk."""
+    take the fused path (see the module doc), any other head is checkpointed chunk by chunk. mask: a bool tensor
+    of the hidden states' leading shape; only the rows where it is True are summed (the others are selected away
+    before any logit is computed: no value and no gradient from them)."""
     if student_hidden.shape[:-1] != teacher_hidden.shape[:-1]:
         raise ValueError(f"teacher_hidden: expected the student's leading shape {list(student_hidden.shape[:-1])}, "
                          f"got {list(teacher_hidden.shape[:-1])}")
+    if mask is not None:
+        if mask.dtype != torch.bool or mask.shape != student_hidden.shape[:-1]:
+            raise ValueError(f"mask: expected a bool tensor of shape {list(student_hidden.shape[:-1])}, got "
+                             f"{mask.dtype} {list(mask.shape)}")
+        mask = mask.to(student_hidden.device)
+        student_hidden, teacher_hidden = student_hidden[mask], teacher_hidden[mask]  # [n_true, d] each
     teacher_head = student_head if teacher_head is None else teacher_head
     vocab = student_head.weight.shape[0]
     grad = torch.is_grad_enabled() and (student_hidden.requires_grad

@@ -2,6 +2,7 @@
 master weights, and train_step (what `heal` repeats; the bench times it against plain PyTorch).
 
     source = Teacher(teacher, windows)            [T - 1, d] hidden states per window, cached when they fit
+    source = Teacher(teacher, windows, mask)      mask [N, T] bool: True where the token is a target (an answer's)
     kl, positions = distilled(model, source, rows, head_t)
     train_step(model, source, rows, head_t, optimizer, trainable, masters=...) -> the mean KL per position
 
@@ -22,10 +23,14 @@ CACHE_BYTES = 1 << 30
 
 class Teacher:
     """The teacher's final hidden states per window [T - 1, d] (all but the last position), cached when they fit
-    (budget 0: never cached, a forward every time)."""
+    (budget 0: never cached, a forward every time). mask: None (every token is a target) or [N, T] bool, True
+    where the token is a target: the KL at position j - 1 (which predicts token j) counts only where mask[:, j]."""
 
-    def __init__(self, teacher, windows: torch.Tensor, budget: int = CACHE_BYTES):
-        self.teacher, self.windows = teacher, windows
+    def __init__(self, teacher, windows: torch.Tensor, budget: int = CACHE_BYTES, mask: torch.Tensor | None = None):
+        if mask is not None and (mask.dtype != torch.bool or mask.shape != windows.shape):
+            raise ValueError(f"mask: expected a bool tensor of the windows' shape {list(windows.shape)}, got "
+                             f"{mask.dtype} {list(mask.shape)}")
+        self.teacher, self.windows, self.mask = teacher, windows, mask
         n, t = windows.shape
         per = (t - 1) * teacher.config.d_model * teacher.embed.weight.element_size()
         self.cache = {} if 0 < budget and n * per <= budget else None
@@ -43,12 +48,22 @@ class Teacher:
                 self.cache[r] = row
         return h
 
+    def targets(self, rows: list[int]) -> torch.Tensor | None:
+        """[len(rows), T - 1] bool: which predicted positions count (None: all of them)."""
+        return None if self.mask is None else self.mask[rows][:, 1:]
+
+    def positions(self, rows: list[int]) -> int:
+        """The predicted positions of `rows` that count: the denominator of their mean KL."""
+        targets = self.targets(rows)
+        return len(rows) * (self.windows.shape[1] - 1) if targets is None else int(targets.sum())
+
 
 def distilled(model, teacher: Teacher, rows: list[int], head_t, head_gates=None) -> tuple[torch.Tensor, int]:
-    """(KL summed over the rows' positions, positions); head_gates: the student's (joint L0 gates)."""
+    """(KL summed over the rows' positions that count, those positions); head_gates: the student's (joint L0
+    gates)."""
     h_t = teacher.hidden(rows)
     h_s = model(teacher.windows[rows], compute_logits=False, head_gates=head_gates).hidden_states[:, :-1]
-    return distill_kl(h_s, h_t, model.lm_head, head_t), h_t.shape[0] * h_t.shape[1]
+    return distill_kl(h_s, h_t, model.lm_head, head_t, mask=teacher.targets(rows)), teacher.positions(rows)
 
 
 class Share(torch.nn.Module):

@@ -13,9 +13,10 @@ so nothing held out (and no eval problem) reaches them; the continuations are sa
 
 The chat form (teacher_chat_windows) is for a chat model that is judged by what it answers: a heal on prose and
 docstrings improved a pruned code model's perplexity and not its HumanEval pass@1 (docs/eval.md). Its instructions
-are the eval's chat format (tasks/prompts.py) about function stubs of the calibration part of the torch / numpy
-source (data.function_stubs: a signature and docstring, no body), and the teacher answers them greedily, as it
-answers when judged: the student is distilled on the states the task visits. Half the windows stay the default
+are the eval's own prompt (tasks/prompts.py: the format `headcount eval` picks for the teacher, the makers' where
+the table has it, with its stops) about function stubs of the calibration part of the torch / numpy source
+(data.function_stubs: a signature and docstring, no body), and the teacher answers them greedily, as it answers
+when judged: the student is distilled on the states the task visits. Half the windows stay the default
 corpus's calibration prose, interleaved, so the heal keeps the prose domain in view.
 """
 
@@ -82,31 +83,48 @@ def _generate(teacher, prompts: list, new_tokens: int, *, batch_size: int, progr
         return results
 
 
-def teacher_chat_texts(teacher, n_texts: int, *, new_tokens: int = CHAT_NEW_TOKENS, batch_size: int = CHAT_BATCH_SIZE,
-                       progress: bool = True) -> list[str]:
-    """The first `n_texts` calibration function stubs (data.function_stubs, cycled when there are fewer) asked
-    in the eval's chat format, each with the teacher's greedy answer: prompt text (special tokens written out)
-    + answer + the closing fence. A teacher without a chat template: ValueError."""
-    from headcount.data import function_stubs
-    from headcount.tasks.prompts import FENCE_STOP, PromptFormat, chat_prompt_text
+def eval_prompts(teacher, stubs: list[str]) -> tuple:
+    """(the format, [prompt text], [prompt ids]): each stub asked as `headcount eval` asks the teacher a problem
+    (tasks.prompts.choose_format(teacher, "auto"): the makers' format where the table has the model, else
+    EvalPlus's chat format). A teacher that is not a decoder with a tokenizer and a chat template: ValueError."""
+    from headcount.tasks.problems import Problem
+    from headcount.tasks.prompts import choose_format, prompt_ids, prompt_text
 
-    positive_int("n_texts", n_texts)
-    positive_int("new_tokens", new_tokens)
     tokenizer = getattr(teacher, "tokenizer", None)
     if not hasattr(teacher, "lm_head") or tokenizer is None:
         raise ValueError("teacher: its chat answers need a decoder with a tokenizer")
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("teacher: it has no chat template to be asked through (calibration 'teacher' samples "
                          "its plain continuations instead)")
-    stubs = function_stubs()
-    prompts = [chat_prompt_text(tokenizer, stubs[i % len(stubs)]) for i in range(n_texts)]
-    ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+    fmt = choose_format(teacher, "auto")
+    problems = [Problem(f"stub/{i}", stub, "", "") for i, stub in enumerate(stubs)]
+    return fmt, [prompt_text(teacher, p, fmt) for p in problems], [prompt_ids(teacher, p, fmt) for p in problems]
+
+
+def eval_answers(teacher, ids: list, fmt, *, new_tokens: int, batch_size: int, progress: bool) -> list:
+    """The teacher's greedy answers (GenerationResult) to prompts `ids`, as eval generates them: the format's
+    stops, at most its token budget, `new_tokens` and what the context leaves."""
     room = teacher.config.max_position - max(len(i) for i in ids)
     if room < 1:
         raise ValueError(f"teacher: a stub's prompt of {max(len(i) for i in ids)} tokens fills its context of "
                          f"{teacher.config.max_position}")
-    results = _generate(teacher, ids, min(new_tokens, room), batch_size=batch_size, progress=progress,
-                        desc=("teacher answers", "answer"), stop=PromptFormat("chat").stops(tokenizer))
+    return _generate(teacher, ids, min(new_tokens, fmt.max_new_tokens, room), batch_size=batch_size,
+                     progress=progress, desc=("teacher answers", "answer"), stop=fmt.stops(teacher.tokenizer))
+
+
+def teacher_chat_texts(teacher, n_texts: int, *, new_tokens: int = CHAT_NEW_TOKENS, batch_size: int = CHAT_BATCH_SIZE,
+                       progress: bool = True) -> list[str]:
+    """The first `n_texts` calibration function stubs (data.function_stubs, cycled when there are fewer) asked
+    as `headcount eval` asks this teacher (eval_prompts), each with the teacher's greedy answer: prompt text
+    (special tokens written out) + answer + the closing fence. A teacher without a chat template: ValueError."""
+    from headcount.data import function_stubs
+    from headcount.tasks.prompts import FENCE_STOP
+
+    positive_int("n_texts", n_texts)
+    positive_int("new_tokens", new_tokens)
+    stubs = function_stubs()
+    fmt, prompts, ids = eval_prompts(teacher, [stubs[i % len(stubs)] for i in range(n_texts)])
+    results = eval_answers(teacher, ids, fmt, new_tokens=new_tokens, batch_size=batch_size, progress=progress)
     return [p + r.text + FENCE_STOP + "\n" for p, r in zip(prompts, results)]
 
 

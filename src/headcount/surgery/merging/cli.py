@@ -32,6 +32,7 @@ from headcount.cli_options import (CalibrationWindowsOpt, DeviceOpt, DtypeOpt, E
                                    HealStepsOpt, JsonOpt, KVHeadsOpt, LayersOpt, LocalStepsOpt, LocalTokensOpt,
                                    MergeMethodOpt, ModelOpt, OutOpt, TextOpt, TimeoutOpt)
 from headcount.surgery.command import Edit, EditOptions, account_rows, heal_table, quality_rows, register_edit
+from headcount.surgery.healing.heal_steps import HealCalibrationOpt
 # The defaults a user runs are merge_kv's own (one truth; surgery/merging/kv_merge.py has them and why):
 # this command calls merge_kv with its flags and nothing else: `headcount merge-kv --kv-heads 1` is merge_kv(model, 1).
 from headcount.surgery.merging.defaults import (CALIBRATION_WINDOWS, LOCAL_STEPS, UPTRAIN_LR,  # noqa: F401
@@ -172,7 +173,7 @@ class MergeKV(Edit):
 
         # every rank heals the same way (one process's steps), as the uptrain: no group
         return healer(run.teacher, run.opts.heal_steps, progress=run.main, eval_windows=run.opts.eval_windows,
-                      calibration=run.calibration, held_out=run.held_out)
+                      calibration=run.calibration, held_out=run.held_out, name=run.opts.heal_calibration)
 
     def plan_json(self) -> dict:
         """--budget's keys: the plan {layer: n_kv_heads} (the layers that change) and its predicted loss."""
@@ -227,6 +228,7 @@ def merge_kv_cmd(
     eval_windows: EvalWindowsOpt = EVAL_WINDOWS,
     json_out: JsonOpt = False,
     heal_steps: HealStepsOpt = 0,
+    heal_calibration: HealCalibrationOpt = "mixed",
     timeout: TimeoutOpt = 120.0,
     evals: EvalOpt = None,
 ) -> None:
@@ -236,7 +238,8 @@ def merge_kv_cmd(
     from headcount.surgery.command import run_command
 
     opts = EditOptions(model=model, dtype=dtype, device=device, out=out, force=force, text=text,
-                       evals=tuple(evals or ()), eval_windows=eval_windows, heal_steps=heal_steps, json_out=json_out)
+                       evals=tuple(evals or ()), eval_windows=eval_windows, heal_steps=heal_steps, json_out=json_out,
+                       heal_calibration=heal_calibration)
     settings = MergeSettings(kv_heads=kv_heads, method=method, layers=layers, uptrain_steps=uptrain_steps,
                              uptrain_lr=uptrain_lr, local_steps=local_steps, local_tokens=local_tokens,
                              calibration_windows=calibration_windows, timeout=timeout, budget=budget)

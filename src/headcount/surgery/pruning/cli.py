@@ -26,6 +26,7 @@ from headcount.cli_options import (CalibrationWindowsOpt, CompensateOpt, CurveOp
                                    JsonOpt, ModelOpt, OrderOpt, OutOpt, PngOpt, PruneMethodOpt, PruneModeOpt,
                                    SeedOpt, TextOpt, UniformOpt)
 from headcount.surgery.command import Edit, EditOptions, account_rows, heal_table, quality_rows, register_edit
+from headcount.surgery.healing.heal_steps import HealCalibrationOpt
 from headcount.surgery.pruning.gates_config import JOINT_STEPS, L0_LR, L0_STEPS, GateConfig  # the gates' defaults
 
 PRUNE_JSON_KEYS = ("heads_before", "heads_after", "params_before", "params_after", "kv_bytes_per_token_before",
@@ -294,12 +295,14 @@ def prune_cmd(
     joint: JointOpt = False,
     joint_params: JointParamsOpt = None,
     heal_steps: HealStepsOpt = 0,
+    heal_calibration: HealCalibrationOpt = "mixed",
     evals: EvalOpt = None,
 ) -> None:
     """Remove attention heads (retraining-free order, or trained L0 gates; with compensation); print
     before/after and save. --force also prunes when the L0 gates missed their target."""
     opts = EditOptions(model=model, dtype=dtype, device=device, out=out, force=force, text=text,
-                       evals=tuple(evals or ()), eval_windows=eval_windows, heal_steps=heal_steps, json_out=json_out)
+                       evals=tuple(evals or ()), eval_windows=eval_windows, heal_steps=heal_steps, json_out=json_out,
+                       heal_calibration=heal_calibration)
     settings = PruneSettings(fraction=fraction, mode=mode, compensate=compensate, order=order, uniform=uniform,
                              seed=seed, calibration_windows=calibration_windows, method=method, steps=steps, lr=lr,
                              joint=joint, joint_params=joint_params)
