@@ -140,15 +140,19 @@ def _calibration_name(calibration) -> str:
     return "windows"  # token windows or ready batches
 
 
-def _windows(model, calibration, n_windows: int, window: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(ids [N, T], the loss mask [N, T] bool or None: every token a target): the first n_windows windows."""
+def _windows(model, calibration, n_windows: int, window: int) -> torch.Tensor:
+    """The first n_windows token windows [N, T] (a MaskedWindows' own, of its width; its mask is _mask's)."""
     from headcount.analysis.batches import calibration_batches
 
-    if isinstance(calibration, MaskedWindows):  # windows of their own width (teacher answers), each with its mask
-        ids = calibration.ids.to(model.embed.weight.device)
-        return ids[:n_windows], calibration.mask.to(ids.device)[:n_windows]
+    if isinstance(calibration, MaskedWindows):
+        return calibration.ids.to(model.embed.weight.device)[:n_windows]
     batches = calibration_batches(model, calibration, n_windows=n_windows, window=window, batch_size=n_windows)
-    return torch.cat([b.ids for b in batches])[:n_windows], None
+    return torch.cat([b.ids for b in batches])[:n_windows]
+
+
+def _mask(calibration, windows: torch.Tensor) -> torch.Tensor | None:
+    """The loss mask [N, T] bool of the windows drawn (True where the token is a target), None: every token."""
+    return calibration.mask[:windows.shape[0]].to(windows.device) if isinstance(calibration, MaskedWindows) else None
 
 
 class _Healing:
@@ -177,8 +181,8 @@ class _Healing:
         validation_windows = config.validation_windows
         n_drawn = windows_drawn(steps, config.tokens, window=window, batch_size=batch_size,
                                 validation_windows=validation_windows)
-        windows, self.mask = _windows(model, calibration, n_drawn, window)
-        self.windows = windows
+        self.windows = windows = _windows(model, calibration, n_drawn, window)
+        self.mask = _mask(calibration, windows)
         if windows.shape[0] < 2:
             raise ValueError(f"calibration: {windows.shape[0]} window(s) of {window} tokens; expected at least 2")
         self.n_val = n_val = min(validation_windows, windows.shape[0] // 2)  # a short text keeps half to train on
