@@ -23,8 +23,8 @@ A command adds its own options and its edit; everything else is here, once:
     def drop_layers_cmd(model: ModelOpt = "smollm2", out: OutOpt = None, ..., layers: LayersOpt = "1"):
         run_command(DropLayers(layers), EditOptions(model=model, out=out, ...))
 
-run_command does, in order: the shared flags' checks (--heal-steps, --heal-calibration, --eval-windows, --dtype, --device, the
---eval specs), the command's `check`, the --out check, the --text split into calibration and held-out, the --eval
+run_command does, in order: the shared flags' checks (--heal-steps, --heal-calibration, --eval-windows, --dtype,
+--device, the --eval specs), the command's `check`, the --out check, the --text split into calibration and held-out, the --eval
 checks (no eval problem in the calibration text; a decoder with a tokenizer), loading (`Edit.load`), the
 command's `check_model`, the teacher for --heal-steps (taken before the edit), the meter, `run_edit` (measure,
 edit, measure, heal, measure), the --eval scores back onto the model, saving, and the JSON (EditReport.to_json(),
