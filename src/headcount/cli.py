@@ -33,8 +33,9 @@ def _register_all() -> None:
     from headcount.frontier import cli as frontier_cli
 
     cost_cli.register(app)
-    # the one hook across rooms: models sits below parallel, so `generate --tp` gets parallel's setup from here
-    models_cli.register(app, bench_app, tp_setup=parallel_cli.tp_setup)
+    # the hooks across rooms: models sits below parallel and engines, so `generate --tp` gets parallel's setup and
+    # `bench decode --task` engines' vLLM run from here
+    models_cli.register(app, bench_app, tp_setup=parallel_cli.tp_setup, task_decode=engines_cli.task_decode)
     demo_cli.register(app, bench_app)
     for room in (analysis_cli, tasks_cli, surgery_cli, report_cli, frontier_cli, experiments_cli, parallel_cli,
                  engines_cli):

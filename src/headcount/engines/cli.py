@@ -64,5 +64,14 @@ def serve_cmd(model: ModelOpt, edited: EditedOpt = None, engines: EnginesOpt = "
         typer.echo(f"wrote {png_path}", err=True)
 
 
+def task_decode(model: str, task: str, *, limit, batch, engines, max_new_tokens, log):
+    """`bench decode --task`'s run (models.cli calls it through the switchboard): (result, its render)."""
+    from headcount.engines.task_decode import check_task_engines, render, run_task_decode
+
+    result = run_task_decode(model, task, limit=limit, batch=batch, engines=check_task_engines(engines),
+                             max_new_tokens=max_new_tokens, log=log)
+    return result, render
+
+
 def register(app, bench_app) -> None:
     bench_app.command("serve")(serve_cmd)

@@ -5,8 +5,12 @@ own torch and transformers, so it never shares headcount's environment) and impo
 
 REQUEST: {"model": DIR, "dtype": "float32", "kv_cache_bytes": 1073741824, "max_model_len": N, "max_num_seqs": B,
           "threads": 2, "trust_remote_code": true,
+          "tokenizer": false,
           "jobs": [{"kind": "greedy", "prompts": [[ids]], "max_tokens": 32, "logprobs": 1},
-                   {"kind": "serve", "prompt": [ids], "batch": B, "new_tokens": 33}]}
+                   {"kind": "serve", "prompt": [ids], "batch": B, "new_tokens": 33},
+                   {"kind": "generate", "prompts": [[ids]], "max_tokens": 2048, "stop": ["\n```"]}]}
+
+"tokenizer": true loads the directory's tokenizer (a "generate" job's stop strings are matched on the text).
 
 Prints one JSON line on stdout (vLLM's logs go to stderr):
   kv_cache_tokens   vLLM's own "KV cache size: N tokens" (cache_config.kv_cache_size_tokens: group-aware)
@@ -15,7 +19,11 @@ Prints one JSON line on stdout (vLLM's logs go to stderr):
                     from the engine core's KV cache config (it runs in this process): the bytes of one block of
                     every layer (per-layer K/V heads show here), and of all blocks
   jobs[i]           greedy: tokens and logprobs of each prompt; serve: prefill_s (until every row holds its first
-                    new token), decode_s (the rest), timed in one pass of the engine's step loop; peak_rss_bytes
+                    new token), decode_s (the rest), timed in one pass of the engine's step loop; peak_rss_bytes;
+                    generate: each prompt's text (cut before its stop string), new tokens and finish reason, and
+                    generate_s, the wall time of the one llm.generate call over all prompts (max_num_seqs at once)
+  threads           torch's intra-op threads in the engine (vLLM's auto binding keeps one core for its scheduler:
+                    the request's threads are bound explicitly, VLLM_CPU_OMP_THREADS_BIND)
   peak_rss_bytes    VmHWM of this process and every process it started (vLLM's engine core among them)
 Errors: one line on stderr naming what failed, exit 2.
 """
@@ -106,6 +114,10 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process: its KV tensors seen
     threads = int(request.get("threads", 2))
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    # vLLM's "auto" binding reserves a core for its scheduler: on 2 cores the model would run on one thread
+    cores = sorted(os.sched_getaffinity(0))[:threads]
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", ",".join(str(c) for c in cores))
+    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     try:
         import vllm
         from vllm import LLM, SamplingParams
@@ -116,13 +128,15 @@ def main(argv: list[str]) -> int:
         llm = LLM(model=request["model"], dtype=request.get("dtype", "float32"),
                   max_model_len=int(request["max_model_len"]), max_num_seqs=int(request.get("max_num_seqs", 1)),
                   trust_remote_code=bool(request.get("trust_remote_code", True)),
-                  skip_tokenizer_init=True, enable_prefix_caching=False, enforce_eager=True,
+                  skip_tokenizer_init=not request.get("tokenizer", False), enable_prefix_caching=False, enforce_eager=True,
                   load_format=request.get("load_format", "auto"), kv_cache_memory_bytes=kv_bytes, seed=0)
     except Exception as e:  # noqa: BLE001
         text = " ".join(str(e).split())
         _fail(f"vLLM could not load {request['model']}: {type(e).__name__}: {text[:400]}")
+    import torch
+
     out = {"versions": {"vllm": vllm.__version__}, "max_model_len": int(request["max_model_len"]),
-           **_capacity(llm), "jobs": []}
+           "threads": torch.get_num_threads(), **_capacity(llm), "jobs": []}
     try:
         _run_jobs(llm, request.get("jobs", []), out, SamplingParams, TokensPrompt)
     except Exception as e:  # noqa: BLE001
@@ -158,6 +172,20 @@ def _serve(llm, job, SamplingParams, TokensPrompt) -> dict:
             "new_tokens": n, "context": len(job["prompt"]), "peak_rss_bytes": peak_rss()}
 
 
+def _generate(llm, job, SamplingParams, TokensPrompt) -> dict:
+    """Greedy answers to every prompt, stopping at eos or a stop string, the engine scheduling max_num_seqs at
+    once; generate_s is the one call's wall time (prefill and decode together, as an eval spends them)."""
+    params = SamplingParams(temperature=0.0, max_tokens=int(job["max_tokens"]), stop=list(job.get("stop", [])))
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in job["prompts"]]
+    llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=2), use_tqdm=False)  # warm-up, not timed
+    t0 = time.perf_counter()
+    results = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - t0
+    rows = [{"text": r.outputs[0].text, "new_tokens": len(r.outputs[0].token_ids),
+             "finish_reason": r.outputs[0].finish_reason} for r in results]
+    return {"generate_s": seconds, "rows": rows, "peak_rss_bytes": peak_rss()}
+
+
 def _run_jobs(llm, jobs, out, SamplingParams, TokensPrompt) -> None:
     for job in jobs:
         if job["kind"] == "greedy":
@@ -170,10 +198,12 @@ def _run_jobs(llm, jobs, out, SamplingParams, TokensPrompt) -> None:
                 lps = [step[t].logprob for t, step in zip(c.token_ids, c.logprobs)] if c.logprobs else None
                 rows.append({"tokens": list(c.token_ids), "logprobs": lps})
             out["jobs"].append({"kind": "greedy", "rows": rows})
+        elif job["kind"] == "generate":
+            out["jobs"].append({"kind": "generate", **_generate(llm, job, SamplingParams, TokensPrompt)})
         elif job["kind"] == "serve":
             out["jobs"].append({"kind": "serve", **_serve(llm, job, SamplingParams, TokensPrompt)})
         else:
-            _fail(f"job kind {job['kind']!r}: expected greedy or serve")
+            _fail(f"job kind {job['kind']!r}: expected greedy, serve or generate")
 
 
 if __name__ == "__main__":  # vLLM spawns its engine core: nothing may run at import

@@ -198,36 +198,72 @@ def _batch_sizes(batch: str) -> tuple[int, ...]:
         raise ValueError(f"--batch: expected comma-separated whole numbers, got {batch!r}") from None
 
 
-def bench_decode(prompt_tokens: PromptTokensOpt = None, new_tokens: DecodeTokensOpt = None, repeats: RepeatsOpt = 3,
-                 batch: BatchesOpt = None, model: OptionalModelOpt = None, json_out: JsonOpt = False) -> None:
-    """Prefill time and decode tokens/s, headcount vs transformers on the same weights (one prompt); with
-    --batch, new tokens/s of batched generation at each batch size. --model: smollm2 by default, with --batch
-    qwen2.5-coder-0.5b."""
-    with _one_line_errors("bench decode"):
-        if batch is not None:
-            from headcount.models import bench_batch as bench
+TaskOpt = Annotated[Optional[str], typer.Option("--task", help="humaneval: the eval's own prompts, stops and budget "
+                                                            "at --batch rows, headcount against vLLM (new tokens/s)")]
+LimitOpt = Annotated[Optional[int], typer.Option("--limit", help="with --task: the first N problems")]
+TaskEnginesOpt = Annotated[str, typer.Option("--engines", help="with --task: comma-separated headcount, vllm")]
 
-            result = bench.run(model or "qwen2.5-coder-0.5b", _batch_sizes(batch), prompt_tokens=prompt_tokens or 128,
-                               new_tokens=new_tokens or 32, repeats=repeats, log=_log)
+
+def bench_decode_command(task_decode=None):
+    """`headcount bench decode`, bound to what its --task runs: task_decode(model, task, *, limit, batch, engines,
+    max_new_tokens, log) -> a result with to_json() and render(), from the engines room (above this one: it runs
+    vLLM out of process); None: --task says so."""
+
+    def bench_decode(prompt_tokens: PromptTokensOpt = None, new_tokens: DecodeTokensOpt = None,
+                     repeats: RepeatsOpt = 3, batch: BatchesOpt = None, model: OptionalModelOpt = None,
+                     task: TaskOpt = None, limit: LimitOpt = None, engines: TaskEnginesOpt = "headcount,vllm",
+                     json_out: JsonOpt = False) -> None:
+        """Prefill time and decode tokens/s, headcount vs transformers on the same weights (one prompt); with
+        --batch, new tokens/s of batched generation at each batch size. --model: smollm2 by default, with --batch
+        qwen2.5-coder-0.5b. With --task humaneval: the eval's generation (its prompts, stops and token budget,
+        --batch rows, default 32) in headcount and in vLLM on the same weights, new tokens/s and their ratio."""
+        with _one_line_errors("bench decode"):
+            if task is not None:
+                if task_decode is None:
+                    raise ValueError("--task: this build has no engines room to run vLLM from")
+                if prompt_tokens is not None:
+                    raise ValueError("--prompt-tokens: with --task the prompts are the task's own")
+                sizes = _batch_sizes(batch) if batch is not None else (32,)
+                if len(sizes) != 1:
+                    raise ValueError(f"--batch: with --task give one batch size, got {batch!r}")
+                result, render = task_decode(model or "qwen2.5-coder-0.5b", task, limit=limit, batch=sizes[0],
+                                             engines=engines, max_new_tokens=new_tokens, log=_log)
+                if json_out:
+                    typer.echo(json.dumps(result.to_json(), indent=2))
+                else:
+                    render(result)
+                return
+            for flag, value in (("--limit", limit),):
+                if value is not None:
+                    raise ValueError(f"{flag}: only with --task")
+            if batch is not None:
+                from headcount.models import bench_batch as bench
+
+                result = bench.run(model or "qwen2.5-coder-0.5b", _batch_sizes(batch),
+                                   prompt_tokens=prompt_tokens or 128, new_tokens=new_tokens or 32, repeats=repeats,
+                                   log=_log)
+            else:
+                from headcount.models import bench
+
+                result = bench.run(prompt_tokens or 512, new_tokens or 64, repeats, model_name=model or "smollm2",
+                                   log=_log)
+        if json_out:
+            typer.echo(json.dumps(result, indent=2))
         else:
-            from headcount.models import bench
+            bench.render(result)
 
-            result = bench.run(prompt_tokens or 512, new_tokens or 64, repeats, model_name=model or "smollm2",
-                               log=_log)
-    if json_out:
-        typer.echo(json.dumps(result, indent=2))
-    else:
-        bench.render(result)
+    return bench_decode
 
 
-def register(app, bench_app, *, tp_setup=None) -> None:
+def register(app, bench_app, *, tp_setup=None, task_decode=None) -> None:
     """Add the commands. tp_setup: what `generate --tp` calls, (model, *, seed, sample, log) -> (is rank 0,
     the seed every rank shares); the switchboard passes the parallel room's, which sits above models, so this
-    room never imports it. None: `--tp` says tensor parallelism is not available."""
+    room never imports it. None: `--tp` says tensor parallelism is not available. task_decode: what `bench decode
+    --task` runs (bench_decode_command), from the engines room."""
     from headcount.models.formats import cli as formats_cli
 
     formats_cli.register(app)
     app.command("perplexity")(perplexity_cmd)
     app.command("generate")(generate_command(tp_setup))
     bench_app.command("exactness")(bench_exactness)
-    bench_app.command("decode")(bench_decode)
+    bench_app.command("decode")(bench_decode_command(task_decode))
