@@ -100,7 +100,7 @@ def run_task_decode(model_name: str = "qwen2.5-coder-0.5b", task: str = "humanev
         generate_completions(model, problems[:1], fmt, Settings(max_new_tokens=2, batch_size=1))  # warm-up, as vLLM's
         completions, tokens, seconds = generate_completions(model, problems, fmt, settings)
         answers["headcount"] = [c.completion for c in completions]
-        result.rows.append(TaskDecodeRow("headcount", tokens, round(seconds, 2), round(tokens / seconds, 2),
+        result.rows.append(TaskDecodeRow("headcount", tokens, seconds, tokens / seconds,
                                          torch.get_num_threads()))
     if "vllm" in engines:
         say(f"vllm: the same {len(problems)} prompts, max_num_seqs {batch}")
@@ -141,7 +141,7 @@ def _vllm(model, ids: list[list[int]], budget: int, batch: int, stops: list[str]
     job = answer["jobs"][0]
     say(f"vllm: {time.perf_counter() - t0:.0f} s with loading, {job['generate_s']:.0f} s generating")
     tokens = sum(r["new_tokens"] for r in job["rows"])
-    row = TaskDecodeRow("vllm", tokens, round(job["generate_s"], 2), round(tokens / job["generate_s"], 2),
+    row = TaskDecodeRow("vllm", tokens, job["generate_s"], tokens / job["generate_s"],
                         answer.get("threads"))
     return [r["text"] for r in job["rows"]], row
 
