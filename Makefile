@@ -34,8 +34,11 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/headcount demo
 
+# the suite over TEST_WORKERS processes (pytest-xdist), a test file to a worker so a module's fixtures are built
+# once; each worker takes its share of the cores (tests/conftest.py). `make test TEST_WORKERS=0` runs it in one.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 bench: $(STAMP)
 	$(BIN)/headcount bench attention

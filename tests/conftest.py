@@ -4,6 +4,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
+# Under pytest-xdist (`make test` runs one worker per core) each worker takes its share of the cores, and so do
+# the processes it starts (torchrun ranks, sandboxes): N workers of N threads each would contend N-fold.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
