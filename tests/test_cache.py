@@ -107,3 +107,24 @@ def test_select_rows_refuses_rows_outside_the_batch():
     cache = KVCache(2, 4, 1, 2)
     with pytest.raises(ValueError, match="index: expected rows in 0..1"):
         cache.select_rows(torch.tensor([0, 2]))
+
+
+@given(st.integers(1, 6), st.data())
+def test_extend_rows_takes_back_what_an_in_place_select_left(batch, data):
+    """After an increasing select_rows, the storage's rows past the kept ones are spare: extend_rows(n) takes n of
+    them back without touching the kept rows; a gathered select (new storage) or a request past them is refused."""
+    cache = KVCache(batch, 5, 2, 3)
+    cache.append(torch.randn(batch, 2, 2, 3), torch.randn(batch, 2, 2, 3))
+    rows = sorted(set(data.draw(st.lists(st.integers(0, batch - 1), min_size=1, max_size=batch))))
+    cache.select_rows(torch.tensor(rows, dtype=torch.long))
+    kept = cache.k.clone()
+    assert cache.spare_rows() == batch - len(rows)
+    n = data.draw(st.integers(0, batch - len(rows)))
+    if n:
+        cache.extend_rows(n)
+    assert cache.batch_size == len(rows) + n and torch.equal(cache.k[:len(rows)], kept)
+    with pytest.raises(ValueError, match=f"n: expected at most {batch - len(rows) - n} rows"):
+        cache.extend_rows(batch - len(rows) - n + 1)
+    if len(rows) > 1:
+        cache.select_rows(torch.tensor([1, 0], dtype=torch.long))  # gathered: its own storage, nothing spare
+        assert cache.spare_rows() == 0

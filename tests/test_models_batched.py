@@ -212,6 +212,36 @@ def test_continuous_batching_prefills_a_shared_prefix_once_and_each_row_keeps_it
     assert all(shape[1] <= max(map(len, tails)) for shape in prefilled[1:])  # then only the suffixes
 
 
+@pytest.mark.parametrize("shared", (0, 12))
+def test_a_freed_row_takes_the_next_prompt_in_place_and_every_row_keeps_its_tokens(shared, monkeypatch):
+    """Rows end at different steps (an eos); each freed row takes the next prompt no longer than the cache's width
+    in the storage's spare rows (no rebuild), with and without a shared prefix, and every prompt gets the tokens
+    it gets alone. A prompt wider than the cache waits for the rebuild."""
+    from headcount.models import continuous
+
+    ours = from_transformers(exactness.random_transformers_model("llama"))
+    head = _prompts((shared,), seed=5)[0] if shared else []
+    prompts = [head + t for t in _prompts((20, 18, 16, 3, 5, 4, 2, 6, 40, 3), seed=7)]
+    free = [generate(ours, p, 14, stop_at_eos=False).new_ids for p in prompts]
+    monkeypatch.setattr(ours.config, "eos_token_id", free[1][3])
+    alone = [generate(ours, p, 14).new_ids for p in prompts]
+    assert len({len(a) for a in alone}) > 1
+    calls = {"placed": 0, "merged": 0}
+    placed, merged = continuous._placed, continuous._merged_cache
+
+    def count(name, f):
+        def wrapped(*args, **kw):
+            calls[name] += 1
+            return f(*args, **kw)
+        return wrapped
+
+    monkeypatch.setattr(continuous, "_placed", count("placed", placed))
+    monkeypatch.setattr(continuous, "_merged_cache", count("merged", merged))
+    rows = continuous.generate_many(ours, prompts, 14, batch_size=4)
+    assert [r.new_ids for r in rows] == alone
+    assert calls["placed"] >= 2 and calls["merged"] >= 1  # the first rows and the 40-token prompt need a cache
+
+
 @given(st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=6), min_size=1, max_size=5))
 def test_shared_prefix_is_the_longest_common_prefix_leaving_every_row_a_token(rows):
     from headcount.models.continuous import shared_prefix

@@ -36,6 +36,7 @@ class KVCache:
         shape = (batch_size, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self._store = (self.k, self.v)  # the whole storage: select_rows may leave k, v views of its first rows
         self.length = 0
         self._owner = weakref.ref(owner) if owner is not None else None
 
@@ -121,6 +122,23 @@ class KVCache:
             return
         self.k = self.k.index_select(0, index)
         self.v = self.v.index_select(0, index)
+        self._store = (self.k, self.v)
+
+    def spare_rows(self) -> int:
+        """Rows of the storage past batch_size that select_rows left behind (extend_rows takes them back)."""
+        store_k, store_v = self._store
+        if self.k.data_ptr() != store_k.data_ptr() or self.v.data_ptr() != store_v.data_ptr():
+            return 0  # k, v replaced from outside: no storage known past them
+        return store_k.shape[0] - self.batch_size
+
+    def extend_rows(self, n: int) -> None:
+        """Take back n rows of the storage past batch_size (see spare_rows): continuous batching writes a new
+        prompt's keys there instead of rebuilding the cache. Their contents are stale until the caller writes them."""
+        positive_int("n", n)
+        if n > self.spare_rows():
+            raise ValueError(f"n: expected at most {self.spare_rows()} rows (the storage's spare rows), got {n}")
+        rows = self.batch_size + n
+        self.k, self.v = self._store[0][:rows], self._store[1][:rows]
 
     def reset(self) -> None:
         """Forget every cached token (the storage is kept and overwritten)."""
@@ -240,6 +258,7 @@ class EmptyKVCache(KVCache):
         shape = (batch_size, 0, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self._store = (self.k, self.v)
         self.length = 0
         self._owner = None
 

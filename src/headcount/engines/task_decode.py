@@ -95,7 +95,7 @@ def run_task_decode(model_name: str = "qwen2.5-coder-0.5b", task: str = "humanev
     if "headcount" in engines:
         import torch
 
-        say(f"headcount: {len(problems)} prompts, {batch} rows, up to {budget} new tokens each")
+        say(f"headcount's engine: {len(problems)} prompts, {batch} rows, up to {budget} new tokens each")
         settings = Settings(max_new_tokens=budget, batch_size=batch)
         generate_completions(model, problems[:1], fmt, Settings(max_new_tokens=2, batch_size=1))  # warm-up, as vLLM's
         completions, tokens, seconds = generate_completions(model, problems, fmt, settings)

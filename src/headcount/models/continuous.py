@@ -4,9 +4,11 @@ by the next prompt, so a batch never waits on its longest answer.
     live rows, right-aligned in one KV cache of width W:   row r holds its n_r tokens in columns W - n_r .. W - 1
     a decode step:       [B_live, 1] tokens, position n_r each, mask: the last n_r + 1 of W + 1 columns
     a row finishes:      it leaves the cache (KVCache.select_rows) and its result is handed back at once
-    admitting prompts:   when a quarter of the rows are free, the next prompts are prefilled together (left-padded
-                         among themselves), and one new cache of width max(n_r, prompt lengths) takes the live rows'
-                         last columns and the new rows' prefill, all right-aligned
+    admitting prompts:   as soon as a row is free, the next prompts no longer than W are prefilled together
+                         (left-padded among themselves) and written into the rows the cache's storage has spare,
+                         right-aligned at W: no copy of the live rows. A longer prompt waits until a quarter of
+                         the rows are free; then one new cache of width max(n_r, prompt lengths) takes the live
+                         rows' last columns and the new rows' prefill, all right-aligned
 
 A prefix every prompt shares (a chat template's system turn and the instruction before each problem) is
 prefilled once: its keys are copied into each new row's cache, and only the rows' own suffixes run through the
@@ -140,40 +142,55 @@ def _prefill(model, rows: list[list[int]], pick, prefix: _Prefix | None = None) 
     return cache, pick(logits).tolist()
 
 
-def _merged_cache(model, old, old_n: list[int], new, new_n: list[int], room: int, prefix: int = 0):
+def _write_new(cache, first: int, new, new_n: list[int], prefix: int, width: int) -> None:
+    """The new rows' prefill (one layer's cache, [prefix | padding | suffix] when prefix > 0) written into rows
+    first.. of `cache`, each row's tokens ending at column width - 1: the suffix block to the right edge, then
+    each row's prefix right before its own suffix (over the padding's columns)."""
+    b, cols = new.batch_size, max(new_n) - prefix
+    cache.k[first:first + b, :, width - cols:width] = new.k[:, :, prefix:prefix + cols]
+    cache.v[first:first + b, :, width - cols:width] = new.v[:, :, prefix:prefix + cols]
+    for j, n in enumerate(new_n if prefix else ()):
+        at = width - n  # the row's first column
+        cache.k[first + j, :, at:at + prefix] = new.k[j, :, :prefix]
+        cache.v[first + j, :, at:at + prefix] = new.v[j, :, :prefix]
+
+
+def _merged_cache(model, old, old_n: list[int], new, new_n: list[int], room: int, prefix: int = 0,
+                  rows: int = 0):
     """One cache per layer: the old rows' last max(old_n) columns and the new rows' prefill, right-aligned.
 
     new_n: each new row's token count. With a shared prefix of `prefix` tokens the new rows' prefill cache is
-    [prefix | padding | suffix]: the suffix block goes to the right edge, then each row's prefix right before its
-    own suffix (over the padding's columns)."""
+    [prefix | padding | suffix] (see _write_new). rows: storage for at least this many rows, the ones past the
+    live rows spare (KVCache.extend_rows), so later prompts are admitted without a rebuild."""
     width = max([*old_n, *new_n])
     capacity = min(width + room, model.config.max_position)
     keep = max(old_n, default=0)
-    new_width = max(new_n, default=0)
     merged = []
     for i, layer in enumerate(model.layers):
-        parts = []
-        if old is not None and old_n:
-            parts.append((old[i], old[i].length - keep, keep))
-        if new is not None:
-            parts.append((new[i], prefix, new_width - prefix))
-        batch = sum(p[0].batch_size for p in parts)
-        cache = layer.attn.new_cache(batch, capacity)
+        batch = (old[i].batch_size if old is not None and old_n else 0) + (new[i].batch_size if new else 0)
+        cache = layer.attn.new_cache(max(batch, rows), capacity)
+        if cache.batch_size > batch:
+            cache.select_rows(torch.arange(batch, device=cache.k.device))  # in place: the rest stays spare
         row = 0
-        for src, start, cols in parts:
-            b = src.batch_size
-            cache.k[row:row + b, :, width - cols:width] = src.k[:, :, start:start + cols]
-            cache.v[row:row + b, :, width - cols:width] = src.v[:, :, start:start + cols]
-            row += b
-        if new is not None and prefix:
-            first = row - new[i].batch_size
-            for j, n in enumerate(new_n):
-                at = width - n  # the row's first column
-                cache.k[first + j, :, at:at + prefix] = new[i].k[j, :, :prefix]
-                cache.v[first + j, :, at:at + prefix] = new[i].v[j, :, :prefix]
+        if old is not None and old_n:
+            b = old[i].batch_size
+            cache.k[:b, :, width - keep:width] = old[i].k[:, :, old[i].length - keep:old[i].length]
+            cache.v[:b, :, width - keep:width] = old[i].v[:, :, old[i].length - keep:old[i].length]
+            row = b
+        if new is not None:
+            _write_new(cache, row, new[i], new_n, prefix, width)
         cache.length = width
         merged.append(cache)
     return merged
+
+
+def _placed(cache, new, new_n: list[int], prefix: int) -> None:
+    """The new rows' prefill written into each layer's spare rows, right-aligned at the cache's width."""
+    width = cache[0].length
+    for layer_cache, src in zip(cache, new):
+        first = layer_cache.batch_size
+        layer_cache.extend_rows(src.batch_size)
+        _write_new(layer_cache, first, src, new_n, prefix, width)
 
 
 def _run(model, rows, max_new_tokens, batch_size, pick, eos, stop) -> Iterator[tuple[int, GenerationResult]]:
@@ -196,15 +213,25 @@ def _run(model, rows, max_new_tokens, batch_size, pick, eos, stop) -> Iterator[t
                                   stopped_at_eos=reason == "eos", finish_reason=reason, stop_string=hit)
         return index, result
 
+    def placeable(free: int) -> bool:  # the next prompts fit the live cache: spare rows, none wider than it
+        take = pending[:free]
+        return bool(take) and cache is not None and bool(live) and cache[0].spare_rows() >= len(take) and \
+            cache[0].length + 1 <= cache[0].max_len and max(len(rows[i]) for i in take) <= cache[0].length
+
     while pending or live:
         free = batch_size - len(live)
         room_left = cache is None or cache[0].length + 1 > cache[0].max_len
-        if pending and (free >= admit_at or not live) or (live and room_left):
+        in_place = placeable(free)
+        if in_place or pending and (free >= admit_at or not live) or (live and room_left):
             take, pending = pending[:free], pending[free:]
             new_cache, first = _prefill(model, [rows[i] for i in take], pick, prefix) if take else (None, [])
             t0 = time.perf_counter()
-            cache = _merged_cache(model, cache, live.n, new_cache, [len(rows[i]) for i in take],
-                                  min(max_new_tokens, GROWTH), prefix.n if prefix is not None else 0)
+            new_n, p = [len(rows[i]) for i in take], prefix.n if prefix is not None else 0
+            if in_place:
+                _placed(cache, new_cache, new_n, p)
+            else:
+                cache = _merged_cache(model, cache, live.n, new_cache, new_n, min(max_new_tokens, GROWTH), p,
+                                      rows=batch_size)
             live.index += take
             live.n += [len(rows[i]) for i in take]
             live.next += first
@@ -231,7 +258,7 @@ def _run(model, rows, max_new_tokens, batch_size, pick, eos, stop) -> Iterator[t
         if not live:
             cache = None
             continue
-        if pending and batch_size - len(live) >= admit_at:
+        if pending and (batch_size - len(live) >= admit_at or placeable(batch_size - len(live))):
             continue  # admit before the next step
         if cache[0].length + 1 > cache[0].max_len:
             continue  # rebuild the cache narrower (the loop's top)
