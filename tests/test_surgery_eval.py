@@ -147,3 +147,17 @@ def test_eval_of_an_encoder_is_refused_before_the_edit(tmp_path):
     result = runner.invoke(app, ["prune", "--model", "minilm", "--fraction", "0.25", "--eval", "humaneval:1", "--out",
                                  str(tmp_path / "never")])
     assert result.exit_code == 2 and "decoder" in result.output and not (tmp_path / "never").exists()
+
+
+@needs_sandbox
+def test_a_meters_task_run_reports_each_program_scored(saved):
+    """QualityMeter(progress=) is handed (done, passed, total) as each program is scored, so an edit command's
+    eval of minutes shows a bar: done counts up to the problems' number, passed never above done."""
+    calls = []
+    meter = QualityMeter(eval_windows=1, tasks=parse_eval([str(saved / "mine.jsonl")]), max_new_tokens=4,
+                         progress=lambda label: lambda done, passed, total: calls.append((label, done, passed, total)))
+    scores = meter.task_scores(load(saved / "child"))
+    (label,) = scores
+    assert [c[1] for c in calls] == list(range(1, len(PROBLEMS) + 1))
+    assert all(c[0] == label and c[3] == len(PROBLEMS) and 0 <= c[2] <= c[1] for c in calls)
+    assert calls[-1][2] == round(scores[label] * len(PROBLEMS))

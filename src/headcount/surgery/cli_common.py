@@ -27,9 +27,10 @@ def quality_meter(held_out, eval_windows: int, specs=(), extra: dict | None = No
     import typer
 
     from headcount.surgery.quality import QualityMeter
+    from headcount.tasks.progress import scoring_bar
 
     return QualityMeter(held_out, eval_windows=eval_windows, window=512, extra=extra, tasks=specs,
-                        log=lambda m: typer.echo(f"headcount: {m}", err=True))
+                        log=lambda m: typer.echo(f"headcount: {m}", err=True), progress=scoring_bar)
 
 
 def task_rows(tasks: dict) -> list[tuple[str, float, float]]:

@@ -100,13 +100,14 @@ class QualityMeter:
     domain (encoders: 16 sentences per window). sizes: {domain: (windows, window)} for domains measured on other
     sizes (the report's code / source). tasks: surgery.task_scores.TaskSpec list (--eval), greedy pass@1 with
     `batch_size` rows (None: eval's default) and `max_new_tokens` (None: the prompt format's budget). log: called with a line after each task.
+    progress: progress(label) -> a progress(done, passed, total) callback for one task's run (tasks.progress).
     references: an encoder's unedited embeddings {domain: [N, d]} when the unedited model is not the first one
     measured.
     """
 
     def __init__(self, held_out=None, *, eval_windows: int = EVAL_WINDOWS, window: int = 512, extra: dict | None = None,
                  sizes: dict | None = None, domains: bool = True, tasks=(), batch_size: int | None = None,
-                 max_new_tokens: int | None = None, log=None, references: dict | None = None):
+                 max_new_tokens: int | None = None, log=None, references: dict | None = None, progress=None):
         positive_int("eval_windows", eval_windows)
         positive_int("window", window, 2)
         if extra is not None and (not isinstance(extra, dict) or not all(
@@ -118,6 +119,7 @@ class QualityMeter:
         self.tasks, self.batch_size, self.max_new_tokens, self.log = list(tasks), batch_size, max_new_tokens, log
         self._sets: dict | None = None
         self._references: dict | None = references
+        self.progress = progress
 
     # ------------------------------------------------------------------ held-out sets, built once
     def _texts(self, model) -> dict:
@@ -178,7 +180,8 @@ class QualityMeter:
         for spec in self.tasks:
             result = evaluate(model, spec.task, problems=list(spec.problems),
                               settings=Settings(batch_size=self.batch_size or BATCH_SIZE,
-                                                max_new_tokens=self.max_new_tokens))
+                                                max_new_tokens=self.max_new_tokens),
+                              progress=self.progress(spec.label) if self.progress is not None else None)
             out[spec.label] = result.pass_at_1
             out.verdicts[spec.label] = result.verdicts()
             if self.log is not None:

@@ -7,7 +7,6 @@ torch and the models are imported inside the command. Bad input (an unknown task
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Optional
@@ -17,6 +16,7 @@ import typer
 from headcount.cli_errors import one_line_errors
 from headcount.cli_options import DeviceOpt, DtypeOpt, JsonOpt, OptionalModelOpt
 from headcount.tasks.harness import BATCH_SIZE
+from headcount.tasks.progress import scoring_bar
 
 
 def _check_samples_path(path: Optional[Path]) -> None:
@@ -50,24 +50,6 @@ def _write_samples(path: Path, samples) -> None:
         for s in samples:
             f.write(json.dumps(s.to_json(), ensure_ascii=False) + "\n")
     tmp.replace(path)
-
-
-def _bar(total_hint: str):
-    from tqdm.auto import tqdm
-
-    state = {"bar": None}
-
-    def progress(done: int, passed: int, total: int) -> None:
-        if state["bar"] is None:
-            state["bar"] = tqdm(total=total, desc=total_hint, unit="program", file=sys.stderr, disable=None,
-                                leave=False)
-        bar = state["bar"]
-        bar.update(done - bar.n)
-        bar.set_postfix_str(f"pass {passed}/{done} = {passed / done:.1%}")
-        if done == total:
-            bar.close()
-
-    return progress
 
 
 def _summary(result) -> str:
@@ -244,7 +226,8 @@ def _scored(flags: EvalFlags, problems, settings, base: Optional[dict]):
         rows = read_completions(flags.completions, problems)
         if base is not None:
             check_same_problems([r.task_id for r in rows], base, flags.against)
-        return evaluate_completions(rows, flags.task, problems=problems, settings=settings, progress=_bar("scoring"))
+        return evaluate_completions(rows, flags.task, problems=problems, settings=settings,
+                                    progress=scoring_bar("scoring"))
     from headcount.models.options import load_model
 
     check_prompt_format(flags.prompt_format)
@@ -253,7 +236,7 @@ def _scored(flags: EvalFlags, problems, settings, base: Optional[dict]):
     lm = load_model(flags.model, flags.dtype, flags.device)
     check_model(lm)
     result = evaluate(lm, flags.task, prompt_format=flags.prompt_format, settings=settings, problems=problems,
-                      progress=_bar("eval"))
+                      progress=scoring_bar("eval"))
     result.model = flags.model
     return result
 
