@@ -4,7 +4,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
-# Under pytest-xdist (`make test` runs one worker per core) each worker takes its share of the cores, and so do
+# Under pytest-xdist (`make test` runs TEST_WORKERS workers, 2 by default) each worker takes its share of the cores, and so do
 # the processes it starts (torchrun ranks, sandboxes): N workers of N threads each would contend N-fold.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))

@@ -233,7 +233,7 @@ def _run(model, rows, max_new_tokens, batch_size, pick, eos, stop) -> Iterator[t
                 cache = _merged_cache(model, cache, live.n, new_cache, new_n, min(max_new_tokens, GROWTH), p,
                                       rows=batch_size)
             live.index += take
-            live.n += [len(rows[i]) for i in take]
+            live.n += new_n
             live.next += first
             live.new += [[t] for t in first]
             live.started += [t0] * len(take)
