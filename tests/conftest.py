@@ -25,6 +25,19 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _caches(tmp_path_factory, monkeypatch):
+    """What a teacher writes for a heal and an edit command's task scores are cached by the commands
+    (surgery/healing/teacher_cache.py, surgery/task_cache.py): in tests, under fresh folders per test, never the
+    user's $HEADCOUNT_CACHE, so no test reads another run's answers or verdicts."""
+    from headcount.surgery import task_cache
+    from headcount.surgery.healing import teacher_cache
+
+    teacher_root, task_root = tmp_path_factory.mktemp("teacher-cache"), tmp_path_factory.mktemp("task-cache")
+    monkeypatch.setattr(teacher_cache, "cache_root", lambda: teacher_root)
+    monkeypatch.setattr(task_cache, "cache_root", lambda: task_root)
+
+
 @pytest.fixture(scope="session")
 def smollm2():
     """SmolLM2-135M, loaded once per test session. Tests that CHANGE weights must deepcopy it first

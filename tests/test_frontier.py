@@ -236,10 +236,11 @@ def test_judged_by_a_task_each_row_has_its_interval_and_the_paired_comparison(tm
     (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     spec, = parse_eval([str(tmp_path / "p.jsonl")])
 
-    def evaluate(model, task, problems, settings):
+    def evaluate(model, task, problems, settings, progress=None):
         kv = run.kv_bytes_per_token(model)
-        return SimpleNamespace(samples=[SimpleNamespace(task_id=p.task_id, passed=kv > 32 * i)
-                                        for i, p in enumerate(problems)])
+        verdicts = {p.task_id: kv > 32 * i for i, p in enumerate(problems)}
+        return SimpleNamespace(pass_at_1=sum(verdicts.values()) / len(verdicts), verdicts=lambda: verdicts,
+                               pass_at_1_ci95=None, prompt_format="stand-in", seconds=0.0)
 
     monkeypatch.setattr(harness, "evaluate", evaluate)
     frontier = run_frontier("tiny", parse_points(["merge:0.75", "drop:0.5"]), model=tiny_byte_decoder(), spec=spec,

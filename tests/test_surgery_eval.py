@@ -161,3 +161,31 @@ def test_a_meters_task_run_reports_each_program_scored(saved):
     assert [c[1] for c in calls] == list(range(1, len(PROBLEMS) + 1))
     assert all(c[0] == label and c[3] == len(PROBLEMS) and 0 <= c[2] <= c[1] for c in calls)
     assert calls[-1][2] == round(scores[label] * len(PROBLEMS))
+
+
+@needs_sandbox
+def test_a_model_judged_before_is_read_back_and_a_changed_weight_is_judged_again(saved, tmp_path, monkeypatch):
+    """The commands' meter keeps each task's verdicts by the weights they were measured on (surgery/task_cache.py):
+    the unedited model of a second edit command is not generated again; the pruned child is."""
+    from headcount.surgery import task_cache
+    from headcount.surgery.cli_common import quality_meter
+    from headcount.tasks import harness
+
+    specs = parse_eval([str(saved / "mine.jsonl")])
+    assert quality_meter(None, 1, specs).task_cache == task_cache.cache_root()  # the commands' meter caches
+    lines = []
+    meter = QualityMeter(eval_windows=1, tasks=specs, max_new_tokens=4, task_cache=tmp_path, log=lines.append)
+    teacher, child = load(saved / "teacher"), load(saved / "child")
+    first = meter.task_scores(teacher)
+    real, calls = harness.evaluate, []
+    monkeypatch.setattr(harness, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = meter.task_scores(teacher)
+    assert calls == [] and dict(again) == dict(first) and again.verdicts == first.verdicts
+    assert "read back from" in lines[1] and "read back" not in lines[0]
+    meter.task_scores(child)
+    assert calls == [1]  # other weights: measured
+    QualityMeter(eval_windows=1, tasks=specs, max_new_tokens=5, task_cache=tmp_path).task_scores(teacher)
+    assert calls == [1, 1]  # another token budget: measured
+    for path in tmp_path.glob("task-*.json"):
+        path.write_text("[]")  # damaged: measured again, not an error
+    assert dict(meter.task_scores(teacher)) == dict(first) and calls == [1, 1, 1]

@@ -253,3 +253,62 @@ def test_prune_heals_on_the_teachers_answers_from_the_command_line(coder, tmp_pa
     assert data["heal"]["calibration"] == "teacher-answers" and data["heal"]["steps"] == 1
     saved = json.loads((tmp_path / "out" / "headcount.json").read_text())
     assert saved["healing"]["calibration"] == "teacher-answers"
+
+
+def test_the_teachers_answers_are_read_back_not_asked_again(coder, tmp_path, monkeypatch):
+    from headcount.surgery.healing import calibrations, teacher_cache
+
+    monkeypatch.setattr(teacher_cache, "cache_root", lambda: tmp_path)
+    first, stream = calibrations.build_calibration("teacher-answers", coder, 1, 5120, progress=False, cache=True)
+    assert stream == "mixed" and len(list(tmp_path.glob("teacher-answers-*.json"))) == 1
+
+    def asked(*args, **kwargs):
+        raise AssertionError("the teacher was asked again for what it already answered")
+
+    monkeypatch.setattr(calibrations, "_teacher_calibration", asked)
+    again, _ = calibrations.build_calibration("teacher-answers", coder, 1, 5120, progress=False, cache=True)
+    assert isinstance(again, MaskedWindows) and again.name == first.name
+    assert torch.equal(again.ids, first.ids) and torch.equal(again.mask, first.mask)
+    with pytest.raises(AssertionError, match="asked again"):  # the library does not cache unless asked
+        calibrations.build_calibration("teacher-answers", coder, 1, 5120, progress=False)
+
+
+def test_the_cache_keys_on_every_weight_and_setting_and_mends_a_damaged_entry(tmp_path):
+    from headcount.surgery.healing.teacher_cache import cached_calibration
+
+    teacher, built = tiny(), []
+
+    def build():
+        built.append(1)
+        return torch.tensor([[len(built), 2, 3]])
+
+    def get(model, steps=10, tokens=512):
+        return cached_calibration("teacher-chat", model, steps, tokens, 1, build, root=tmp_path, progress=False)
+
+    assert get(teacher).tolist() == [[1, 2, 3]] and get(teacher).tolist() == [[1, 2, 3]] and len(built) == 1
+    other = copy.deepcopy(teacher)
+    with torch.no_grad():
+        other.layers[0].attn.o_proj.weight[0, 0] += 1e-3  # one weight: another teacher
+    assert get(other).tolist() == [[2, 2, 3]] and get(teacher, steps=11).tolist() == [[3, 2, 3]]
+    assert get(teacher, tokens=1024).tolist() == [[4, 2, 3]] and len(built) == 4
+    for path in tmp_path.glob("teacher-chat-*.json"):
+        path.write_text("{not json")
+    assert get(teacher).tolist() == [[5, 2, 3]] and get(teacher).tolist() == [[5, 2, 3]]  # rebuilt, kept again
+
+
+@pytest.mark.parametrize("calibration", [
+    ["a text", "another, with ünïcode"],
+    torch.tensor([[1, 2, 3], [4, 5, 6]]),
+    MaskedWindows(torch.tensor([[1, 2, 3]]), torch.tensor([[False, True, True]]), name="teacher-answers"),
+])
+def test_every_teacher_calibration_survives_the_cache(calibration):
+    from headcount.surgery.healing.teacher_cache import from_json, to_json
+
+    back = from_json(json.loads(json.dumps(to_json(calibration))))
+    if isinstance(calibration, list):
+        assert back == calibration
+    elif isinstance(calibration, MaskedWindows):
+        assert torch.equal(back.ids, calibration.ids) and torch.equal(back.mask, calibration.mask)
+        assert back.name == calibration.name
+    else:
+        assert torch.equal(back, calibration) and back.dtype == torch.long

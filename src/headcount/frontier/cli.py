@@ -110,11 +110,12 @@ def register(app, bench_app) -> None:
                 from headcount.surgery.task_scores import check_not_calibrated_on
                 check_not_calibrated_on(specs, calibration)
             from headcount.frontier.run import run_frontier
+            from headcount.surgery.task_cache import cache_root
 
             frontier = run_frontier(model, parsed, heal_steps=heal_steps, spec=specs[0] if specs else None, out=out,
                                     force=force, eval_windows=eval_windows, calibration_windows=calibration_windows,
                                     sensitivity=sensitivity, dtype=dtype, device=device, calibration=calibration,
-                                    held_out=held_out, source=source)
+                                    held_out=held_out, source=source, task_cache=cache_root())
             if png is not None:
                 from headcount.frontier.plot import plot
                 plot(frontier, png)

@@ -160,11 +160,9 @@ class _Runner:
         return row
 
     def task(self, model, row: Row) -> None:
-        from headcount.tasks.harness import Settings, evaluate
         from headcount.tasks.stats import paired, wilson_interval
 
-        result = evaluate(model, self.spec.task, problems=list(self.spec.problems), settings=Settings())
-        row.problems = {s.task_id: bool(s.passed) for s in result.samples}
+        row.problems = dict(self.meter.task_scores(model).verdicts[self.spec.label])  # eval's defaults
         passed = sum(row.problems.values())
         row.pass_at_1 = passed / len(row.problems)
         row.pass_at_1_ci95 = [round(x, 6) for x in wilson_interval(passed, len(row.problems))]
@@ -288,14 +286,16 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
                  sensitivity: str = "loss",
                  dtype: str = "fp32", device: str = "cpu", merge_options: dict | None = None,
                  prune_options: dict | None = None, calibration=None,
-                 held_out=None, source: str = "default corpus", progress: bool = True) -> Frontier:
+                 held_out=None, source: str = "default corpus", progress: bool = True, task_cache=None) -> Frontier:
     """Measure the unedited model and every point (see the module doc); `model`: an already loaded model named
     `model_name` (tests), else loaded here. spec: a surgery.task_scores.TaskSpec (--eval) or None.
     merge_options / prune_options: merge_kv / prune_to keywords beside their defaults (`headcount prune`'s and
     `headcount merge-kv`'s; tests keep them cheap: local_steps, uptrain_steps, order).
     calibration: what prune, merge and drop choose on (None: each edit's default on the default corpus; texts or
     token windows). held_out: surgery.quality.QualityMeter's held_out (None: the default corpus's three domains).
-    source: what calibration and held_out came from, recorded in the settings (--text's file)."""
+    source: what calibration and held_out came from, recorded in the settings (--text's file). task_cache: where
+    the task's verdicts are kept by weights (surgery/task_cache.py; the command's $HEADCOUNT_CACHE/tasks), so an
+    unedited model judged by an edit command or another frontier is read back; None: always measured."""
     from headcount.arguments import one_of, positive_int
 
     one_of("sensitivity", sensitivity, ("loss", "kl"))
@@ -337,7 +337,8 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
 
     from headcount.surgery.quality import QualityMeter
 
-    meter = QualityMeter(held_out, eval_windows=eval_windows, window=512)
+    meter = QualityMeter(held_out, eval_windows=eval_windows, window=512, tasks=[spec] if spec is not None else (),
+                         task_cache=task_cache)
     rows: list[Row] = []
     reused: list[str] = []
     with tqdm(total=len(points) + 1, desc="frontier", disable=None if progress else True) as bar:

@@ -23,14 +23,17 @@ def task_specs(values):
 
 def quality_meter(held_out, eval_windows: int, specs=(), extra: dict | None = None):
     """The commands' one measure (surgery.quality.QualityMeter): held-out windows of 512 tokens, the three
-    domains on the default corpus, --eval's tasks logged as they finish."""
+    domains on the default corpus, --eval's tasks logged as they finish and kept under $HEADCOUNT_CACHE/tasks
+    (a model judged before is read back: surgery/task_cache.py)."""
     import typer
 
     from headcount.surgery.quality import QualityMeter
+    from headcount.surgery.task_cache import cache_root
     from headcount.tasks.progress import scoring_bar
 
     return QualityMeter(held_out, eval_windows=eval_windows, window=512, extra=extra, tasks=specs,
-                        log=lambda m: typer.echo(f"headcount: {m}", err=True), progress=scoring_bar)
+                        log=lambda m: typer.echo(f"headcount: {m}", err=True), progress=scoring_bar,
+                        task_cache=cache_root() if specs else None)
 
 
 def task_rows(tasks: dict) -> list[tuple[str, float, float]]:

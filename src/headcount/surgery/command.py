@@ -147,7 +147,7 @@ class Edit:
 
         return healer(run.teacher, run.opts.heal_steps, progress=run.main, eval_windows=run.opts.eval_windows,
                       group=run.group, calibration=run.calibration, held_out=run.held_out,
-                      name=run.opts.heal_calibration)
+                      name=run.opts.heal_calibration, cache=True)
 
     def legacy(self, report, run: EditRun) -> dict:
         """The command's older top-level keys (legacy_keys), kept beside the schema's for the scripts that read

@@ -102,12 +102,15 @@ class QualityMeter:
     `batch_size` rows (None: eval's default) and `max_new_tokens` (None: the prompt format's budget). log: called with a line after each task.
     progress: progress(label) -> a progress(done, passed, total) callback for one task's run (tasks.progress).
     references: an encoder's unedited embeddings {domain: [N, d]} when the unedited model is not the first one
-    measured.
+    measured. task_cache: a folder where each task's verdicts are kept, keyed by the model's weights hash, the
+    problems, the prompt format and the settings (task_cache.py): the same model judged again (the unedited
+    model of a second edit command) is read back instead of generated again. None: always measured.
     """
 
     def __init__(self, held_out=None, *, eval_windows: int = EVAL_WINDOWS, window: int = 512, extra: dict | None = None,
                  sizes: dict | None = None, domains: bool = True, tasks=(), batch_size: int | None = None,
-                 max_new_tokens: int | None = None, log=None, references: dict | None = None, progress=None):
+                 max_new_tokens: int | None = None, log=None, references: dict | None = None, progress=None,
+                 task_cache=None):
         positive_int("eval_windows", eval_windows)
         positive_int("window", window, 2)
         if extra is not None and (not isinstance(extra, dict) or not all(
@@ -120,6 +123,7 @@ class QualityMeter:
         self._sets: dict | None = None
         self._references: dict | None = references
         self.progress = progress
+        self.task_cache = task_cache
 
     # ------------------------------------------------------------------ held-out sets, built once
     def _texts(self, model) -> dict:
@@ -177,17 +181,27 @@ class QualityMeter:
         from headcount.tasks.harness import BATCH_SIZE, Settings, evaluate
 
         out = TaskScores()
+        settings = Settings(batch_size=self.batch_size or BATCH_SIZE, max_new_tokens=self.max_new_tokens)
         for spec in self.tasks:
-            result = evaluate(model, spec.task, problems=list(spec.problems),
-                              settings=Settings(batch_size=self.batch_size or BATCH_SIZE,
-                                                max_new_tokens=self.max_new_tokens),
-                              progress=self.progress(spec.label) if self.progress is not None else None)
-            out[spec.label] = result.pass_at_1
-            out.verdicts[spec.label] = result.verdicts()
+            def run(spec=spec):
+                result = evaluate(model, spec.task, problems=list(spec.problems), settings=settings,
+                                  progress=self.progress(spec.label) if self.progress is not None else None)
+                from headcount.surgery.task_cache import TaskRun
+                return TaskRun(result.pass_at_1, result.verdicts(), list(result.pass_at_1_ci95 or ()),
+                               result.prompt_format, result.seconds)
+
+            if self.task_cache is not None:
+                from headcount.surgery.task_cache import cached_task_run
+                done, where = cached_task_run(self.task_cache, model, spec, settings, run)
+            else:
+                done, where = run(), None
+            out[spec.label] = done.pass_at_1
+            out.verdicts[spec.label] = dict(done.verdicts)
             if self.log is not None:
-                lo, hi = result.pass_at_1_ci95 or (result.pass_at_1, result.pass_at_1)
-                self.log(f"{spec.label}: pass@1 {result.pass_at_1:.3f} [95% CI {lo:.3f}-{hi:.3f}] "
-                         f"({result.passed}/{result.n_problems}, {result.prompt_format} format, {result.seconds:.0f} s)")
+                lo, hi = done.ci95 or (done.pass_at_1, done.pass_at_1)
+                how = f"read back from {where}" if where is not None else f"{done.seconds:.0f} s"
+                self.log(f"{spec.label}: pass@1 {done.pass_at_1:.3f} [95% CI {lo:.3f}-{hi:.3f}] "
+                         f"({sum(done.verdicts.values())}/{len(done.verdicts)}, {done.prompt_format} format, {how})")
         return out
 
     def measure(self, model, known: dict | None = None, *, tasks: bool = True) -> Quality:

@@ -4,7 +4,7 @@ declared here once, checked and built here.
     CALIBRATIONS                                    mixed, prose+source, teacher, teacher-chat, teacher-answers
     check_calibration("--calibration", value)       ArgumentError "--calibration: expected one of ..., got VALUE"
     check_stubs_not_evaluated(specs, value, flag)   no --eval problem among the stubs the teacher is asked about
-    build_calibration(value, teacher, steps, tokens, world=1, progress=True) -> (calibration, stream)
+    build_calibration(value, teacher, steps, tokens, world=1, progress=True, cache=False) -> (calibration, stream)
 
 mixed and prose+source are analysis.batches.STREAMS (corpora, drawn by the heal itself); the teacher-* three are
 written by the teacher when the heal starts: teacher (its sampled continuations, teacher_text.teacher_texts),
@@ -30,7 +30,8 @@ HELP = ("the calibration stream without --text: mixed (prose + torch/numpy docst
         "continuations of mixed's calibration prompts), teacher-chat (half prose, half the teacher's greedy answers "
         "to function stubs of the torch/numpy calibration source, asked as --eval asks) or teacher-answers (those "
         "answers alone, one window each, the loss on the answer's tokens only; chosen on the KL of held-aside "
-        "answers)")
+        "answers). What a teacher writes is kept under $HEADCOUNT_CACHE/teacher and read back for the same teacher "
+        "weights")
 
 
 def check_calibration(flag: str, value) -> str:
@@ -49,20 +50,35 @@ def check_stubs_not_evaluated(specs, value: str, flag: str) -> None:
         check_not_calibrated_on(specs, list(function_stubs()), f"{flag} {value}")
 
 
-def build_calibration(value: str, teacher, steps: int, tokens: int, *, world: int = 1, progress: bool = True):
+def build_calibration(value: str, teacher, steps: int, tokens: int, *, world: int = 1, progress: bool = True,
+                      cache: bool = False):
     """(calibration, stream) for heal(): the stream's name for a corpus, or what the teacher wrote now (as many
-    windows as the heal draws: loop.windows_drawn), with "mixed" as the stream heal() is told of."""
+    windows as the heal draws: loop.windows_drawn), with "mixed" as the stream heal() is told of. cache: read
+    what this teacher already wrote for the same settings back from $HEADCOUNT_CACHE/teacher, and keep what it
+    writes now there (teacher_cache; the commands cache, the library does not unless asked)."""
     check_calibration("calibration", value)
     if value not in TEACHER_STREAMS:
         return value, value
+
+    def build():
+        return _teacher_calibration(value, teacher, steps, tokens, world=world, progress=progress)
+
+    if cache:
+        from headcount.surgery.healing.teacher_cache import cached_calibration
+        return cached_calibration(value, teacher, steps, tokens, world, build, progress=progress), DEFAULT
+    return build(), DEFAULT
+
+
+def _teacher_calibration(value: str, teacher, steps: int, tokens: int, *, world: int, progress: bool):
+    """What the teacher writes for calibration `value` (one of TEACHER_STREAMS)."""
     if value == TEACHER:
         from headcount.surgery.healing.teacher_text import teacher_texts
-        return teacher_texts(teacher, tokens, progress=progress), DEFAULT
+        return teacher_texts(teacher, tokens, progress=progress)
     from headcount.surgery.healing.loop import windows_drawn
 
     n = windows_drawn(steps, tokens, world=world)
     if value == TEACHER_CHAT:
         from headcount.surgery.healing.teacher_text import teacher_chat_windows
-        return teacher_chat_windows(teacher, n, progress=progress), DEFAULT
+        return teacher_chat_windows(teacher, n, progress=progress)
     from headcount.surgery.healing.answers import teacher_answers
-    return teacher_answers(teacher, n, progress=progress), DEFAULT
+    return teacher_answers(teacher, n, progress=progress)

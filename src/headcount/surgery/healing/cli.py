@@ -144,7 +144,7 @@ def heal_calibration(settings: HealSettings, run):
         from headcount.surgery.healing.calibrations import build_calibration
 
         return build_calibration(settings.stream, run.unedited, settings.steps, settings.tokens,
-                                 world=DataParallel(run.group).world, progress=run.main)
+                                 world=DataParallel(run.group).world, progress=run.main, cache=True)
     return run.calibration, settings.stream
 
 

@@ -61,13 +61,14 @@ def teacher_for(model, heal_steps: int, dtype: str = "fp32", deep: bool = False)
 
 
 def healer(teacher, heal_steps: int, *, progress: bool = True, eval_windows: int = 4, group=None, calibration=None,
-           held_out=None, name: str = DEFAULT):
+           held_out=None, name: str = DEFAULT, cache: bool = False):
     """run_edit's heal step for --heal-steps (None when there is no teacher): heal the edited model from `teacher`
     for `heal_steps` steps, reusing the edit's held-out figures before and after the edit. group: the torchrun
     group the edit ran on (the heal runs data-parallel over it, DDP); calibration / held_out: the calibration
     and held-out parts of the edit's --text (None: the calibration `name`, --heal-calibration, "mixed" by default;
-    the text's held-out part is measured as a fourth domain, "text", beside the three). The step returns
-    HealResult.to_json()."""
+    the text's held-out part is measured as a fourth domain, "text", beside the three). cache: what the teacher
+    writes is kept under $HEADCOUNT_CACHE/teacher and read back for the same teacher (the commands ask for it).
+    The step returns HealResult.to_json()."""
     if teacher is None:
         return None
 
@@ -83,7 +84,7 @@ def healer(teacher, heal_steps: int, *, progress: bool = True, eval_windows: int
         if calibration is None:  # the named calibration (the teacher's are written now, by the unedited teacher)
             from headcount.distributed import DataParallel
             cal, stream = build_calibration(name, teacher, config.steps, config.tokens,
-                                            world=DataParallel(group).world, progress=progress)
+                                            world=DataParallel(group).world, progress=progress, cache=cache)
             cal = None if isinstance(cal, str) else cal
         result = heal(model, teacher, config, known=known, progress=progress, group=group,
                       **text_args(cal, held_out, stream))

@@ -173,7 +173,8 @@ class MergeKV(Edit):
 
         # every rank heals the same way (one process's steps), as the uptrain: no group
         return healer(run.teacher, run.opts.heal_steps, progress=run.main, eval_windows=run.opts.eval_windows,
-                      calibration=run.calibration, held_out=run.held_out, name=run.opts.heal_calibration)
+                      calibration=run.calibration, held_out=run.held_out, name=run.opts.heal_calibration,
+                      cache=True)
 
     def plan_json(self) -> dict:
         """--budget's keys: the plan {layer: n_kv_heads} (the layers that change) and its predicted loss."""
