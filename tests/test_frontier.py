@@ -185,6 +185,8 @@ def test_the_command_prints_rows_and_the_frontier(tmp_path):
     (["--point", "merge:1B"], "--point merge:1B.*below"),
     (["--eval", "PROBLEMS", "--eval", "PROBLEMS:1"], "--eval: a frontier is judged on one task"),
     (["--sensitivity", "vibes"], "--sensitivity"),
+    (["--heal-calibration", "teacher-answers"], "--heal-calibration.*expected --heal-steps"),
+    (["--heal-steps", "2", "--heal-calibration", "vibes"], "--heal-calibration: expected one of"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, args, match):
     model = _saved(tmp_path)
@@ -266,3 +268,43 @@ def test_a_frontier_written_before_a_setting_existed_is_still_read_back(tmp_path
     assert run.check_out(tmp_path / "f", settings, force=False)
     with pytest.raises(ValueError, match="prune_options"):
         run.check_out(tmp_path / "f", {**settings, "prune_options": {"order": "random"}}, force=False)
+
+
+def test_healed_points_distil_on_the_calibration_asked_for(monkeypatch):
+    """--heal-calibration reaches every healed point's heal (heal_steps.healer's name), the teacher's text cached
+    when the command caches; the row says which calibration healed it. The heal itself is stood in for: its
+    own tests are test_surgery_teacher_answers.py's."""
+    from headcount.surgery.healing import cli as heal_cli
+
+    seen = []
+
+    def healer(teacher, steps, **kwargs):
+        seen.append((steps, kwargs["name"], kwargs["cache"]))
+        return lambda model, before, after: {"steps": steps, "tokens": 0, "params": 0, "seconds": 0.0,
+                                             "calibration": kwargs["name"]}
+
+    monkeypatch.setattr(heal_cli, "healer", healer)
+    model = tiny_byte_decoder()
+    model.tokenizer.chat_template = "{{ messages }}"
+    frontier = run_frontier("tiny", parse_points(["drop:0.5"]), model=model, heal_steps=2, eval_windows=1,
+                            calibration_windows=2, held_out=HELD, calibration=None, progress=False,
+                            heal_calibration="teacher-answers", task_cache=None)
+    assert seen == [(2, "teacher-answers", False)]
+    assert [(r.point, r.healed) for r in frontier.rows][1:] == [("drop:0.5", False), ("drop:0.5", True)]
+    assert frontier.rows[-1].edit["heal"]["calibration"] == "teacher-answers"
+    model.tokenizer.chat_template = None
+    with pytest.raises(ValueError, match="--heal-calibration: teacher-answers asks .* chat template"):
+        run_frontier("tiny", parse_points(["drop:0.5"]), model=model, heal_steps=2, eval_windows=1,
+                     calibration_windows=2, held_out=HELD, progress=False, heal_calibration="teacher-answers")
+
+
+def test_a_frontier_healed_on_another_calibration_is_not_read_back(tmp_path):
+    settings = run.settings_of("tiny", heal_steps=2, spec=None, eval_windows=1, calibration_windows=2,
+                               sensitivity="loss", dtype="fp32", merge_options=None)
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / run.MANIFEST).write_text(json.dumps({"settings": settings}))
+    assert run.check_out(tmp_path / "f", settings, force=False)
+    answers = run.settings_of("tiny", heal_steps=2, spec=None, eval_windows=1, calibration_windows=2,
+                              sensitivity="loss", dtype="fp32", merge_options=None, heal_calibration="teacher-answers")
+    with pytest.raises(ValueError, match="heal_calibration"):
+        run.check_out(tmp_path / "f", answers, force=False)

@@ -2,7 +2,8 @@
 against what it keeps. Registered by headcount/cli.py; no torch import at module level.
 
     headcount frontier --model smollm2 [--point prune:0.2] [--point merge:0.75] [--point drop:0.25+merge:0.9]
-                       [--heal-steps K] [--eval humaneval[:N] | PROBLEMS.jsonl] [--out DIR [--force]] [--png F] [--json]
+                       [--heal-steps K [--heal-calibration teacher-answers]] [--eval humaneval[:N] | PROBLEMS.jsonl]
+                       [--out DIR [--force]] [--png F] [--json]
 
 Bad input (an unknown edit, a fraction outside (0, 1), a merge budget the model cannot reach, --eval on an
 encoder, an --out holding another frontier without --force): one line on stderr, exit 2, nothing written.
@@ -14,6 +15,8 @@ import json
 from typing import Annotated, Optional
 
 import typer
+
+from headcount.surgery.healing.heal_steps import HealCalibrationOpt
 
 from headcount.cli_options import (DeviceOpt, DtypeOpt, EvalOpt, EvalWindowsOpt, ForceOpt, HealStepsOpt, JsonOpt,
                                    ModelOpt, OutOpt, PngOpt, TextOpt)
@@ -74,7 +77,7 @@ def register(app, bench_app) -> None:
                      evals: EvalOpt = None, out: OutOpt = None, force: ForceOpt = False, png: PngOpt = None,
                      json_out: JsonOpt = False, sensitivity: SensitivityOpt = "loss",
                      calibration_windows: CalibrationWindowsOpt = 8, eval_windows: EvalWindowsOpt = 4,
-                     text: TextOpt = None,
+                     text: TextOpt = None, heal_calibration: HealCalibrationOpt = "mixed",
                      dtype: DtypeOpt = "fp32", device: DeviceOpt = "cpu") -> None:
         """How much can I cut? Each point an edit of the unedited model: KV bytes, attention FLOPs, parameters,
         held-out perplexity and pass@1 (--eval) per point, the points no other beats marked; --out keeps every
@@ -86,8 +89,10 @@ def register(app, bench_app) -> None:
             if sensitivity not in ("loss", "kl"):
                 raise ValueError(f"--sensitivity: expected loss or kl, got {sensitivity!r}")
             from headcount.surgery.healing.cli import check_heal_steps
+            from headcount.surgery.healing.heal_steps import check_heal_calibration
 
             check_heal_steps(heal_steps)
+            check_heal_calibration(heal_calibration, heal_steps, text)
             if calibration_windows < 1 or eval_windows < 1:
                 raise ValueError("--calibration-windows, --eval-windows: expected positive numbers, got "
                                  f"{calibration_windows} and {eval_windows}")
@@ -107,15 +112,18 @@ def register(app, bench_app) -> None:
 
             calibration, held_out, source = calibration_and_held_out(text)
             if specs:
+                from headcount.surgery.healing.calibrations import check_stubs_not_evaluated
                 from headcount.surgery.task_scores import check_not_calibrated_on
                 check_not_calibrated_on(specs, calibration)
+                check_stubs_not_evaluated(specs, heal_calibration, "--heal-calibration")  # what the teacher is asked
             from headcount.frontier.run import run_frontier
             from headcount.surgery.task_cache import cache_root
 
             frontier = run_frontier(model, parsed, heal_steps=heal_steps, spec=specs[0] if specs else None, out=out,
                                     force=force, eval_windows=eval_windows, calibration_windows=calibration_windows,
                                     sensitivity=sensitivity, dtype=dtype, device=device, calibration=calibration,
-                                    held_out=held_out, source=source, task_cache=cache_root())
+                                    held_out=held_out, source=source, task_cache=cache_root(),
+                                    heal_calibration=heal_calibration)
             if png is not None:
                 from headcount.frontier.plot import plot
                 plot(frontier, png)

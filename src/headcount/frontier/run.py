@@ -131,12 +131,14 @@ def _read_rows(path: Path) -> list[Row] | None:
 # ------------------------------------------------------------------------------------------ the runner
 class _Runner:
     def __init__(self, unedited, *, meter, spec, heal_steps, calibration_windows, eval_windows, sensitivity,
-                 merge_options, out, progress, bar, calibration=None, held_out=None, prune_options=None):
+                 merge_options, out, progress, bar, calibration=None, held_out=None, prune_options=None,
+                 heal_calibration="mixed", cache=False):
         self.unedited, self.meter, self.spec, self.heal_steps = unedited, meter, spec, heal_steps
         self.calibration_windows, self.eval_windows = calibration_windows, eval_windows
         self.sensitivity, self.merge_options, self.out, self.progress, self.bar = (
             sensitivity, dict(merge_options or {}), out, progress, bar)
         self.calibration, self.held_out, self.prune_options = calibration, held_out, dict(prune_options or {})
+        self.heal_calibration, self.cache = heal_calibration, cache
         self.tables: dict[str, object] = {}
         self.base_row: Row | None = None
 
@@ -242,12 +244,13 @@ class _Runner:
             self.stage(point.text, f"healing {self.heal_steps} steps")
             base, after = self.base_row, rows[0]
             block = healer(self.unedited, self.heal_steps, progress=self.progress, eval_windows=self.eval_windows,
-                           calibration=self.calibration, held_out=self.held_out)(
+                           calibration=self.calibration, held_out=self.held_out, name=self.heal_calibration,
+                           cache=self.cache)(
                 model, Quality(base.perplexity, base.fidelity), Quality(after.perplexity, after.fidelity))
             known = (block.get("held_out") or {}).get("after_heal")
             rows.append(self.measure(model, point.text, True, heal_start,
-                                     {**edit, "heal": {k: block.get(k)
-                                                       for k in ("steps", "tokens", "params", "seconds")}},
+                                     {**edit, "heal": {k: block.get(k) for k in
+                                                       ("steps", "tokens", "params", "seconds", "calibration")}},
                                      known=known))
         if self.out is not None:
             self.stage(point.text, "saving")
@@ -272,13 +275,13 @@ def mark(rows: list[Row], score: str) -> None:
 
 def settings_of(model_name: str, *, heal_steps: int, spec, eval_windows: int, calibration_windows: int,
                 sensitivity: str, dtype: str, merge_options: dict | None, prune_options: dict | None = None,
-                source: str = "default corpus") -> dict:
+                source: str = "default corpus", heal_calibration: str = "mixed") -> dict:
     """What a saved frontier must match to be read back (the points may differ: a rerun adds or reads them)."""
     return {"model": str(model_name), "heal_steps": int(heal_steps), "eval": None if spec is None else spec.label,
             "eval_windows": int(eval_windows), "calibration_windows": int(calibration_windows),
             "sensitivity": sensitivity, "dtype": dtype, "merge_options": dict(sorted((merge_options or {}).items())),
             "prune_options": dict(sorted((prune_options or {}).items())),
-            "text": source}
+            "text": source, **({"heal_calibration": heal_calibration} if heal_calibration != "mixed" else {})}
 
 
 def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int = 0, spec=None,
@@ -286,7 +289,8 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
                  sensitivity: str = "loss",
                  dtype: str = "fp32", device: str = "cpu", merge_options: dict | None = None,
                  prune_options: dict | None = None, calibration=None,
-                 held_out=None, source: str = "default corpus", progress: bool = True, task_cache=None) -> Frontier:
+                 held_out=None, source: str = "default corpus", progress: bool = True, task_cache=None,
+                 heal_calibration: str = "mixed") -> Frontier:
     """Measure the unedited model and every point (see the module doc); `model`: an already loaded model named
     `model_name` (tests), else loaded here. spec: a surgery.task_scores.TaskSpec (--eval) or None.
     merge_options / prune_options: merge_kv / prune_to keywords beside their defaults (`headcount prune`'s and
@@ -295,7 +299,10 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
     token windows). held_out: surgery.quality.QualityMeter's held_out (None: the default corpus's three domains).
     source: what calibration and held_out came from, recorded in the settings (--text's file). task_cache: where
     the task's verdicts are kept by weights (surgery/task_cache.py; the command's $HEADCOUNT_CACHE/tasks), so an
-    unedited model judged by an edit command or another frontier is read back; None: always measured."""
+    unedited model judged by an edit command or another frontier is read back; None: always measured.
+    heal_calibration: what the healed rows distil on without `calibration` (heal_steps.healer's name: mixed, or
+    teacher-answers for a chat model judged by its answers); with a task_cache (the command's) the teacher's text
+    is cached too ($HEADCOUNT_CACHE/teacher), written once for every healed point and every later run."""
     from headcount.arguments import one_of, positive_int
 
     one_of("sensitivity", sensitivity, ("loss", "kl"))
@@ -306,7 +313,8 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
     out = None if out is None else Path(out)
     settings = settings_of(model_name, heal_steps=heal_steps, spec=spec, eval_windows=eval_windows,
                            calibration_windows=calibration_windows, sensitivity=sensitivity, dtype=dtype,
-                           merge_options=merge_options, prune_options=prune_options, source=source)
+                           merge_options=merge_options, prune_options=prune_options, source=source,
+                           heal_calibration=heal_calibration)
     resume = check_out(out, settings, force)
     if model is None:
         from headcount.models.options import load_model
@@ -316,8 +324,13 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
         from headcount.surgery.cli_common import check_eval_model
         check_eval_model([spec], model)
     if heal_steps:
+        from headcount.surgery.healing.calibrations import ASKING, check_calibration
         from headcount.surgery.healing.cli import teacher_for
         teacher_for(model, heal_steps, dtype)  # its checks (a decoder, a trainable dtype); the teacher is `model`
+        check_calibration("--heal-calibration", heal_calibration)
+        if heal_calibration in ASKING and not getattr(getattr(model, "tokenizer", None), "chat_template", None):
+            raise ValueError(f"--heal-calibration: {heal_calibration} asks the unedited model through its chat "
+                             f"template; {model_name} has none (use mixed or teacher)")
     check_points(model, points)
     from headcount.models.fingerprint import weights_hash
 
@@ -345,7 +358,8 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
         runner = _Runner(model, meter=meter, spec=spec, heal_steps=heal_steps, calibration_windows=calibration_windows,
                          eval_windows=eval_windows, sensitivity=sensitivity, merge_options=merge_options, out=out,
                          progress=progress, bar=bar, calibration=calibration, held_out=held_out,
-                         prune_options=prune_options)
+                         prune_options=prune_options, heal_calibration=heal_calibration,
+                         cache=task_cache is not None)
         path = None if out is None else out / "unedited" / "result.json"
         saved = _read_rows(path) if resume else None
         if saved:
