@@ -389,7 +389,7 @@ def test_heal_on_prose_and_source_distils_verbatim_package_files(saved, monkeypa
     assert load(out).healing["calibration"] == "prose+source"
     child = ["heal", "--model", str(saved / "child"), "--teacher", str(saved / "teacher"), "--out", str(saved / "x")]
     bad([*child, "--calibration", "prose"],
-        "--calibration: expected one of mixed, prose+source, teacher, teacher-chat, teacher-answers, got 'prose'")
+        "--calibration: expected one of mixed, prose+source, teacher, teacher-chat, teacher-answers, student-answers, got 'prose'")
     bad([*child, "--calibration", "prose+source", "--text", str(saved / "mine.txt")], "--calibration:")
     assert not (saved / "x").exists()
 

@@ -214,7 +214,7 @@ def test_the_calibration_names_are_the_streams_and_the_teachers():
     from headcount.surgery.healing.calibrations import CALIBRATIONS, STREAM_NAMES
 
     assert STREAM_NAMES == tuple(STREAMS)
-    assert CALIBRATIONS == ("mixed", "prose+source", "teacher", "teacher-chat", "teacher-answers")
+    assert CALIBRATIONS == ("mixed", "prose+source", "teacher", "teacher-chat", "teacher-answers", "student-answers")
 
 
 def one_line(args, expected):
@@ -224,7 +224,7 @@ def one_line(args, expected):
     assert len(lines) == 1 and lines[0].endswith(expected), result.output
 
 
-EXPECTED = "expected one of mixed, prose+source, teacher, teacher-chat, teacher-answers, got 'answers'"
+EXPECTED = "expected one of mixed, prose+source, teacher, teacher-chat, teacher-answers, student-answers, got 'answers'"
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -312,3 +312,39 @@ def test_every_teacher_calibration_survives_the_cache(calibration):
         assert back.name == calibration.name
     else:
         assert torch.equal(back, calibration) and back.dtype == torch.long
+
+
+def test_student_answers_are_the_edited_models_own_and_the_heal_asks_the_student(coder, monkeypatch):
+    """On-policy: the windows hold the STUDENT's greedy answers (what it says when judged, loops included), the
+    prompt the same eval prompt; healer() hands build_calibration the model it heals."""
+    from headcount.surgery.healing import calibrations
+    from headcount.surgery.healing.heal_steps import healer
+    from headcount.surgery.quality import Quality
+
+    student = tiny(vocab=coder.config.vocab_size, max_position=1024, tokenizer=coder.tokenizer, seed=5)
+    student.name = coder.name  # other weights, asked in the same format
+    cal, _ = calibrations.build_calibration("student-answers", coder, 1, 5120, progress=False, student=student)
+    assert isinstance(cal, MaskedWindows) and cal.name == "student-answers"
+    fmt, tok = choose_format(coder, "auto"), coder.tokenizer
+    prompt = prompt_ids(coder, Problem("x", list(dict.fromkeys(function_stubs()))[0], "", "f"), fmt)
+    row, mask = cal.ids[0], cal.mask[0]
+    assert row[:len(prompt)].tolist() == prompt and not mask[:len(prompt)].any()
+    answer = row[mask].tolist()
+    assert answer == generate(student, prompt, len(answer), stop=fmt.stops(tok)).new_ids[:len(answer)]
+    assert answer != generate(coder, prompt, len(answer), stop=fmt.stops(tok)).new_ids[:len(answer)]
+    with pytest.raises(ValueError, match="student: student-answers"):
+        calibrations.build_calibration("student-answers", coder, 1, 5120, progress=False)
+
+    writers = []
+    monkeypatch.setattr(calibrations, "_teacher_calibration",
+                        lambda value, writer, *a, **k: writers.append((value, writer)) or cal)
+    class Stop(Exception):
+        pass
+
+    def stop(*args, **kwargs):
+        raise Stop
+
+    monkeypatch.setattr("headcount.surgery.healing.loop.heal", stop)
+    with pytest.raises(Stop):
+        healer(coder, 1, name="student-answers", progress=False)(student, Quality(), Quality())
+    assert writers == [("student-answers", student)]

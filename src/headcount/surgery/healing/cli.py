@@ -136,15 +136,15 @@ class Heal(Edit):
             before_after_table(task_rows(data["tasks"]), f"{run.opts.model}: task scores")
 
 
-def heal_calibration(settings: HealSettings, run):
+def heal_calibration(settings: HealSettings, run, student=None):
     """(calibration, stream) the heal distils on: --text's calibration part, a named stream, or the teacher's own
-    text written now (calibrations.build_calibration)."""
+    text written now (for student-answers, the student's: calibrations.build_calibration)."""
     if settings.stream in TEACHER_STREAMS:
         from headcount.distributed import DataParallel
         from headcount.surgery.healing.calibrations import build_calibration
 
         return build_calibration(settings.stream, run.unedited, settings.steps, settings.tokens,
-                                 world=DataParallel(run.group).world, progress=run.main, cache=True)
+                                 world=DataParallel(run.group).world, progress=run.main, cache=True, student=student)
     return run.calibration, settings.stream
 
 
@@ -153,7 +153,7 @@ def heal_step(model, before, after, settings: HealSettings, run) -> dict:
     from headcount.surgery.healing.loop import heal
 
     known = {"before_edit": dict(before.perplexity), "after_edit": dict(after.perplexity)}
-    calibration, stream = heal_calibration(settings, run)
+    calibration, stream = heal_calibration(settings, run, student=model)
     result = heal(model, run.unedited, settings.config(run.opts.eval_windows), known=known, group=run.group,
                   **text_args(calibration, run.held_out, stream))
     text = run.opts.text

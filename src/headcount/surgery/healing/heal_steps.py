@@ -84,7 +84,8 @@ def healer(teacher, heal_steps: int, *, progress: bool = True, eval_windows: int
         if calibration is None:  # the named calibration (the teacher's are written now, by the unedited teacher)
             from headcount.distributed import DataParallel
             cal, stream = build_calibration(name, teacher, config.steps, config.tokens,
-                                            world=DataParallel(group).world, progress=progress, cache=cache)
+                                            world=DataParallel(group).world, progress=progress, cache=cache,
+                                            student=model)
             cal = None if isinstance(cal, str) else cal
         result = heal(model, teacher, config, known=known, progress=progress, group=group,
                       **text_args(cal, held_out, stream))
