@@ -28,9 +28,9 @@ def _seed():
 @pytest.fixture(autouse=True)
 def _caches(tmp_path_factory, monkeypatch):
     """What a teacher writes for a heal and an edit command's task scores are cached by the commands
-    (surgery/healing/teacher_cache.py, surgery/task_cache.py): in tests, under fresh folders per test, never the
+    (surgery/healing/teacher_cache.py, tasks/verdict_cache.py): in tests, under fresh folders per test, never the
     user's $HEADCOUNT_CACHE, so no test reads another run's answers or verdicts."""
-    from headcount.surgery import task_cache
+    from headcount.tasks import verdict_cache as task_cache
     from headcount.surgery.healing import teacher_cache
 
     teacher_root, task_root = tmp_path_factory.mktemp("teacher-cache"), tmp_path_factory.mktemp("task-cache")

@@ -165,9 +165,9 @@ def test_a_meters_task_run_reports_each_program_scored(saved):
 
 @needs_sandbox
 def test_a_model_judged_before_is_read_back_and_a_changed_weight_is_judged_again(saved, tmp_path, monkeypatch):
-    """The commands' meter keeps each task's verdicts by the weights they were measured on (surgery/task_cache.py):
+    """The commands' meter keeps each task's verdicts by the weights they were measured on (tasks/verdict_cache.py):
     the unedited model of a second edit command is not generated again; the pruned child is."""
-    from headcount.surgery import task_cache
+    from headcount.tasks import verdict_cache as task_cache
     from headcount.surgery.cli_common import quality_meter
     from headcount.tasks import harness
 
@@ -189,3 +189,34 @@ def test_a_model_judged_before_is_read_back_and_a_changed_weight_is_judged_again
     for path in tmp_path.glob("task-*.json"):
         path.write_text("[]")  # damaged: measured again, not an error
     assert dict(meter.task_scores(teacher)) == dict(first) and calls == [1, 1, 1]
+
+
+@needs_sandbox
+def test_what_headcount_eval_measured_is_read_back_by_an_edit_commands_meter(saved, tmp_path, monkeypatch):
+    """`headcount eval` keeps a greedy run in the commands' format by weights hash (tasks/verdict_cache.py): the
+    meter of a later edit command reads its verdicts back; a run in another format is not taken for it."""
+    from headcount.tasks import harness
+    from headcount.tasks import verdict_cache as task_cache
+
+    problems = str(saved / "mine.jsonl")
+    out = runner.invoke(app, ["eval", "--model", str(saved / "teacher"), "--task", problems, "--max-new-tokens", "4",
+                              "--samples", str(tmp_path / "s.jsonl"), "--json"])
+    assert out.exit_code == 0, out.output
+    evaluated = json.loads(out.stdout.strip().splitlines()[-1])
+    real, calls, lines = harness.evaluate, [], []
+    monkeypatch.setattr(harness, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    meter = QualityMeter(eval_windows=1, tasks=parse_eval([problems]), max_new_tokens=4,
+                         task_cache=task_cache.cache_root(), log=lines.append)
+    teacher = load(saved / "teacher")
+    scores = meter.task_scores(teacher)
+    assert calls == [] and "read back from" in lines[0]
+    assert dict(scores) == {problems: evaluated["pass_at_1"]}
+    rows = [json.loads(line) for line in (tmp_path / "s.jsonl").read_text().splitlines()]
+    assert scores.verdicts[problems] == {r["task_id"]: r["passed"] for r in rows}
+
+    other = runner.invoke(app, ["eval", "--model", str(saved / "child"), "--task", problems, "--max-new-tokens",
+                                "4", "--prompt-format", "completion", "--json"])
+    assert other.exit_code == 0, other.output
+    calls.clear()
+    meter.task_scores(load(saved / "child"))
+    assert calls == [1]  # the child was evaluated in another format than the meter's: measured

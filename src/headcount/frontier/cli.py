@@ -117,7 +117,7 @@ def register(app, bench_app) -> None:
                 check_not_calibrated_on(specs, calibration)
                 check_stubs_not_evaluated(specs, heal_calibration, "--heal-calibration")  # what the teacher is asked
             from headcount.frontier.run import run_frontier
-            from headcount.surgery.task_cache import cache_root
+            from headcount.tasks.verdict_cache import cache_root
 
             frontier = run_frontier(model, parsed, heal_steps=heal_steps, spec=specs[0] if specs else None, out=out,
                                     force=force, eval_windows=eval_windows, calibration_windows=calibration_windows,

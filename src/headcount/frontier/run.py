@@ -298,7 +298,7 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
     calibration: what prune, merge and drop choose on (None: each edit's default on the default corpus; texts or
     token windows). held_out: surgery.quality.QualityMeter's held_out (None: the default corpus's three domains).
     source: what calibration and held_out came from, recorded in the settings (--text's file). task_cache: where
-    the task's verdicts are kept by weights (surgery/task_cache.py; the command's $HEADCOUNT_CACHE/tasks), so an
+    the task's verdicts are kept by weights (tasks/verdict_cache.py; the command's $HEADCOUNT_CACHE/tasks), so an
     unedited model judged by an edit command or another frontier is read back; None: always measured.
     heal_calibration: what the healed rows distil on without `calibration` (heal_steps.healer's name: mixed, or
     teacher-answers for a chat model judged by its answers); with a task_cache (the command's) the teacher's text

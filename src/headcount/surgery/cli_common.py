@@ -24,11 +24,11 @@ def task_specs(values):
 def quality_meter(held_out, eval_windows: int, specs=(), extra: dict | None = None):
     """The commands' one measure (surgery.quality.QualityMeter): held-out windows of 512 tokens, the three
     domains on the default corpus, --eval's tasks logged as they finish and kept under $HEADCOUNT_CACHE/tasks
-    (a model judged before is read back: surgery/task_cache.py)."""
+    (a model judged before is read back: tasks/verdict_cache.py)."""
     import typer
 
     from headcount.surgery.quality import QualityMeter
-    from headcount.surgery.task_cache import cache_root
+    from headcount.tasks.verdict_cache import cache_root
     from headcount.tasks.progress import scoring_bar
 
     return QualityMeter(held_out, eval_windows=eval_windows, window=512, extra=extra, tasks=specs,

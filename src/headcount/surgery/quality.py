@@ -103,7 +103,7 @@ class QualityMeter:
     progress: progress(label) -> a progress(done, passed, total) callback for one task's run (tasks.progress).
     references: an encoder's unedited embeddings {domain: [N, d]} when the unedited model is not the first one
     measured. task_cache: a folder where each task's verdicts are kept, keyed by the model's weights hash, the
-    problems, the prompt format and the settings (task_cache.py): the same model judged again (the unedited
+    problems, the prompt format and the settings (tasks/verdict_cache.py): the same model judged again (the unedited
     model of a second edit command) is read back instead of generated again. None: always measured.
     """
 
@@ -186,13 +186,12 @@ class QualityMeter:
             def run(spec=spec):
                 result = evaluate(model, spec.task, problems=list(spec.problems), settings=settings,
                                   progress=self.progress(spec.label) if self.progress is not None else None)
-                from headcount.surgery.task_cache import TaskRun
-                return TaskRun(result.pass_at_1, result.verdicts(), list(result.pass_at_1_ci95 or ()),
-                               result.prompt_format, result.seconds)
+                from headcount.tasks.verdict_cache import TaskRun
+                return TaskRun.of(result)
 
             if self.task_cache is not None:
-                from headcount.surgery.task_cache import cached_task_run
-                done, where = cached_task_run(self.task_cache, model, spec, settings, run)
+                from headcount.tasks.verdict_cache import cached_task_run
+                done, where = cached_task_run(self.task_cache, model, spec.problems, settings, run)
             else:
                 done, where = run(), None
             out[spec.label] = done.pass_at_1

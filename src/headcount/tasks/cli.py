@@ -238,7 +238,21 @@ def _scored(flags: EvalFlags, problems, settings, base: Optional[dict]):
     result = evaluate(lm, flags.task, prompt_format=flags.prompt_format, settings=settings, problems=problems,
                       progress=scoring_bar("eval"))
     result.model = flags.model
+    _keep_verdicts(lm, flags.prompt_format, problems, settings, result)
     return result
+
+
+def _keep_verdicts(lm, prompt_format: str, problems, settings, result) -> None:
+    """A greedy run in the format the edit commands ask in is kept by weights hash (tasks/verdict_cache.py), so
+    `prune --eval` or `frontier --eval` of the same model reads it back instead of generating it again."""
+    from headcount.tasks.prompts import choose_format
+    from headcount.tasks.verdict_cache import TaskRun, cache_root, remember
+
+    if settings.samples_per_task != 1 or settings.temperature != 0:
+        return
+    if repr(choose_format(lm, prompt_format)) != repr(choose_format(lm, "auto")):
+        return
+    remember(cache_root(), lm, problems, settings, TaskRun.of(result))
 
 
 def register(app, bench_app) -> None:

@@ -1,15 +1,19 @@
-"""An edit command's task scores, kept on disk for the weights they were measured on.
+"""A task's verdicts, kept on disk for the weights they were measured on.
 
-    run, where = cached_task_run(root, model, spec, settings, measure)   # measure() -> quality.TaskRun on a miss
+    run, where = cached_task_run(root, model, problems, settings, measure)   # measure() -> TaskRun on a miss
+    remember(root, model, problems, settings, run)                           # what `headcount eval` measured
 
-Every edit command with --eval judges the unedited model first: 12 minutes of a 0.5B model's HumanEval on 2
+Every edit command with --eval (surgery's QualityMeter) judges the unedited model first: 12 minutes of a 0.5B model's HumanEval on 2
 cores, the same answer for a prune, a merge and a drop of the same model. Greedy generation is deterministic
 for the same weights, prompts and settings, so each stage's verdicts are kept as JSON under
 $HEADCOUNT_CACHE/tasks/, keyed by the model's weights hash (models.fingerprint), the problems (their ids,
 prompts, tests and entry points), the prompt format the model is asked in (its text, stops and budget) and the
 settings (batch size, token budget, sandbox bounds). Change one weight, one problem or one setting and the key
 changes. The log line says when a score was read back and from where (delete the file to measure again).
-A damaged entry is measured again; an unwritable cache only costs time.
+A damaged entry is measured again; an unwritable cache only costs time. `headcount eval` writes what it
+measured in the format the commands ask in (auto), greedy, one sample a problem: a model evaluated once is then
+not generated again by `prune --eval` or `frontier --eval`. It never reads back: its --samples need the answers,
+which the entry does not keep.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ class TaskRun:
                 "prompt_format": self.prompt_format, "seconds": self.seconds}
 
     @classmethod
+    def of(cls, result) -> "TaskRun":
+        """What a stage keeps of a tasks.harness.EvalResult."""
+        return cls(result.pass_at_1, result.verdicts(), list(result.pass_at_1_ci95 or ()), result.prompt_format,
+                   result.seconds)
+
+    @classmethod
     def from_json(cls, data: dict) -> "TaskRun":
         verdicts = data["verdicts"]
         if not isinstance(verdicts, dict) or not all(isinstance(v, bool) for v in verdicts.values()):
@@ -50,30 +60,46 @@ def cache_root() -> Path:
     return root() / "tasks"
 
 
-def task_key(model, spec, settings) -> str:
+def task_key(model, problems, settings) -> str:
     from headcount.models.fingerprint import weights_hash
     from headcount.disk_cache import cache_key, text_hash
     from headcount.tasks.prompts import choose_format
 
-    problems = text_hash([f"{p.task_id}\0{p.prompt}\0{p.test}\0{p.entry_point}" for p in spec.problems])
+    problems = text_hash([f"{p.task_id}\0{p.prompt}\0{p.test}\0{p.entry_point}" for p in problems])
     return cache_key("task", weights=weights_hash(model), text=problems,
                      params={"format": repr(choose_format(model, "auto")), "settings": asdict(settings),
                              "version": CACHE_VERSION})
 
 
-def cached_task_run(root, model, spec, settings, measure: Callable[[], object]):
-    """(TaskRun, the file it was read from or None when measured now)."""
-    from headcount.disk_cache import atomic_write_text
+def _path(root, model, problems, settings) -> Path:
+    return Path(root) / f"task-{task_key(model, problems, settings)}.json"
 
-    path = Path(root) / f"task-{task_key(model, spec, settings)}.json"
+
+def cached_task_run(root, model, problems, settings, measure: Callable[[], TaskRun]):
+    """(TaskRun, the file it was read from or None when measured now)."""
+    path = _path(root, model, problems, settings)
     if path.is_file():
         try:
             return TaskRun.from_json(json.loads(path.read_text(encoding="utf-8"))), path
         except (OSError, ValueError, KeyError, TypeError):
             pass  # damaged: measured again and written over
     run = measure()
+    _write(path, run)
+    return run, None
+
+
+def remember(root, model, problems, settings, run: TaskRun) -> Path | None:
+    """Keep `run` (measured outside a meter: `headcount eval`) where cached_task_run looks for it; the file, or
+    None when the cache cannot be written."""
+    path = _path(root, model, problems, settings)
+    return path if _write(path, run) else None
+
+
+def _write(path: Path, run: TaskRun) -> bool:
+    from headcount.disk_cache import atomic_write_text
+
     try:
         atomic_write_text(path, json.dumps(run.to_json()))
     except OSError:
-        pass
-    return run, None
+        return False
+    return True
