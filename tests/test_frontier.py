@@ -78,6 +78,40 @@ def test_pareto_marks_exactly_the_points_nothing_beats(pairs):
     assert pareto.on_frontier(costs, scores) == brute_force(costs, scores)
 
 
+def _row(point, kv, flops, passed=None, ppl=None):
+    from headcount.frontier.result import Row
+    return Row(point, False, kv, flops, flops, 4096, 1000, perplexity={"prose": ppl} if ppl else {},
+               pass_at_1=passed)
+
+
+@given(st.lists(st.tuples(st.integers(1, 8), st.integers(1, 8), st.integers(0, 10)), min_size=1, max_size=8),
+       st.sampled_from([0.5, 0.8, 0.9, 1.0]))
+def test_keeping_names_the_cheapest_point_that_keeps_the_share(points, fraction):
+    """The cheapest point (fewer KV bytes; FLOPs the same) whose pass@1 is at least `fraction` of the unedited
+    one's, against the definition read over every row; none where no cheaper point keeps that much."""
+    from headcount.frontier.result import Frontier
+
+    rows = [_row("unedited", 8, 8, 0.5)] + [_row(f"p{i}", kv, fl, k / 10) for i, (kv, fl, k) in enumerate(points)]
+    frontier = Frontier("m", {}, rows, "pass_at_1")
+    for cost, key in (("kv", "kv_bytes_per_token"), ("flops", "attention_flops_per_token")):
+        ok = [r for r in rows[1:] if getattr(r, key) < 8 and r.pass_at_1 >= fraction * 0.5 - 1e-12]
+        found = frontier.keeping(fraction)[cost]
+        if not ok:
+            assert found is None
+            continue
+        least = min(getattr(r, key) for r in ok)
+        assert found[key] == least and found["saved"] == pytest.approx(1 - least / 8)
+        assert found["kept"] == pytest.approx(max(r.pass_at_1 for r in ok if getattr(r, key) == least) / 0.5)
+
+
+def test_kept_on_perplexity_is_the_unedited_perplexity_over_the_points():
+    from headcount.frontier.result import Frontier
+
+    frontier = Frontier("m", {}, [_row("unedited", 8, 8, ppl=10.0), _row("drop:0.5", 4, 4, ppl=12.5)], "perplexity")
+    assert frontier.kept(frontier.rows[1]) == pytest.approx(0.8)
+    assert frontier.keeping(0.8)["kv"]["label"] == "drop:0.5" and frontier.keeping(0.81)["kv"] is None
+
+
 def test_unscored_rows_are_never_on_the_frontier():
     assert pareto.on_frontier([1, 2, 3], [None, 0.5, float("nan")]) == [False, True, False]
 
@@ -175,8 +209,10 @@ def test_the_command_prints_rows_and_the_frontier(tmp_path):
                 "perplexity", "pass_at_1", "pass_at_1_ci95", "paired", "seconds"):
         assert key in data["rows"][1]
     assert (tmp_path / "f.png").stat().st_size > 1000
-    table = runner.invoke(app, args, env={"COLUMNS": "250"})
+    assert data["keeping"]["fraction"] == 0.9 and set(data["kept"]) == {"unedited", "drop:0.5"}
+    table = runner.invoke(app, args + ["--keep", "0.5"], env={"COLUMNS": "250"})
     assert table.exit_code == 0 and "drop:0.5" in table.stdout, table.output
+    assert "keeping >= 50% of the unedited" in table.stdout
 
 
 @pytest.mark.parametrize("args,match", [
@@ -185,6 +221,8 @@ def test_the_command_prints_rows_and_the_frontier(tmp_path):
     (["--point", "merge:1B"], "--point merge:1B.*below"),
     (["--eval", "PROBLEMS", "--eval", "PROBLEMS:1"], "--eval: a frontier is judged on one task"),
     (["--sensitivity", "vibes"], "--sensitivity"),
+    (["--keep", "0"], "--keep: expected a share"),
+    (["--keep", "1.5"], "--keep: expected a share"),
     (["--heal-calibration", "teacher-answers"], "--heal-calibration.*expected --heal-steps"),
     (["--heal-steps", "2", "--heal-calibration", "vibes"], "--heal-calibration: expected one of"),
 ])

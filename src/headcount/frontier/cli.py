@@ -3,7 +3,7 @@ against what it keeps. Registered by headcount/cli.py; no torch import at module
 
     headcount frontier --model smollm2 [--point prune:0.2] [--point merge:0.75] [--point drop:0.25+merge:0.9]
                        [--heal-steps K [--heal-calibration teacher-answers]] [--eval humaneval[:N] | PROBLEMS.jsonl]
-                       [--out DIR [--force]] [--png F] [--json]
+                       [--out DIR [--force]] [--png F] [--keep 0.9] [--json]
 
 Bad input (an unknown edit, a fraction outside (0, 1), a merge budget the model cannot reach, --eval on an
 encoder, an --out holding another frontier without --force): one line on stderr, exit 2, nothing written.
@@ -28,8 +28,38 @@ PointOpt = Annotated[Optional[list[str]], typer.Option("--point", help=POINT_HEL
 SensitivityOpt = Annotated[str, typer.Option("--sensitivity", help="merge:B's plan: each layer's cost as the "
                                              "next-token loss on calibration text (loss) or as the KL to the "
                                              "unedited model on its own chat answers and prose (kl)")]
+KeepOpt = Annotated[float, typer.Option("--keep", help="name the cheapest point (in KV bytes, and in attention "
+                                       "FLOPs) that keeps at least this share of the unedited model's pass@1 "
+                                       "(held-out perplexity without --eval)")]
 CalibrationWindowsOpt = Annotated[int, typer.Option("--calibration-windows", help="calibration windows of 512 "
                                                     "tokens each prune and merge chooses on")]
+
+
+def check_keep(keep) -> float:
+    if isinstance(keep, bool) or not isinstance(keep, (int, float)) or not 0 < keep <= 1:
+        raise ValueError(f"--keep: expected a share of the unedited quality in (0, 1], got {keep!r}")
+    return float(keep)
+
+
+def _keeping_lines(frontier, keep: float) -> list[str]:
+    """One line per cost: the cheapest point keeping `keep` of the unedited quality, or that none does."""
+    what = "pass@1" if frontier.score == "pass_at_1" else "quality (held-out perplexity)"
+    found = frontier.keeping(keep)
+    lines = []
+    for cost, key, name in (("kv", "kv_bytes_per_token", "KV bytes"), ("flops", "attention_flops_per_token",
+                                                                         "attention FLOPs")):
+        hit = found[cost]
+        if hit is None:
+            lines.append(f"keeping >= {keep:.0%} of the unedited {what}: no point saves {name}")
+            continue
+        row = next(r for r in frontier.rows if r.label == hit["label"])
+        sure = ""
+        if row.paired is not None:
+            p = row.paired
+            sure = f"; paired against the unedited: +{p['wins']} -{p['losses']}, p = {p['p_value']:.2g}"
+        lines.append(f"keeping >= {keep:.0%} of the unedited {what}: {hit['label']} saves {hit['saved']:.0%} of the "
+                     f"{name} and keeps {hit['kept']:.0%}{sure}")
+    return lines
 
 
 def _table(frontier) -> None:
@@ -78,7 +108,7 @@ def register(app, bench_app) -> None:
                      json_out: JsonOpt = False, sensitivity: SensitivityOpt = "loss",
                      calibration_windows: CalibrationWindowsOpt = 8, eval_windows: EvalWindowsOpt = 4,
                      text: TextOpt = None, heal_calibration: HealCalibrationOpt = "mixed",
-                     dtype: DtypeOpt = "fp32", device: DeviceOpt = "cpu") -> None:
+                     keep: KeepOpt = 0.9, dtype: DtypeOpt = "fp32", device: DeviceOpt = "cpu") -> None:
         """How much can I cut? Each point an edit of the unedited model: KV bytes, attention FLOPs, parameters,
         held-out perplexity and pass@1 (--eval) per point, the points no other beats marked; --out keeps every
         finished point and a rerun reads it back."""
@@ -86,6 +116,7 @@ def register(app, bench_app) -> None:
             from headcount.frontier.spec import parse_points
 
             parsed = parse_points(points)
+            keep = check_keep(keep)
             if sensitivity not in ("loss", "kl"):
                 raise ValueError(f"--sensitivity: expected loss or kl, got {sensitivity!r}")
             from headcount.surgery.healing.cli import check_heal_steps
@@ -128,8 +159,10 @@ def register(app, bench_app) -> None:
                 from headcount.frontier.plot import plot
                 plot(frontier, png)
         if json_out:
-            typer.echo(json.dumps(frontier.to_json(), indent=2))
+            typer.echo(json.dumps(frontier.to_json(keep), indent=2))
             return
         _table(frontier)
+        for line in _keeping_lines(frontier, keep):
+            typer.echo(line)
         if png is not None:
             typer.echo(f"wrote {png}")

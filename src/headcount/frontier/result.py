@@ -68,7 +68,37 @@ class Frontier:
     def frontier_flops(self) -> list[str]:
         return [r.label for r in self.rows if r.frontier_flops]
 
-    def to_json(self) -> dict:
+    def kept(self, row: Row) -> float | None:
+        """The share of the unedited row's quality `row` keeps: pass@1 / the unedited pass@1, the unedited
+        perplexity's geometric mean / the row's, or the row's mean cosine / the unedited one's (1.0: all of it;
+        None where the unedited score is 0 or missing)."""
+        base, mine = self.rows[0].score(self.score), row.score(self.score)
+        if base is None or mine is None or base == 0:
+            return None
+        return base / mine if self.score != "pass_at_1" and self.rows[0].perplexity else mine / base
+
+    def keeping(self, fraction: float) -> dict:
+        """The cheapest edit that keeps at least `fraction` of the unedited quality (by its point estimate; its
+        paired comparison says how sure), once by KV bytes and once by attention FLOPs: {"fraction",
+        "kv": {label, kv_bytes_per_token, saved, kept} | None, "flops": {label, attention_flops_per_token, saved,
+        kept} | None}; None where no point that saves anything keeps that much."""
+        base = self.rows[0]
+
+        def cheapest(cost: str):
+            options = [(getattr(r, cost), -(self.kept(r) or 0.0), i) for i, r in enumerate(self.rows[1:], 1)
+                       if getattr(r, cost) is not None and getattr(r, cost) < getattr(base, cost)
+                       and (self.kept(r) or 0.0) >= fraction]
+            if not options:
+                return None
+            r = self.rows[min(options)[2]]
+            return {"label": r.label, cost: getattr(r, cost), "saved": 1 - getattr(r, cost) / getattr(base, cost),
+                    "kept": self.kept(r)}
+
+        return {"fraction": fraction, "kv": cheapest("kv_bytes_per_token"),
+                "flops": cheapest("attention_flops_per_token")}
+
+    def to_json(self, keep: float = 0.9) -> dict:
         return {"model": self.model, "score": self.score, "task": self.task, "settings": dict(self.settings),
                 "rows": [r.to_json() for r in self.rows], "frontier": self.frontier,
-                "frontier_flops": self.frontier_flops, "reused": list(self.reused)}
+                "frontier_flops": self.frontier_flops, "reused": list(self.reused),
+                "kept": {r.label: self.kept(r) for r in self.rows}, "keeping": self.keeping(keep)}
