@@ -28,14 +28,18 @@ def _seed():
 @pytest.fixture(autouse=True)
 def _caches(tmp_path_factory, monkeypatch):
     """What a teacher writes for a heal and an edit command's task scores are cached by the commands
-    (surgery/healing/teacher_cache.py, tasks/verdict_cache.py): in tests, under fresh folders per test, never the
+    (surgery/healing/teacher_cache.py, tasks/verdict_cache.py), like a merge plan's sensitivity
+    (surgery/merging/sensitivity_cache.py): in tests, under fresh folders per test, never the
     user's $HEADCOUNT_CACHE, so no test reads another run's answers or verdicts."""
-    from headcount.tasks import verdict_cache as task_cache
     from headcount.surgery.healing import teacher_cache
+    from headcount.surgery.merging import sensitivity_cache
+    from headcount.tasks import verdict_cache as task_cache
 
     teacher_root, task_root = tmp_path_factory.mktemp("teacher-cache"), tmp_path_factory.mktemp("task-cache")
     monkeypatch.setattr(teacher_cache, "cache_root", lambda: teacher_root)
     monkeypatch.setattr(task_cache, "cache_root", lambda: task_root)
+    sensitivity_root = tmp_path_factory.mktemp("sensitivity-cache")
+    monkeypatch.setattr(sensitivity_cache, "cache_root", lambda: sensitivity_root)
 
 
 @pytest.fixture(scope="session")

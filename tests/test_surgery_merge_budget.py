@@ -112,6 +112,30 @@ def test_kl_without_a_chat_template_says_what_to_do():
         sensitivity(model, by="nll", calibration=_ids(), progress=False)
 
 
+def test_a_models_sensitivity_is_measured_once_and_read_back_at_any_budget(tmp_path, monkeypatch):
+    """merge_plan(cache=): the table kept by weights hash, calibration and settings
+    (surgery/merging/sensitivity_cache.py); read back it is the table measured, and it gives the same plans;
+    another weight, calibration or `by`, or a damaged entry, is measured again."""
+    model, ids = _tiny(), _ids()
+    calls, real = [], planner.sensitivity
+    monkeypatch.setattr(planner, "sensitivity", lambda *a, **k: calls.append(1) or real(*a, **k))
+    options = {"calibration": ids, "method": "mean", "n_windows": 2, "n_eval_windows": 2, "progress": False}
+    first = merge_plan(model, 0.7, cache=tmp_path, **options)
+    again = merge_plan(model, 0.5, cache=tmp_path, **options)
+    assert calls == [1] and again.sensitivity == first.sensitivity and again.base_loss == first.base_loss
+    assert again.kv_heads == merge_plan(model, 0.5, **options).kv_heads and calls == [1, 1]
+    merge_plan(model, 0.7, cache=tmp_path, **{**options, "calibration": _ids(seed=9)})
+    merge_plan(model, 0.7, cache=tmp_path, by="kl", **options)
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.layers[2].mlp.down_proj.weight[0, 0] += 1e-3
+    merge_plan(other, 0.7, cache=tmp_path, **options)
+    assert calls == [1] * 5
+    for path in tmp_path.glob("sensitivity-*.json"):
+        path.write_text("{")
+    assert merge_plan(model, 0.7, cache=tmp_path, **options).sensitivity == first.sensitivity and len(calls) == 6
+
+
 # ------------------------------------------------------------------------------------------ merge-kv --budget
 TEXT = "\n\n".join(f"Paragraph {i}: the heads of layer {i % 3} read the keys that the queries ask for. " * 6
                    for i in range(8))
@@ -134,7 +158,8 @@ def test_merge_kv_budget_merges_the_planned_layers_and_records_the_plan(tmp_path
 
     from headcount.cli import app
 
-    result = CliRunner().invoke(app, ["merge-kv", *_saved(tmp_path), "--budget", "0.75", *FAST, "--out",
+    model = _saved(tmp_path)
+    result = CliRunner().invoke(app, ["merge-kv", *model, "--budget", "0.75", *FAST, "--out",
                                       str(tmp_path / "m"), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -145,6 +170,14 @@ def test_merge_kv_budget_merges_the_planned_layers_and_records_the_plan(tmp_path
     assert isinstance(data["predicted_loss_increase"], float) and data["budget"] == "0.75"
     saved = json.loads((tmp_path / "m" / "headcount.json").read_text())
     assert saved["merge_plan"]["plan"] == data["plan"]
+    assert data["sensitivity"] == "loss"
+    kl = CliRunner().invoke(app, ["merge-kv", *model, "--budget", "0.75", "--sensitivity", "kl", *FAST,
+                                  "--json"])
+    assert kl.exit_code == 0, kl.output
+    assert json.loads(kl.stdout)["sensitivity"] == "kl" and "read back" not in kl.stderr
+    second = CliRunner().invoke(app, ["merge-kv", *model, "--budget", "0.6", "--sensitivity", "kl", *FAST,
+                                      "--json"])
+    assert second.exit_code == 0 and "merge sensitivity read back from" in second.stderr, second.output
     assert [layer["n_kv_heads"] for layer in saved["layers"]] == [1 if str(i) in data["plan"] else 2 for i in range(2)]
 
 
@@ -154,6 +187,8 @@ def test_merge_kv_budget_merges_the_planned_layers_and_records_the_plan(tmp_path
     (["--budget", "12Kb"], "^headcount merge-kv: --budget: expected a unit of bytes"),
     (["--budget", "1.5"], "^headcount merge-kv: --budget: expected a fraction"),
     (["--budget", "100"], "^headcount merge-kv: --budget: 100 KV bytes per token is below what every-layer MQA"),
+    (["--kv-heads", "1", "--sensitivity", "kl"], "^headcount merge-kv: --sensitivity: chooses --budget's plan"),
+    (["--budget", "0.75", "--sensitivity", "vibes"], "^headcount merge-kv: --sensitivity: expected one of loss, kl"),
     ([], "^headcount merge-kv: --kv-heads: .*or --budget"),
 ])
 def test_merge_kv_budget_bad_input_exits_2_writing_nothing(tmp_path, args, match):

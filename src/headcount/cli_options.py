@@ -87,3 +87,7 @@ TextFileOpt = Annotated[Optional[Path], typer.Option("--text", help=TEXT_FILE_HE
 OptionalSeedOpt = Annotated[Optional[int], typer.Option("--seed", help="random seed")]
 EditedModelOpt = Annotated[str, typer.Option("--model", "-m", help="the edited model (a directory `headcount prune` / "
                                                                    "`merge-kv` saved, or any model)")]
+SensitivityOpt = Annotated[str, typer.Option("--sensitivity", help="a merge plan's (--budget, merge:B) cost of "
+                                             "each layer: the next-token loss on calibration text (loss) or the KL "
+                                             "to the unedited model on its own chat answers and prose (kl); the "
+                                             "table is kept under $HEADCOUNT_CACHE/merge-sensitivity by weights hash")]

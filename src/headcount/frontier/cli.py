@@ -19,15 +19,12 @@ import typer
 from headcount.surgery.healing.heal_steps import HealCalibrationOpt
 
 from headcount.cli_options import (DeviceOpt, DtypeOpt, EvalOpt, EvalWindowsOpt, ForceOpt, HealStepsOpt, JsonOpt,
-                                   ModelOpt, OutOpt, PngOpt, TextOpt)
+                                   ModelOpt, OutOpt, PngOpt, SensitivityOpt, TextOpt)
 
 POINT_HELP = ("EDIT:AMOUNT, '+' to chain (applied in order): prune:F (query heads removed), merge:B (KV bytes per "
               "token kept: a fraction or 12KiB), drop:F (attention layers removed); repeatable (default: prune "
               "0.1/0.2/0.3, merge 0.9/0.75/0.5, drop 0.1/0.25/0.5)")
 PointOpt = Annotated[Optional[list[str]], typer.Option("--point", help=POINT_HELP)]
-SensitivityOpt = Annotated[str, typer.Option("--sensitivity", help="merge:B's plan: each layer's cost as the "
-                                             "next-token loss on calibration text (loss) or as the KL to the "
-                                             "unedited model on its own chat answers and prose (kl)")]
 KeepOpt = Annotated[float, typer.Option("--keep", help="name the cheapest point (in KV bytes, and in attention "
                                        "FLOPs) that keeps at least this share of the unedited model's pass@1 "
                                        "(held-out perplexity without --eval)")]

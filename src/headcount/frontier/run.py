@@ -175,6 +175,7 @@ class _Runner:
     def table(self, model, prefix: str):
         """merge_plan's sensitivity table of `model` (reached by the steps in `prefix`), measured once."""
         from headcount.surgery.merging.planner import MergePlan, merge_plan
+        from headcount.surgery.merging.sensitivity_cache import cache_root as sensitivity_root
 
         key = self.sensitivity + (f"-{prefix}" if prefix else "")
         if key in self.tables:
@@ -189,7 +190,7 @@ class _Runner:
                 pass  # measured again
         chat = self.sensitivity == "kl" and self.calibration is None  # kl's default: the model's own chat answers
         plan = merge_plan(model, 1.0, by=self.sensitivity, calibration=None if chat else self._calibration(),
-                          progress=self.progress)
+                          progress=self.progress, cache=sensitivity_root() if self.cache else None)
         if path is not None:
             _write_json(path, plan.to_json())
         self.tables[key] = plan
@@ -302,7 +303,8 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
     unedited model judged by an edit command or another frontier is read back; None: always measured.
     heal_calibration: what the healed rows distil on without `calibration` (heal_steps.healer's name: mixed, or
     teacher-answers for a chat model judged by its answers); with a task_cache (the command's) the teacher's text
-    is cached too ($HEADCOUNT_CACHE/teacher), written once for every healed point and every later run."""
+    is cached too ($HEADCOUNT_CACHE/teacher), written once for every healed point and every later run, and so is
+    a merge point's sensitivity table ($HEADCOUNT_CACHE/merge-sensitivity, shared with `merge-kv --budget`)."""
     from headcount.arguments import one_of, positive_int
 
     one_of("sensitivity", sensitivity, ("loss", "kl"))

@@ -4,7 +4,9 @@ Registered through headcount.surgery.cli; no torch import at module level.
 
     headcount merge-kv --model smollm2 --kv-heads 1 [--method aware|mean] [--layers 0,5,7]
                        [--local-steps N] [--local-tokens N] [--uptrain-steps N] [--out DIR [--force]] [--json]
-    headcount merge-kv --model smollm2 --budget 0.75 | 12KiB   (the layers merge_plan chooses for a KV budget)
+    headcount merge-kv --model smollm2 --budget 0.75 | 12KiB [--sensitivity loss|kl]
+                       (the layers merge_plan chooses for a KV budget; its sensitivity table measured once per
+                       model and kept under $HEADCOUNT_CACHE/merge-sensitivity)
 
 Prints a before/after table (KV and query heads, parameters, KV-cache bytes per token from
 KVCache.nbytes, held-out perplexity, or embedding fidelity for an encoder) and, with --json, the edit
@@ -30,7 +32,7 @@ import typer
 
 from headcount.cli_options import (CalibrationWindowsOpt, DeviceOpt, DtypeOpt, EvalOpt, EvalWindowsOpt, ForceOpt,
                                    HealStepsOpt, JsonOpt, KVHeadsOpt, LayersOpt, LocalStepsOpt, LocalTokensOpt,
-                                   MergeMethodOpt, ModelOpt, OutOpt, TextOpt, TimeoutOpt)
+                                   MergeMethodOpt, ModelOpt, OutOpt, SensitivityOpt, TextOpt, TimeoutOpt)
 from headcount.surgery.command import Edit, EditOptions, account_rows, heal_table, quality_rows, register_edit
 from headcount.surgery.healing.heal_steps import HealCalibrationOpt
 # The defaults a user runs are merge_kv's own (one truth; surgery/merging/kv_merge.py has them and why):
@@ -73,6 +75,7 @@ class MergeSettings:
     calibration_windows: int = CALIBRATION_WINDOWS
     timeout: float = 120.0
     budget: Optional[str] = None  # --budget as given (surgery.merging.planner.parse_budget reads it)
+    sensitivity: str = "loss"  # --budget's plan: merge_plan's `by`
 
     def check(self) -> Optional[list[int]]:
         """Every flag checked (naming it) before anything is loaded; the layers to merge (None: all)."""
@@ -84,12 +87,19 @@ class MergeSettings:
                                  f"--kv-heads / --layers, not both (got --budget {self.budget} with "
                                  f"{'--kv-heads' if self.kv_heads is not None else '--layers'})")
             parse_budget(self.budget)
+        elif self.sensitivity != "loss":
+            raise ValueError(f"--sensitivity: chooses --budget's plan; give --budget beside --sensitivity "
+                             f"{self.sensitivity}")
         elif self.kv_heads is None:
             raise ValueError("--kv-heads: expected a number of KV heads per merged layer (or --budget), got none")
         elif self.kv_heads < 1:
             raise ValueError(f"--kv-heads: expected a positive number of KV heads, got {self.kv_heads}")
         if self.method not in ("aware", "mean"):
             raise ValueError(f"--method: expected aware or mean, got {self.method!r}")
+        from headcount.surgery.merging.planner import BY
+
+        if self.sensitivity not in BY:
+            raise ValueError(f"--sensitivity: expected one of {', '.join(BY)}, got {self.sensitivity!r}")
         if self.local_steps < 0:
             raise ValueError(f"--local-steps: expected a number >= 0, got {self.local_steps}")
         if self.local_tokens < 0:
@@ -148,6 +158,10 @@ class MergeKV(Edit):
             from headcount.surgery.merging.planner import check_budget, parse_budget
 
             check_budget(model, parse_budget(self.settings.budget), flag="--budget")  # before any measurement
+            if self.settings.sensitivity == "kl" and run.calibration is None and \
+                    not getattr(getattr(model, "tokenizer", None), "chat_template", None):
+                raise ValueError("--sensitivity: kl measures on the model's own chat answers and needs a chat "
+                                 f"template; {run.opts.model} has none (use loss, or give --text)")
             return
         _targets(model, self.settings.kv_heads, self.layers, self.settings.method)  # before any measurement
 
@@ -158,9 +172,12 @@ class MergeKV(Edit):
         target, self.plan = s.kv_heads, None
         if s.budget is not None:  # the plan's sensitivity on merge_kv's own default calibration ("mixed") or --text's
             from headcount.surgery.merging.planner import merge_plan, parse_budget
+            from headcount.surgery.merging.sensitivity_cache import cache_root
 
-            self.plan = merge_plan(model, parse_budget(s.budget), method=s.method, progress=run.main,
-                                   calibration="mixed" if run.calibration is None else run.calibration)
+            chat = s.sensitivity == "kl" and run.calibration is None  # kl's default: the model's own chat answers
+            self.plan = merge_plan(model, parse_budget(s.budget), method=s.method, by=s.sensitivity,
+                                   progress=run.main, cache=cache_root(),
+                                   calibration=run.calibration if run.calibration is not None or chat else "mixed")
             model.merge_plan = {"budget": s.budget, **self.plan_json()}  # saved in headcount.json
             target = self.plan
         return merge_kv(model, target, layers=self.layers, method=s.method, calibration=run.calibration,
@@ -216,6 +233,7 @@ def merge_kv_cmd(
     device: DeviceOpt = "cpu",
     kv_heads: KVHeadsOpt = None,
     budget: BudgetOpt = None,
+    sensitivity: SensitivityOpt = "loss",
     method: MergeMethodOpt = "aware",
     layers: LayersOpt = None,
     uptrain_steps: UptrainStepsOpt = None,
@@ -243,7 +261,8 @@ def merge_kv_cmd(
                        heal_calibration=heal_calibration)
     settings = MergeSettings(kv_heads=kv_heads, method=method, layers=layers, uptrain_steps=uptrain_steps,
                              uptrain_lr=uptrain_lr, local_steps=local_steps, local_tokens=local_tokens,
-                             calibration_windows=calibration_windows, timeout=timeout, budget=budget)
+                             calibration_windows=calibration_windows, timeout=timeout, budget=budget,
+                             sensitivity=sensitivity)
     run_command(MergeKV(settings), opts)
 
 

@@ -274,13 +274,16 @@ def _solve(model, table: dict[int, dict[int, float]], limit: int) -> tuple[dict[
 
 def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: str = "loss",
                sensitivity_from: "MergePlan | None" = None, n_windows: int = 4, n_eval_windows: int = 2,
-               window: int = 512, candidates=None, progress: bool = True) -> MergePlan:
+               window: int = 512, candidates=None, progress: bool = True, cache=None) -> MergePlan:
     """The cheapest set of per-layer KV-head counts (by calibration sensitivity) within `budget`.
 
     budget: a float in (0, 1] = the fraction of the current KV bytes per token to keep, or an int =
         KV bytes per token (parse_budget reads the command line's forms). by: "loss" or "kl", what a layer's
         sensitivity measures (module doc). sensitivity_from: a previous plan of the same model whose
-        sensitivity table is reused (a curve over budgets measures it once; its `by` is kept).
+        sensitivity table is reused (a curve over budgets measures it once; its `by` is kept). cache: a folder
+        where the table is kept by the model's weights hash, the calibration and these settings
+        (sensitivity_cache.py; the commands pass $HEADCOUNT_CACHE/merge-sensitivity): a second plan of the same
+        model, at any budget, reads it back. None: always measured.
     """
     limit = check_budget(model, budget)
     current = kv_bytes(model)[0]
@@ -292,8 +295,19 @@ def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: st
                              f"({sensitivity_from.kv_bytes_per_token_before} bytes per token, this one {current})")
         base, table, by = sensitivity_from.base_loss, sensitivity_from.sensitivity, sensitivity_from.by
     else:
-        base, table = sensitivity(model, calibration=calibration, method=method, by=by, n_windows=n_windows,
-                                  n_eval_windows=n_eval_windows, window=window, candidates=candidates,
-                                  progress=progress)
+        if by not in BY:
+            raise ValueError(f"by: expected one of {', '.join(BY)}, got {by!r}")
+
+        def measure():
+            return sensitivity(model, calibration=calibration, method=method, by=by, n_windows=n_windows,
+                               n_eval_windows=n_eval_windows, window=window, candidates=candidates, progress=progress)
+        if cache is None:
+            base, table = measure()
+        else:
+            from headcount.surgery.merging.sensitivity_cache import cached_sensitivity
+
+            params = {"method": method, "by": by, "n_windows": n_windows, "n_eval_windows": n_eval_windows,
+                      "window": window, "candidates": None if candidates is None else sorted(candidates)}
+            base, table, _ = cached_sensitivity(cache, model, calibration, params, measure, progress=progress)
     picks, cost, total = _solve(model, table, limit)
     return MergePlan(budget, picks, current, total, cost, base, table, method, by)
