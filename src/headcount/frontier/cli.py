@@ -16,10 +16,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from headcount.surgery.healing.heal_steps import HealCalibrationOpt
-
 from headcount.cli_options import (DeviceOpt, DtypeOpt, EvalOpt, EvalWindowsOpt, ForceOpt, HealStepsOpt, JsonOpt,
                                    ModelOpt, OutOpt, PngOpt, SensitivityOpt, TextOpt)
+from headcount.surgery.healing.heal_steps import HealCalibrationOpt
 
 POINT_HELP = ("EDIT:AMOUNT, '+' to chain (applied in order): prune:F (query heads removed), merge:B (KV bytes per "
               "token kept: a fraction or 12KiB), drop:F (attention layers removed); repeatable (default: prune "
@@ -43,8 +42,7 @@ def _keeping_lines(frontier, keep: float) -> list[str]:
     what = "pass@1" if frontier.score == "pass_at_1" else "quality (held-out perplexity)"
     found = frontier.keeping(keep)
     lines = []
-    for cost, key, name in (("kv", "kv_bytes_per_token", "KV bytes"), ("flops", "attention_flops_per_token",
-                                                                         "attention FLOPs")):
+    for cost, name in (("kv", "KV bytes"), ("flops", "attention FLOPs")):
         hit = found[cost]
         if hit is None:
             lines.append(f"keeping >= {keep:.0%} of the unedited {what}: no point saves {name}")
@@ -114,8 +112,9 @@ def register(app, bench_app) -> None:
 
             parsed = parse_points(points)
             keep = check_keep(keep)
-            if sensitivity not in ("loss", "kl"):
-                raise ValueError(f"--sensitivity: expected loss or kl, got {sensitivity!r}")
+            from headcount.surgery.merging.planner import check_by
+
+            check_by(sensitivity, "--sensitivity")
             from headcount.surgery.healing.cli import check_heal_steps
             from headcount.surgery.healing.heal_steps import check_heal_calibration
 

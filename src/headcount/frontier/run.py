@@ -305,9 +305,11 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
     teacher-answers for a chat model judged by its answers); with a task_cache (the command's) the teacher's text
     is cached too ($HEADCOUNT_CACHE/teacher), written once for every healed point and every later run, and so is
     a merge point's sensitivity table ($HEADCOUNT_CACHE/merge-sensitivity, shared with `merge-kv --budget`)."""
-    from headcount.arguments import one_of, positive_int
+    from headcount.arguments import positive_int
 
-    one_of("sensitivity", sensitivity, ("loss", "kl"))
+    from headcount.surgery.merging.planner import check_by
+
+    check_by(sensitivity, "sensitivity")
     positive_int("eval_windows", eval_windows)
     positive_int("calibration_windows", calibration_windows)
     if heal_steps < 0:
@@ -326,11 +328,12 @@ def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int
         from headcount.surgery.cli_common import check_eval_model
         check_eval_model([spec], model)
     if heal_steps:
+        from headcount.models.chat import has_chat_template
         from headcount.surgery.healing.calibrations import ASKING, check_calibration
         from headcount.surgery.healing.cli import teacher_for
         teacher_for(model, heal_steps, dtype)  # its checks (a decoder, a trainable dtype); the teacher is `model`
         check_calibration("--heal-calibration", heal_calibration)
-        if heal_calibration in ASKING and not getattr(getattr(model, "tokenizer", None), "chat_template", None):
+        if heal_calibration in ASKING and not has_chat_template(model):
             raise ValueError(f"--heal-calibration: {heal_calibration} asks the unedited model through its chat "
                              f"template; {model_name} has none (use mixed or teacher)")
     check_points(model, points)

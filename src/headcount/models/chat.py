@@ -24,6 +24,11 @@ class ChatTemplateError(ValueError):
     """A template that cannot be rendered, or messages it cannot take (one line)."""
 
 
+def has_chat_template(model) -> bool:
+    """True when `model` carries a tokenizer with a chat template (what asks a model in its chat format needs)."""
+    return bool(getattr(getattr(model, "tokenizer", None), "chat_template", None))
+
+
 def read_chat_template(directory: str | Path) -> str | None:
     """The template in `directory`: chat_template.jinja, else tokenizer_config.json's. (A GGUF file's:
     formats.gguf.chat_template.)"""

@@ -9,11 +9,10 @@ temporary sibling and renamed, so a killed run never leaves half a result behind
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable
 
-from headcount.disk_cache import CACHE_VERSION, atomic_write_text, cache_key, text_hash  # noqa: F401 (re-exported)
+from headcount.disk_cache import CACHE_VERSION, atomic_write_text, cache_key, read_or_make, text_hash  # noqa: F401
 from headcount.models.fingerprint import weights_hash  # noqa: F401  (re-exported: the cache keys on it)
 
 
@@ -35,19 +34,9 @@ class ResultCache:
         return self.root / f"{name}-{key}.json"
 
     def get_or_compute(self, name: str, key: str, compute: Callable[[], Any]) -> Any:
-        if self.enabled:
-            p = self.path(name, key)
-            if p.is_file():
-                try:
-                    value = json.loads(p.read_text(encoding="utf-8"))
-                    self.hits.append(name)
-                    return value
-                except (OSError, json.JSONDecodeError):
-                    pass  # a damaged entry is recomputed and overwritten
-        value = compute()
-        if self.enabled:
-            try:
-                atomic_write_text(self.path(name, key), json.dumps(value, sort_keys=True))
-            except OSError:
-                pass  # an unwritable cache only costs time next run
+        if not self.enabled:
+            return compute()
+        value, read_back = read_or_make(self.path(name, key), compute)
+        if read_back:
+            self.hits.append(name)
         return value

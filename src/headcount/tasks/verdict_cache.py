@@ -18,7 +18,6 @@ which the entry does not keep.
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -77,29 +76,21 @@ def _path(root, model, problems, settings) -> Path:
 
 def cached_task_run(root, model, problems, settings, measure: Callable[[], TaskRun]):
     """(TaskRun, the file it was read from or None when measured now)."""
+    from headcount.disk_cache import read_or_make
+
     path = _path(root, model, problems, settings)
-    if path.is_file():
-        try:
-            return TaskRun.from_json(json.loads(path.read_text(encoding="utf-8"))), path
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # damaged: measured again and written over
-    run = measure()
-    _write(path, run)
-    return run, None
+    run, read_back = read_or_make(path, measure, decode=TaskRun.from_json, encode=TaskRun.to_json)
+    return run, path if read_back else None
 
 
-def remember(root, model, problems, settings, run: TaskRun) -> Path | None:
-    """Keep `run` (measured outside a meter: `headcount eval`) where cached_task_run looks for it; the file, or
-    None when the cache cannot be written."""
-    path = _path(root, model, problems, settings)
-    return path if _write(path, run) else None
+def remember(root, model, problems, settings, run: TaskRun) -> None:
+    """Keep `run` (measured outside a meter: `headcount eval`) where cached_task_run looks for it, over what was
+    there (an unwritable cache only costs time)."""
+    import json
 
-
-def _write(path: Path, run: TaskRun) -> bool:
     from headcount.disk_cache import atomic_write_text
 
     try:
-        atomic_write_text(path, json.dumps(run.to_json()))
+        atomic_write_text(_path(root, model, problems, settings), json.dumps(run.to_json(), sort_keys=True))
     except OSError:
-        return False
-    return True
+        pass

@@ -64,28 +64,16 @@ def from_json(data: dict):
 def cached_calibration(name: str, teacher, steps: int, tokens: int, world: int, build: Callable[[], object], *,
                        root: Path | None = None, progress: bool = True):
     """build()'s calibration, read from the cache when this teacher already wrote it for these settings."""
-    import json
-
+    from headcount.disk_cache import cache_key, read_or_make
     from headcount.models.fingerprint import weights_hash
-    from headcount.disk_cache import atomic_write_text, cache_key
 
     root = Path(root) if root is not None else cache_root()
     key = cache_key(name, weights=weights_hash(teacher), text=_asked(teacher),
                     params={"steps": int(steps), "tokens": int(tokens), "world": int(world), "version": CACHE_VERSION})
     path = root / f"{name}-{key}.json"
-    if path.is_file():
-        try:
-            calibration = from_json(json.loads(path.read_text(encoding="utf-8")))
-            if progress:
-                print(f"headcount: the teacher's {name} calibration read back from {path}", file=sys.stderr)
-            return calibration
-        except (OSError, ValueError, KeyError, TypeError):
-            pass  # a damaged entry is written again below
-    calibration = build()
-    try:
-        atomic_write_text(path, json.dumps(to_json(calibration)))
-    except OSError:
-        pass
+    calibration, read_back = read_or_make(path, build, decode=from_json, encode=to_json)
+    if read_back and progress:
+        print(f"headcount: the teacher's {name} calibration read back from {path}", file=sys.stderr)
     return calibration
 
 
@@ -94,9 +82,10 @@ def _asked(teacher) -> str:
     in (its text, stops and budget)."""
     from headcount.data import function_stubs
     from headcount.disk_cache import text_hash
+    from headcount.models.chat import has_chat_template
 
     fmt = ""
-    if getattr(getattr(teacher, "tokenizer", None), "chat_template", None):
+    if has_chat_template(teacher):
         from headcount.tasks.prompts import choose_format
         fmt = repr(choose_format(teacher, "auto"))
     return text_hash([*function_stubs(), fmt])

@@ -96,10 +96,9 @@ class MergeSettings:
             raise ValueError(f"--kv-heads: expected a positive number of KV heads, got {self.kv_heads}")
         if self.method not in ("aware", "mean"):
             raise ValueError(f"--method: expected aware or mean, got {self.method!r}")
-        from headcount.surgery.merging.planner import BY
+        from headcount.surgery.merging.planner import check_by
 
-        if self.sensitivity not in BY:
-            raise ValueError(f"--sensitivity: expected one of {', '.join(BY)}, got {self.sensitivity!r}")
+        check_by(self.sensitivity, "--sensitivity")
         if self.local_steps < 0:
             raise ValueError(f"--local-steps: expected a number >= 0, got {self.local_steps}")
         if self.local_tokens < 0:
@@ -158,8 +157,9 @@ class MergeKV(Edit):
             from headcount.surgery.merging.planner import check_budget, parse_budget
 
             check_budget(model, parse_budget(self.settings.budget), flag="--budget")  # before any measurement
-            if self.settings.sensitivity == "kl" and run.calibration is None and \
-                    not getattr(getattr(model, "tokenizer", None), "chat_template", None):
+            from headcount.models.chat import has_chat_template
+
+            if self.settings.sensitivity == "kl" and run.calibration is None and not has_chat_template(model):
                 raise ValueError("--sensitivity: kl measures on the model's own chat answers and needs a chat "
                                  f"template; {run.opts.model} has none (use loss, or give --text)")
             return

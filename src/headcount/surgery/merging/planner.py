@@ -38,6 +38,12 @@ _BUDGET = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([-+]?[0-9]+))?\s*(
 _EXPECTED = "a fraction in (0, 1] of the KV bytes per token to keep (0.75, 75%) or bytes per token (12288, 12KiB)"
 
 
+def check_by(by, flag: str = "by") -> str:
+    """What a layer's sensitivity measures: one of BY (the commands' --sensitivity)."""
+    from headcount.arguments import one_of
+    return one_of(flag, by, BY)
+
+
 def parse_budget(text, flag: str = "--budget") -> float | int:
     """'0.75' / '75%' -> 0.75 (a fraction of the KV bytes per token to keep); '12288' / '12KiB' / '12kB' -> an
     int of bytes per token. Numbers pass through (a float: a fraction, an int: bytes). Bad text: ValueError naming
@@ -188,8 +194,7 @@ def sensitivity(model, *, calibration=None, method: str = "aware", by: str = "lo
 
     if method not in ("aware", "mean"):
         raise ValueError(f"method: expected 'aware' or 'mean', got {method!r}")
-    if by not in BY:
-        raise ValueError(f"by: expected one of {', '.join(BY)}, got {by!r}")
+    check_by(by)
     kl = by == "kl" and is_decoder(model)
     if kl and calibration is None:
         calibration = _chat_windows(model, n_windows + n_eval_windows, min(window, model.config.max_position))
@@ -295,8 +300,7 @@ def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: st
                              f"({sensitivity_from.kv_bytes_per_token_before} bytes per token, this one {current})")
         base, table, by = sensitivity_from.base_loss, sensitivity_from.sensitivity, sensitivity_from.by
     else:
-        if by not in BY:
-            raise ValueError(f"by: expected one of {', '.join(BY)}, got {by!r}")
+        check_by(by)  # before the cache hashes the weights
 
         def measure():
             return sensitivity(model, calibration=calibration, method=method, by=by, n_windows=n_windows,

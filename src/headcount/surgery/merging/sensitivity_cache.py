@@ -18,7 +18,6 @@ cached.
 from __future__ import annotations
 
 import hashlib
-import json
 import sys
 from pathlib import Path
 from typing import Callable
@@ -51,16 +50,20 @@ def calibration_id(calibration) -> str | None:
     return None
 
 
-def _read(path: Path) -> tuple[float, dict]:
-    data = json.loads(path.read_text(encoding="utf-8"))
+def _decode(data: dict) -> tuple[float, dict]:
     table = {int(layer): {int(n): float(c) for n, c in costs.items()} for layer, costs in data["table"].items()}
     return float(data["base"]), table
+
+
+def _encode(measured: tuple[float, dict]) -> dict:
+    base, table = measured
+    return {"base": base, "table": {str(i): {str(n): c for n, c in costs.items()} for i, costs in table.items()}}
 
 
 def cached_sensitivity(root, model, calibration, params: dict, measure: Callable[[], tuple[float, dict]], *,
                        progress: bool = True) -> tuple[float, dict, Path | None]:
     """(base, table, the file it was read from or None when measured now)."""
-    from headcount.disk_cache import atomic_write_text, cache_key
+    from headcount.disk_cache import cache_key, read_or_make
     from headcount.models.fingerprint import weights_hash
 
     name = calibration_id(calibration)
@@ -69,18 +72,7 @@ def cached_sensitivity(root, model, calibration, params: dict, measure: Callable
     key = cache_key("merge-sensitivity", weights=weights_hash(model), text=name,
                     params={**params, "version": CACHE_VERSION})
     path = Path(root) / f"sensitivity-{key}.json"
-    if path.is_file():
-        try:
-            base, table = _read(path)
-            if progress:
-                print(f"headcount: merge sensitivity read back from {path}", file=sys.stderr)
-            return base, table, path
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            pass  # damaged: measured again and written over
-    base, table = measure()
-    try:
-        atomic_write_text(path, json.dumps({"base": base, "table": {str(i): {str(n): c for n, c in costs.items()}
-                                                                   for i, costs in table.items()}}))
-    except OSError:
-        pass
-    return base, table, None
+    (base, table), read_back = read_or_make(path, measure, decode=_decode, encode=_encode)
+    if read_back and progress:
+        print(f"headcount: merge sensitivity read back from {path}", file=sys.stderr)
+    return base, table, path if read_back else None
