@@ -127,10 +127,12 @@ def test_default_uptrain_runs_on_the_merge_windows_and_is_counted(monkeypatch, s
     assert up["steps"] == 2 and up["objective"] == "kl_to_teacher"
     assert up["tokens"] == 2 * cli.UPTRAIN_WINDOW  # one piece of a calibration window per step
     # forward-equivalents over the merge's 2 x 512 calibration tokens: the student's forward and backward (3)
-    # and the teacher's forward (1) on every uptrain token, added to the merge's own count
+    # and the teacher's forward (1) on every uptrain token, and both models' forward on the probe's tokens
+    # before and after (the 4 pieces of the 2 windows), added to the merge's own count
     merge = data["edit"]
     assert merge["calibration_tokens"] == 2 * 512
-    assert up["token_forwards"] == 4 * 2 * cli.UPTRAIN_WINDOW
+    assert up["probe_tokens"] == 4 * cli.UPTRAIN_WINDOW
+    assert up["token_forwards"] == 4 * 2 * cli.UPTRAIN_WINDOW + 2 * 2 * up["probe_tokens"]
     assert abs(data["forward_equivalents"] - merge["forward_equivalents"]) < 0.01
     assert data["forward_equivalents"] > 4 * 2 * cli.UPTRAIN_WINDOW / (2 * 512)
     assert data["seconds"] >= round(up["seconds"], 1)

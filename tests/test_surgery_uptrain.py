@@ -8,6 +8,7 @@ import torch
 from headcount.models import Decoder, DecoderConfig
 from headcount.surgery import merge_kv, uptrain
 from headcount.surgery.merging.stream import calibration_batches, calibration_loss
+from headcount.surgery.merging.uptraining import PROBE_WINDOWS
 
 
 def _tiny():
@@ -29,13 +30,20 @@ def test_uptrain_lowers_calibration_loss_and_trains_only_attention():
     windows = _windows()
     batches = calibration_batches(model, windows)
     before = calibration_loss(model, batches)
+    # the probe: the first PROBE_WINDOWS windows, the same before and after, measured independently here
+    probe = calibration_batches(model, windows[:PROBE_WINDOWS])
+    probe_before = calibration_loss(model, probe)
     frozen = {n: p.clone() for n, p in model.named_parameters() if ".attn." not in n}
     result = uptrain(model, 20, lr=5e-3, calibration=windows, batch_size=2, window=16, progress=False)
     after = calibration_loss(model, batches)
     assert after < before - 0.3
     assert result.loss_last < result.loss_first
+    assert result.probe_before == pytest.approx(probe_before, rel=1e-5)
+    assert result.probe_after == pytest.approx(calibration_loss(model, probe), rel=1e-5)
     assert len(result.losses) == 20 and result.tokens == 20 * 2 * 16
-    assert result.token_forwards == 3 * result.tokens  # a forward and a backward (two forwards) per token
+    assert result.probe_tokens == PROBE_WINDOWS * 16
+    # a forward and a backward (two forwards) per token, and the probe's two forwards of its tokens
+    assert result.token_forwards == 3 * result.tokens + 2 * result.probe_tokens
     assert result.trainable_params == sum(p.numel() for n, p in model.named_parameters() if ".attn." in n)
     for n, p in model.named_parameters():
         if n in frozen:
@@ -57,12 +65,22 @@ def test_uptrain_with_a_teacher_moves_towards_it():
             q = torch.log_softmax(student(ids).logits, -1)
             return float(torch.nn.functional.kl_div(q, p, log_target=True, reduction="batchmean"))
 
-    before = kl()
+    def kl_per_token():  # the probe's measure: KL(teacher || student) per predicted token of the first windows
+        with torch.no_grad():
+            x = windows[:PROBE_WINDOWS, :-1]
+            p = torch.log_softmax(teacher(x).logits, -1).flatten(0, 1)
+            q = torch.log_softmax(student(x).logits, -1).flatten(0, 1)
+            return float((p.exp() * (p - q)).sum(-1).mean())
+
+    before, probe_before = kl(), kl_per_token()
     result = uptrain(student, 12, lr=5e-3, calibration=windows, batch_size=2, window=16, teacher=teacher,
                      progress=False)
     assert result.objective == "kl_to_teacher"
-    assert result.token_forwards == 4 * 12 * 2 * 16  # and the teacher's forward
+    # and the teacher's forward; the probe runs both models on its tokens, twice
+    assert result.token_forwards == 4 * 12 * 2 * 16 + 2 * 2 * result.probe_tokens
     assert kl() < 0.7 * before
+    assert result.probe_before == pytest.approx(probe_before, rel=1e-4)
+    assert result.probe_after == pytest.approx(kl_per_token(), rel=1e-4) and result.probe_after < result.probe_before
 
 
 @pytest.mark.parametrize("kwargs,error,match", [

@@ -30,6 +30,7 @@ from headcount.models.copying import attention_copy
 from headcount.report.not_applicable import NotApplicable
 from headcount.surgery import merge_kv, prune_to
 from headcount.surgery.editing import run_edit
+from headcount.surgery.merging.uptraining import summary as uptrain_summary
 from headcount.surgery.quality import QualityMeter
 
 COMMANDS_DIR = "commands"  # under benchmarks/results/
@@ -187,19 +188,12 @@ def merge_section(model, *, results, weights, progress: bool = True) -> dict:
         data["heads_before"], data["heads_after"] = data["kv_heads_before"], data["kv_heads_after"]
         data |= {"forward_equivalents": round(merged["forward_equivalents"], 2), "weights_sha256": _weights(weights),
                  "method": merged["method"], "merge_options": merged.get("options"),
-                 "uptrain": _uptrain(merged.get("uptrain"))}
+                 "uptrain": uptrain_summary(merged.get("uptrain"))}
         out = _common(data, "merge", model, source="run", path=None)
     out["kv_heads"] = MERGE_KV_HEADS
     out["options"] = data.get("merge_options")
     out["uptrain"] = data.get("uptrain")
     return out
-
-
-def _uptrain(block: dict | None) -> dict | None:
-    """The uptrain's summary (no per-step losses, no timings)."""
-    if not block:
-        return None
-    return {k: block.get(k) for k in ("steps", "lr", "tokens", "objective", "loss_first", "loss_last")}
 
 
 def healing_section(model, *, results, weights, progress: bool = True) -> dict:
@@ -247,5 +241,5 @@ def text_merge_section(model, *, calibration, meter, n_windows: int, window: int
             "kv_bytes_per_token_before": report.accounts_before["kv_bytes_per_token"],
             "kv_bytes_per_token_after": report.accounts_after["kv_bytes_per_token"],
             "ppl_before": before.headline if decoder else None, "ppl_after": after.headline if decoder else None,
-            "method": merged["method"], "options": merged.get("options"), "uptrain": _uptrain(merged.get("uptrain")),
+            "method": merged["method"], "options": merged.get("options"), "uptrain": uptrain_summary(merged.get("uptrain")),
             "calibration_tokens": merged.get("calibration_tokens"), **meter.domains(after)}

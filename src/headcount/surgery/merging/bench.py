@@ -110,7 +110,8 @@ def _smollm2(s: dict) -> dict:
         t = time.perf_counter()
         info = uptrained(mqa, s["uptrain_seconds"])
         row("every layer MQA, aware + local + uptrain", mqa, time.perf_counter() - t, uptrain_steps=info.steps,
-            uptrain_tokens=info.tokens, uptrain_loss=[round(info.loss_first, 4), round(info.loss_last, 4)])
+            uptrain_tokens=info.tokens, uptrain_loss=[round(info.loss_first, 4), round(info.loss_last, 4)],
+            uptrain_probe=[round(info.probe_before, 4), round(info.probe_after, 4)])
 
     if not s["budgets"]:
         if s["uptrain_seconds"]:

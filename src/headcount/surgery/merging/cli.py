@@ -35,6 +35,7 @@ from headcount.cli_options import (CalibrationWindowsOpt, DeviceOpt, DtypeOpt, E
                                    MergeMethodOpt, ModelOpt, OutOpt, SensitivityOpt, TextOpt, TimeoutOpt)
 from headcount.surgery.command import Edit, EditOptions, account_rows, heal_table, quality_rows, register_edit
 from headcount.surgery.healing.heal_steps import HealCalibrationOpt
+from headcount.surgery.merging import uptraining
 # The defaults a user runs are merge_kv's own (one truth; surgery/merging/kv_merge.py has them and why):
 # this command calls merge_kv with its flags and nothing else: `headcount merge-kv --kv-heads 1` is merge_kv(model, 1).
 from headcount.surgery.merging.defaults import (CALIBRATION_WINDOWS, LOCAL_STEPS, UPTRAIN_LR,  # noqa: F401
@@ -201,11 +202,9 @@ class MergeKV(Edit):
     def legacy(self, report, run) -> dict:
         self.query_heads = report.accounts_before["heads"]  # the table's row: a merge keeps every query head
         merged = report.edit
-        up = merged.get("uptrain")
         budget = {"budget": self.settings.budget, **self.plan_json()} if getattr(self, "plan", None) else {}
         return {"method": self.settings.method, "merge_options": merged.get("options"), **budget,
-                "uptrain": ({k: up.get(k) for k in ("steps", "lr", "tokens", "objective", "loss_first", "loss_last")}
-                            if up else None)}
+                "uptrain": uptraining.summary(merged.get("uptrain"))}
 
     def table(self, data: dict, run) -> None:
         print_merge(data, self.settings, run, self.query_heads)
@@ -222,8 +221,7 @@ def print_merge(data: dict, s: MergeSettings, run, queries: int) -> None:
     to = f"budget {s.budget}" if s.budget is not None else s.kv_heads
     before_after_table(rows, f"{model}: K/V heads merged to {to} ({s.method}) in {len(merged['layers'])} layer(s)")
     if merged.get("uptrain"):
-        u = merged["uptrain"]
-        typer.echo(f"uptrain: {u['steps']} steps, {u['objective']} {u['loss_first']:.4f} -> {u['loss_last']:.4f}")
+        typer.echo(uptraining.describe(merged["uptrain"]))
     heal_table(data, f"{model}: healed after merging")
 
 

@@ -5,7 +5,9 @@
     uptrain(model, 20, lr=1e-4, ...)      the keyword form: the same UptrainConfig built from the keywords
 
 headcount.training's AdamW + clip with its linear warm-up then cosine decay to 0, a progress bar on stderr
-with the running loss, and the first / last losses logged. Decoders: next-token cross-entropy on
+with the running loss, and the first / last losses logged. Each step draws its own window, so the first and last
+steps' losses are of different text: the loss on the same PROBE_WINDOWS windows (the first of the pool), measured
+before the first step and after the last, is what says whether the run lowered it (`probe_before` / `probe_after`). Decoders: next-token cross-entropy on
 calibration windows, or, with `teacher` (the unmodified model), the KL divergence from the teacher's
 next-token distribution (distillation: every position carries a full distribution, not one token, so
 it recovers more per step). Encoders need a teacher: the loss is 1 - cosine between the mean-pooled
@@ -29,7 +31,9 @@ from headcount.training.budget import TimeBudget
 from headcount.training.optimizer import Optimizer
 from headcount.training.schedule import WarmupCosine
 
-
+# what the commands' JSON and the report keep of an UptrainResult (no per-step losses, no timings)
+SUMMARY_KEYS = ("steps", "lr", "tokens", "objective", "loss_first", "loss_last", "probe_before", "probe_after")
+PROBE_WINDOWS = 4  # windows (an encoder: sentence batches) measured before and after: ~10% of 20 steps' cost
 
 @dataclass
 class UptrainResult:
@@ -42,6 +46,9 @@ class UptrainResult:
     losses: list[float] = field(default_factory=list)  # one per step
     objective: str = "cross_entropy"
     config: dict | None = None  # the UptrainConfig the run was given, whole (UptrainConfig.to_json)
+    probe_before: float | None = None  # the loss on the same PROBE_WINDOWS windows before the first step
+    probe_after: float | None = None  # ... and after the last
+    probe_tokens: int = 0
 
     @property
     def loss_first(self) -> float:
@@ -58,11 +65,26 @@ class UptrainResult:
         """Its cost in one-token forward passes: the student's forward and backward on every token it saw (a
         backward counted as two forwards, as kv_merge._forward_equivalents counts them) plus, with a teacher,
         the teacher's forward on the same tokens. Divide by a calibration's token count for forward-equivalents."""
-        return (3.0 + (0.0 if self.objective == "cross_entropy" else 1.0)) * self.tokens
+        per_forward = 1.0 if self.objective == "cross_entropy" else 2.0  # the probe's student (+ teacher) forwards
+        return (3.0 + (0.0 if self.objective == "cross_entropy" else 1.0)) * self.tokens + \
+            2 * per_forward * self.probe_tokens
 
     def to_json(self) -> dict:
         return {**asdict(self), "loss_first": self.loss_first, "loss_last": self.loss_last,
                 "token_forwards": self.token_forwards}
+
+
+def summary(block: dict | None) -> dict | None:
+    """An UptrainResult.to_json() cut to SUMMARY_KEYS (None stays None)."""
+    return {k: block.get(k) for k in SUMMARY_KEYS} if block else None
+
+
+def describe(block: dict) -> str:
+    """One line for a summary: the probe's before -> after where measured, else the first and last steps'."""
+    if block.get("probe_before") is not None:
+        return (f"uptrain: {block['steps']} steps, {block['objective']} on the same windows "
+                f"{block['probe_before']:.4f} -> {block['probe_after']:.4f}")
+    return f"uptrain: {block['steps']} steps, {block['objective']} {block['loss_first']:.4f} -> {block['loss_last']:.4f}"
 
 
 def _parameters(model, trainable) -> list[torch.nn.Parameter]:
@@ -147,9 +169,12 @@ def uptrain(model, config: UptrainConfig | int, *, calibration=None, teacher=Non
                            ("kl_to_teacher" if decoder else "cosine_to_teacher"), config=config.to_json())
     budget.start()
     was_training = model.training
-    model.train()
     try:
+        result.probe_before, result.probe_tokens = data.probe(model, teacher)
+        model.train()
         _steps(model, data, teacher, optimizer, schedule, budget, result, progress)
+        model.eval()
+        result.probe_after, _ = data.probe(model, teacher)
     finally:
         for p, flag in frozen.items():
             p.requires_grad_(flag)
@@ -157,8 +182,10 @@ def uptrain(model, config: UptrainConfig | int, *, calibration=None, teacher=Non
         model.eval()
     result.seconds = budget.elapsed()
     result.steps = len(result.losses)
-    message = (f"uptrain: {result.steps} steps, {result.tokens:,} tokens, {result.objective} "
-               f"{result.loss_first:.4f} -> {result.loss_last:.4f} in {result.seconds:.0f} s")
+    message = (f"uptrain: {result.steps} steps, {result.tokens:,} tokens, {result.objective} on the same "
+               f"{data.n_probe} windows {result.probe_before:.4f} -> {result.probe_after:.4f} (each step its own "
+               f"window: the first steps {result.loss_first:.4f}, the last {result.loss_last:.4f}) in "
+               f"{result.seconds:.0f} s")
     if log is not None:
         log(message)
     elif progress:
@@ -182,6 +209,22 @@ class _Data:
             self.pool = None
         self.generator = torch.Generator().manual_seed(config.seed)
         self.order: list[int] = []
+        self.n_probe = min(PROBE_WINDOWS, self.pool.shape[0] if decoder else len(self.batches))
+
+    @torch.no_grad()
+    def probe(self, model, teacher) -> tuple[float, int]:
+        """(the mean loss on the first n_probe windows or sentence batches, their tokens), gradients off."""
+        losses, tokens = [], 0
+        for i in range(self.n_probe):
+            if self.decoder:
+                ids = self.pool[i:i + 1]
+                losses.append(float(_decoder_loss(model, ids, teacher)))
+                tokens += ids.numel()
+            else:
+                batch = self.batches[i]
+                losses.append(float(_encoder_loss(model, batch, teacher)))
+                tokens += int(batch.mask.sum())
+        return sum(losses) / len(losses), tokens
 
     def loss(self, model, teacher) -> tuple:
         """(the loss of the next batch, its tokens)."""
