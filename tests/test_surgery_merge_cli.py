@@ -116,6 +116,7 @@ def saved_tiny(tmp_path_factory):
 def test_default_uptrain_runs_on_the_merge_windows_and_is_counted(monkeypatch, saved_tiny, one_thread_for_tiny_models):
     from headcount.surgery.command import EditOptions, run_edit_command
     from headcount.surgery.merging import cli, defaults
+    from headcount.surgery.merging.uptraining import PROBE_WINDOWS
 
     def run_merge(**settings):
         return run_edit_command(cli.MergeKV(cli.MergeSettings(1, layers="1", **settings)),
@@ -128,10 +129,10 @@ def test_default_uptrain_runs_on_the_merge_windows_and_is_counted(monkeypatch, s
     assert up["tokens"] == 2 * cli.UPTRAIN_WINDOW  # one piece of a calibration window per step
     # forward-equivalents over the merge's 2 x 512 calibration tokens: the student's forward and backward (3)
     # and the teacher's forward (1) on every uptrain token, and both models' forward on the probe's tokens
-    # before and after (the 4 pieces of the 2 windows), added to the merge's own count
+    # before and after (PROBE_WINDOWS of the 4 pieces of the 2 windows), added to the merge's own count
     merge = data["edit"]
     assert merge["calibration_tokens"] == 2 * 512
-    assert up["probe_tokens"] == 4 * cli.UPTRAIN_WINDOW
+    assert up["probe_tokens"] == PROBE_WINDOWS * cli.UPTRAIN_WINDOW
     assert up["token_forwards"] == 4 * 2 * cli.UPTRAIN_WINDOW + 2 * 2 * up["probe_tokens"]
     assert abs(data["forward_equivalents"] - merge["forward_equivalents"]) < 0.01
     assert data["forward_equivalents"] > 4 * 2 * cli.UPTRAIN_WINDOW / (2 * 512)
