@@ -112,6 +112,27 @@ def test_kl_without_a_chat_template_says_what_to_do():
         sensitivity(model, by="nll", calibration=_ids(), progress=False)
 
 
+def test_auto_measures_kl_where_the_model_has_a_chat_template_else_loss(monkeypatch):
+    from types import SimpleNamespace
+
+    model, ids = _tiny(), _ids()
+    monkeypatch.setattr(planner, "_chat_windows", lambda teacher, n, window: _ids(n, 24, seed=5))
+
+    def plan(by=None):
+        return merge_plan(model, 0.75, method="mean", progress=False,
+                          **({} if by is None else {"by": by}))
+
+    assert planner.resolve_by(model, "auto") == "loss"  # no tokenizer: nothing to ask for chat answers
+    auto = merge_plan(model, 0.75, method="mean", calibration=ids, progress=False)
+    assert auto.by == "loss"
+    assert auto.sensitivity == merge_plan(model, 0.75, method="mean", calibration=ids, by="loss",
+                                          progress=False).sensitivity
+    model.tokenizer = SimpleNamespace(chat_template="{{ messages }}")
+    assert planner.resolve_by(model, "auto") == "kl" and planner.resolve_by(model, "loss") == "loss"
+    auto = plan()
+    assert auto.by == "kl" and auto.sensitivity == plan("kl").sensitivity
+
+
 def test_a_models_sensitivity_is_measured_once_and_read_back_at_any_budget(tmp_path, monkeypatch):
     """merge_plan(cache=): the table kept by weights hash, calibration and settings
     (surgery/merging/sensitivity_cache.py); read back it is the table measured, and it gives the same plans;

@@ -100,7 +100,7 @@ def register(app, bench_app) -> None:
     @app.command("frontier")
     def frontier_cmd(model: ModelOpt = "smollm2", points: PointOpt = None, heal_steps: HealStepsOpt = 0,
                      evals: EvalOpt = None, out: OutOpt = None, force: ForceOpt = False, png: PngOpt = None,
-                     json_out: JsonOpt = False, sensitivity: SensitivityOpt = "loss",
+                     json_out: JsonOpt = False, sensitivity: SensitivityOpt = "auto",
                      calibration_windows: CalibrationWindowsOpt = 8, eval_windows: EvalWindowsOpt = 4,
                      text: TextOpt = None, heal_calibration: HealCalibrationOpt = "mixed",
                      keep: KeepOpt = 0.9, dtype: DtypeOpt = "fp32", device: DeviceOpt = "cpu") -> None:

@@ -174,10 +174,11 @@ class _Runner:
     # -------------------------------------------------------------- editing
     def table(self, model, prefix: str):
         """merge_plan's sensitivity table of `model` (reached by the steps in `prefix`), measured once."""
-        from headcount.surgery.merging.planner import MergePlan, merge_plan
+        from headcount.surgery.merging.planner import MergePlan, merge_plan, resolve_by
         from headcount.surgery.merging.sensitivity_cache import cache_root as sensitivity_root
 
-        key = self.sensitivity + (f"-{prefix}" if prefix else "")
+        by = resolve_by(model, self.sensitivity)
+        key = by + (f"-{prefix}" if prefix else "")
         if key in self.tables:
             return self.tables[key]
         path = None if self.out is None else self.out / "sensitivity" / f"{key}.json"
@@ -188,8 +189,8 @@ class _Runner:
                 return plan
             except (ValueError, KeyError, TypeError):
                 pass  # measured again
-        chat = self.sensitivity == "kl" and self.calibration is None  # kl's default: the model's own chat answers
-        plan = merge_plan(model, 1.0, by=self.sensitivity, calibration=None if chat else self._calibration(),
+        chat = by == "kl" and self.calibration is None  # kl's default: the model's own chat answers
+        plan = merge_plan(model, 1.0, by=by, calibration=None if chat else self._calibration(),
                           progress=self.progress, cache=sensitivity_root() if self.cache else None)
         if path is not None:
             _write_json(path, plan.to_json())
@@ -287,7 +288,7 @@ def settings_of(model_name: str, *, heal_steps: int, spec, eval_windows: int, ca
 
 def run_frontier(model_name, points: list[Point], *, model=None, heal_steps: int = 0, spec=None,
                  out: Path | None = None, force: bool = False, eval_windows: int = 4, calibration_windows: int = 8,
-                 sensitivity: str = "loss",
+                 sensitivity: str = "auto",
                  dtype: str = "fp32", device: str = "cpu", merge_options: dict | None = None,
                  prune_options: dict | None = None, calibration=None,
                  held_out=None, source: str = "default corpus", progress: bool = True, task_cache=None,

@@ -76,7 +76,7 @@ class MergeSettings:
     calibration_windows: int = CALIBRATION_WINDOWS
     timeout: float = 120.0
     budget: Optional[str] = None  # --budget as given (surgery.merging.planner.parse_budget reads it)
-    sensitivity: str = "loss"  # --budget's plan: merge_plan's `by`
+    sensitivity: str = "auto"  # --budget's plan: merge_plan's `by`
 
     def check(self) -> Optional[list[int]]:
         """Every flag checked (naming it) before anything is loaded; the layers to merge (None: all)."""
@@ -88,7 +88,7 @@ class MergeSettings:
                                  f"--kv-heads / --layers, not both (got --budget {self.budget} with "
                                  f"{'--kv-heads' if self.kv_heads is not None else '--layers'})")
             parse_budget(self.budget)
-        elif self.sensitivity != "loss":
+        elif self.sensitivity != "auto":
             raise ValueError(f"--sensitivity: chooses --budget's plan; give --budget beside --sensitivity "
                              f"{self.sensitivity}")
         elif self.kv_heads is None:
@@ -172,11 +172,12 @@ class MergeKV(Edit):
         s = self.settings  # merge_kv's own defaults for everything not given as a flag (the uptrain included)
         target, self.plan = s.kv_heads, None
         if s.budget is not None:  # the plan's sensitivity on merge_kv's own default calibration ("mixed") or --text's
-            from headcount.surgery.merging.planner import merge_plan, parse_budget
+            from headcount.surgery.merging.planner import merge_plan, parse_budget, resolve_by
             from headcount.surgery.merging.sensitivity_cache import cache_root
 
-            chat = s.sensitivity == "kl" and run.calibration is None  # kl's default: the model's own chat answers
-            self.plan = merge_plan(model, parse_budget(s.budget), method=s.method, by=s.sensitivity,
+            by = resolve_by(model, s.sensitivity)
+            chat = by == "kl" and run.calibration is None  # kl's default: the model's own chat answers
+            self.plan = merge_plan(model, parse_budget(s.budget), method=s.method, by=by,
                                    progress=run.main, cache=cache_root(),
                                    calibration=run.calibration if run.calibration is not None or chat else "mixed")
             model.merge_plan = {"budget": s.budget, **self.plan_json()}  # saved in headcount.json
@@ -231,7 +232,7 @@ def merge_kv_cmd(
     device: DeviceOpt = "cpu",
     kv_heads: KVHeadsOpt = None,
     budget: BudgetOpt = None,
-    sensitivity: SensitivityOpt = "loss",
+    sensitivity: SensitivityOpt = "auto",
     method: MergeMethodOpt = "aware",
     layers: LayersOpt = None,
     uptrain_steps: UptrainStepsOpt = None,

@@ -32,6 +32,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 BY = ("loss", "kl")
+AUTO = "auto"  # merge_plan's default: resolve_by
 # bytes: binary units are powers of 1024 (KiB), decimal ones powers of 1000 (kB)
 _UNITS = {"b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "kb": 1000, "mb": 1000**2, "gb": 1000**3}
 _BUDGET = re.compile(r"^([0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE]([-+]?[0-9]+))?\s*([A-Za-z%]*)$")
@@ -39,9 +40,22 @@ _EXPECTED = "a fraction in (0, 1] of the KV bytes per token to keep (0.75, 75%) 
 
 
 def check_by(by, flag: str = "by") -> str:
-    """What a layer's sensitivity measures: one of BY (the commands' --sensitivity)."""
+    """What a layer's sensitivity measures: one of BY or "auto" (the commands' --sensitivity)."""
     from headcount.arguments import one_of
-    return one_of(flag, by, BY)
+    return one_of(flag, by, BY + (AUTO,))
+
+
+def resolve_by(model, by: str) -> str:
+    """"auto" -> "kl" for a decoder with a chat template, else "loss"; "loss" and "kl" stay. kl is the default
+    where it can measure because its plans kept more of held-out text at every budget tried (smollm2, merge
+    0.9 / 0.75 / 0.5: docs/merging.md, "Which sensitivity is the default")."""
+    check_by(by)
+    if by != AUTO:
+        return by
+    from headcount.models.chat import has_chat_template
+    from headcount.surgery.merging.stream import is_decoder
+
+    return "kl" if is_decoder(model) and has_chat_template(model) else "loss"
 
 
 def parse_budget(text, flag: str = "--budget") -> float | int:
@@ -181,7 +195,7 @@ def _mean_kl(model, reference: list, hidden: list, chunk: int = 256) -> float:
     return total / count
 
 
-def sensitivity(model, *, calibration=None, method: str = "aware", by: str = "loss", n_windows: int = 4,
+def sensitivity(model, *, calibration=None, method: str = "aware", by: str = AUTO, n_windows: int = 4,
                 n_eval_windows: int = 2, window: int = 512, candidates=None, progress: bool = True,
                 **merge_options) -> tuple[float, dict]:
     """(base loss, {layer: {n: cost when only this layer is merged to n KV heads}}); by="kl": the base is 0 and
@@ -194,7 +208,7 @@ def sensitivity(model, *, calibration=None, method: str = "aware", by: str = "lo
 
     if method not in ("aware", "mean"):
         raise ValueError(f"method: expected 'aware' or 'mean', got {method!r}")
-    check_by(by)
+    by = resolve_by(model, by)
     kl = by == "kl" and is_decoder(model)
     if kl and calibration is None:
         calibration = _chat_windows(model, n_windows + n_eval_windows, min(window, model.config.max_position))
@@ -277,14 +291,14 @@ def _solve(model, table: dict[int, dict[int, float]], limit: int) -> tuple[dict[
     return {i: n for i, n in picks.items() if n != model.layers[i].attn.n_kv_heads}, cost, total
 
 
-def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: str = "loss",
+def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: str = AUTO,
                sensitivity_from: "MergePlan | None" = None, n_windows: int = 4, n_eval_windows: int = 2,
                window: int = 512, candidates=None, progress: bool = True, cache=None) -> MergePlan:
     """The cheapest set of per-layer KV-head counts (by calibration sensitivity) within `budget`.
 
     budget: a float in (0, 1] = the fraction of the current KV bytes per token to keep, or an int =
         KV bytes per token (parse_budget reads the command line's forms). by: "loss" or "kl", what a layer's
-        sensitivity measures (module doc). sensitivity_from: a previous plan of the same model whose
+        sensitivity measures (module doc), or "auto": kl for a decoder with a chat template, else loss (resolve_by). sensitivity_from: a previous plan of the same model whose
         sensitivity table is reused (a curve over budgets measures it once; its `by` is kept). cache: a folder
         where the table is kept by the model's weights hash, the calibration and these settings
         (sensitivity_cache.py; the commands pass $HEADCOUNT_CACHE/merge-sensitivity): a second plan of the same
@@ -300,7 +314,7 @@ def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: st
                              f"({sensitivity_from.kv_bytes_per_token_before} bytes per token, this one {current})")
         base, table, by = sensitivity_from.base_loss, sensitivity_from.sensitivity, sensitivity_from.by
     else:
-        check_by(by)  # before the cache hashes the weights
+        by = resolve_by(model, by)  # before the cache hashes the weights
 
         def measure():
             return sensitivity(model, calibration=calibration, method=method, by=by, n_windows=n_windows,
