@@ -30,8 +30,9 @@ a quarter, inodes bounded by the memory only). A full disk fails the program's o
 28] No space left on device"); the mounts die with the program. Open files are bounded (RLIMIT_NOFILE), and
 the program asks the kernel's OOM killer to take it first (oom_score_adj 1000), never the run.
 
-Every way: a SYSTEM python (`-I`: no user site-packages, no environment variables read, no script directory
-on sys.path; a venv under /tmp would be hidden by bwrap anyway), stdin from /dev/null, its own session, and
+Every way: a SYSTEM python (`-s -P`: no user site-packages, no script directory on sys.path; its environment
+is ENV alone, so the only variable it reads is the fixed PYTHONHASHSEED; a python older than 3.11 lacks -P and
+gets `-I`, which reads no variable, so its hash seed is random; a venv under /tmp would be hidden by bwrap anyway), stdin from /dev/null, its own session, and
 limits (address space, CPU, file size, processes, no core files) that the child sets on itself first thing
 with soft = hard, so the program can never raise them. Setting them there rather than in a preexec_fn keeps
 Popen thread-safe: several programs run at once. On timeout (and after every run, for what a program left
@@ -62,7 +63,9 @@ from headcount.arguments import positive_int
 
 NOBODY = 65534  # uid and gid the program runs as
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/bin/python3", "/usr/local/bin/python3")
-ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # all the program sees of an environment
+# all the program sees of an environment; a fixed hash seed, so a program that leans on a set's order of strings
+# (max over a set with ties) gets the same verdict on every run of the same completion
+ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"}
 FILE_BYTES = 16 << 20  # RLIMIT_FSIZE: also caps what it writes to stdout / stderr (files here)
 PROCESSES = 64  # RLIMIT_NPROC (counted per uid)
 OPEN_FILES = 256  # RLIMIT_NOFILE
@@ -321,8 +324,23 @@ def _execute(way: _Way, source: str, *, timeout: float, memory_bytes: int, disk_
             shutil.rmtree(workdir, ignore_errors=True)
 
 
+_FLAGS: dict[str, list[str]] = {}
+
+
+def _python_flags(python: str) -> list[str]:
+    """["-s", "-P"] where `python` knows -P (3.11+: -I without -E, so ENV's PYTHONHASHSEED is read), else ["-I"]."""
+    if python not in _FLAGS:
+        try:
+            ok = subprocess.run([python, "-s", "-P", "-c", "pass"], env=dict(ENV), capture_output=True,
+                                timeout=30).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        _FLAGS[python] = ["-s", "-P"] if ok else ["-I"]
+    return _FLAGS[python]
+
+
 def _argv(way: _Way, code: str, fd: int | None, disk_bytes: int) -> list[str]:
-    python = [way.python, "-I", "-c", code]
+    python = [way.python, *_python_flags(way.python), "-c", code]
     inodes = str(max(64, disk_bytes // INODE_BYTES))
     if way.name == "none":
         return python
@@ -339,8 +357,9 @@ def _argv(way: _Way, code: str, fd: int | None, disk_bytes: int) -> list[str]:
     for hidden in _hidden_dirs():  # empty, and read-only: a write there fails as it would on the real one
         argv += ["--tmpfs", hidden, "--remount-ro", hidden]
     argv += ["--dir", WORKDIR, "--perms", "0644", "--file", str(fd), f"{WORKDIR}/{PROGRAM}", "--chdir", WORKDIR,
-             "--unshare-all", "--die-with-parent", "--new-session", "--clearenv", "--setenv", "PATH", ENV["PATH"],
-             "--setenv", "LANG", ENV["LANG"], "--uid", str(NOBODY), "--gid", str(NOBODY), *python]
+             "--unshare-all", "--die-with-parent", "--new-session", "--clearenv",
+             *(a for name, value in ENV.items() for a in ("--setenv", name, value)),
+             "--uid", str(NOBODY), "--gid", str(NOBODY), *python]
     if way.prepared:
         return ["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", _BWRAP_SETUP, "sh",
                 str(disk_bytes), inodes, *argv]
