@@ -7,10 +7,10 @@
 headcount.training's AdamW + clip with its linear warm-up then cosine decay to 0, a progress bar on stderr
 with the running loss, and the first / last losses logged. Each step draws its own window, so the first and last
 steps' losses are of different text: the loss on the same PROBE_WINDOWS windows (the first of the pool), measured
-before the first step and after the last, is what says whether the run lowered it (`probe_before` / `probe_after`). Decoders: next-token cross-entropy on
-calibration windows, or, with `teacher` (the unmodified model), the KL divergence from the teacher's
-next-token distribution (distillation: every position carries a full distribution, not one token, so
-it recovers more per step). Encoders need a teacher: the loss is 1 - cosine between the mean-pooled
+before the first step and after the last, is what says whether the run lowered it (`probe_before` /
+`probe_after`). Decoders: next-token cross-entropy on calibration windows, or, with `teacher` (the
+unmodified model), the KL divergence from the teacher's next-token distribution (distillation: every position
+carries a full distribution, not one token, so it recovers more per step). Encoders need a teacher: the loss is 1 - cosine between the mean-pooled
 sentence embeddings of the student and the teacher.
 
 trainable: "attention" (qkv_proj and o_proj of every layer), "qkv" (qkv_proj only), "o_proj",
@@ -34,6 +34,7 @@ from headcount.training.schedule import WarmupCosine
 # what the commands' JSON and the report keep of an UptrainResult (no per-step losses, no timings)
 SUMMARY_KEYS = ("steps", "lr", "tokens", "objective", "loss_first", "loss_last", "probe_before", "probe_after")
 PROBE_WINDOWS = 2  # windows (an encoder: sentence batches) measured before and after: 10% of 20 steps' token-forwards
+
 
 @dataclass
 class UptrainResult:
@@ -64,7 +65,8 @@ class UptrainResult:
     def token_forwards(self) -> float:
         """Its cost in one-token forward passes: the student's forward and backward on every token it saw (a
         backward counted as two forwards, as kv_merge._forward_equivalents counts them) plus, with a teacher,
-        the teacher's forward on the same tokens. Divide by a calibration's token count for forward-equivalents."""
+        the teacher's forward on the same tokens, and the probe's forwards (student, + teacher) before and after.
+        Divide by a calibration's token count for forward-equivalents."""
         per_forward = 1.0 if self.objective == "cross_entropy" else 2.0  # the probe's student (+ teacher) forwards
         return (3.0 + (0.0 if self.objective == "cross_entropy" else 1.0)) * self.tokens + \
             2 * per_forward * self.probe_tokens
@@ -84,7 +86,8 @@ def describe(block: dict) -> str:
     if block.get("probe_before") is not None:
         return (f"uptrain: {block['steps']} steps, {block['objective']} on the same windows "
                 f"{block['probe_before']:.4f} -> {block['probe_after']:.4f}")
-    return f"uptrain: {block['steps']} steps, {block['objective']} {block['loss_first']:.4f} -> {block['loss_last']:.4f}"
+    return (f"uptrain: {block['steps']} steps, {block['objective']} {block['loss_first']:.4f} -> "
+            f"{block['loss_last']:.4f}")
 
 
 def _parameters(model, trainable) -> list[torch.nn.Parameter]:
