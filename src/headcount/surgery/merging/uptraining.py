@@ -10,8 +10,8 @@ steps' losses are of different text: the loss on the same PROBE_WINDOWS windows 
 before the first step and after the last, is what says whether the run lowered it (`probe_before` /
 `probe_after`). Decoders: next-token cross-entropy on calibration windows, or, with `teacher` (the
 unmodified model), the KL divergence from the teacher's next-token distribution (distillation: every position
-carries a full distribution, not one token, so it recovers more per step). Encoders need a teacher: the loss is 1 - cosine between the mean-pooled
-sentence embeddings of the student and the teacher.
+carries a full distribution, not one token, so it recovers more per step). Encoders need a teacher: the loss is
+1 - cosine between the mean-pooled sentence embeddings of the student and the teacher.
 
 trainable: "attention" (qkv_proj and o_proj of every layer), "qkv" (qkv_proj only), "o_proj",
 "all" (every parameter), or a list of layer indices (those layers' attention). Everything else is
