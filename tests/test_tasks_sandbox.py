@@ -154,8 +154,8 @@ def test_no_environment(mode, monkeypatch):
     monkeypatch.setenv("HEADCOUNT_SECRET", "xyz")
     result = run("    import os\n    return 1 if os.environ.get('HEADCOUNT_SECRET') == 'xyz' else 0\n")
     assert result.status == "failed"
-    assert run("    import os\n    return 1 if set(os.environ) <= {'PATH', 'LANG', 'PWD', 'LC_CTYPE', 'PYTHONHASHSEED'} "
-               "else 0\n").passed
+    allowed = {"PATH", "LANG", "PWD", "LC_CTYPE", "PYTHONHASHSEED"}
+    assert run(f"    import os\n    return 1 if set(os.environ) <= {allowed!r} else 0\n").passed
 
 
 def test_a_sets_order_of_strings_is_the_same_on_every_run(mode):

@@ -298,8 +298,9 @@ def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: st
 
     budget: a float in (0, 1] = the fraction of the current KV bytes per token to keep, or an int =
         KV bytes per token (parse_budget reads the command line's forms). by: "loss" or "kl", what a layer's
-        sensitivity measures (module doc), or "auto": kl for a decoder with a chat template, else loss (resolve_by). sensitivity_from: a previous plan of the same model whose
-        sensitivity table is reused (a curve over budgets measures it once; its `by` is kept). cache: a folder
+        sensitivity measures (module doc), or "auto": kl for a decoder with a chat template, else loss
+        (resolve_by). sensitivity_from: a previous plan of the same model whose sensitivity table is reused (a
+        curve over budgets measures it once; its `by` is kept). cache: a folder
         where the table is kept by the model's weights hash, the calibration and these settings
         (sensitivity_cache.py; the commands pass $HEADCOUNT_CACHE/merge-sensitivity): a second plan of the same
         model, at any budget, reads it back. None: always measured.
