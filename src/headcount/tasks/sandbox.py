@@ -36,8 +36,9 @@ gets `-I`, which reads no variable, so its hash seed is random; a venv under /tm
 anyway), stdin from /dev/null, its own session, and limits (address space, CPU, file size, processes, no core
 files) that the child sets on itself first thing with soft = hard, so the program can never raise them. Setting
 them there rather than in a preexec_fn keeps Popen thread-safe: several programs run at once. On timeout (and
-after every run, for what a program left behind) its whole process group is SIGKILLed; bwrap and `unshare --pid` also kill every process of the pid
-namespace when its first one dies, so a child that called setsid() dies too.
+after every run, for what a program left behind) its whole process group is SIGKILLed; bwrap and `unshare
+--pid` also kill every process of the pid namespace when its first one dies, so a child that called setsid()
+dies too.
 
 A program passes only when it exits 0 AND prints a random per-run marker that is appended after its last
 statement (`check(entry_point)`): sys.exit(0) or os._exit(0) before the tests finish prints none. The marker
