@@ -90,4 +90,5 @@ EditedModelOpt = Annotated[str, typer.Option("--model", "-m", help="the edited m
 SensitivityOpt = Annotated[str, typer.Option("--sensitivity", help="a merge plan's (--budget, merge:B) cost of "
                                              "each layer: the next-token loss on calibration text (loss) or the KL "
                                              "to the unedited model on its own chat answers and prose (kl); auto: kl "
-                                             "for a model with a chat template, else loss; the table is kept under $HEADCOUNT_CACHE/merge-sensitivity by weights hash")]
+                                             "for a model with a chat template, else loss; the table is kept under "
+                                             "$HEADCOUNT_CACHE/merge-sensitivity by weights hash")]
