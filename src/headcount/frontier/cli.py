@@ -2,6 +2,7 @@
 against what it keeps. Registered by headcount/cli.py; no torch import at module level.
 
     headcount frontier --model smollm2 [--point prune:0.2] [--point merge:0.75] [--point drop:0.25+merge:0.9]
+                       [--point kv:0.75]
                        [--heal-steps K [--heal-calibration teacher-answers]] [--eval humaneval[:N] | PROBLEMS.jsonl]
                        [--out DIR [--force]] [--png F] [--keep 0.9] [--json]
 
@@ -21,7 +22,8 @@ from headcount.cli_options import (DeviceOpt, DtypeOpt, EvalOpt, EvalWindowsOpt,
 from headcount.surgery.healing.heal_steps import HealCalibrationOpt
 
 POINT_HELP = ("EDIT:AMOUNT, '+' to chain (applied in order): prune:F (query heads removed), merge:B (KV bytes per "
-              "token kept: a fraction or 12KiB), drop:F (attention layers removed); repeatable (default: prune "
+              "token kept: a fraction or 12KiB), drop:F (attention layers removed), kv:B (B met by merges and "
+              "drops together); repeatable (default: prune "
               "0.1/0.2/0.3, merge 0.9/0.75/0.5, drop 0.1/0.25/0.5)")
 PointOpt = Annotated[Optional[list[str]], typer.Option("--point", help=POINT_HELP)]
 KeepOpt = Annotated[float, typer.Option("--keep", help="name the cheapest point (in KV bytes, and in attention "

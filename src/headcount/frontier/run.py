@@ -6,7 +6,7 @@ measured the same way (and healed and measured again with heal_steps), every fin
 With `out`, the directory holds frontier.json (the settings a rerun must match), unedited/result.json,
 points/<point>/result.json (written last, atomically: a point without it is not finished) and
 points/<point>/model (headcount.surgery.save: the point's final model, healed when healed), and
-sensitivity/<by>[-<prefix>].json: merge_plan's sensitivity table of the model a merge starts from, measured once
+sensitivity/<by>[-drops][-<prefix>].json: merge_plan's sensitivity table of the model a merge starts from, measured once
 and reused by every merge budget (it is the expensive part of a plan). A rerun with the same settings reads
 every finished point back; an interrupted run resumes at the first unfinished one.
 
@@ -75,10 +75,10 @@ def check_points(model, points: list[Point]) -> None:
 
     for point in points:
         first = point.steps[0]
-        if first.edit == "merge":
-            check_budget(model, first.amount, flag=f"--point {point.text}")
-        if any(s.edit == "drop" for s in point.steps) and not hasattr(model, "lm_head"):
-            raise ValueError(f"--point {point.text}: drop removes attention sublayers of a decoder; "
+        if first.edit in ("merge", "kv"):
+            check_budget(model, first.amount, flag=f"--point {point.text}", drops=first.edit == "kv")
+        if any(s.edit in ("drop", "kv") for s in point.steps) and not hasattr(model, "lm_head"):
+            raise ValueError(f"--point {point.text}: {point.steps[-1].edit} removes attention sublayers of a decoder; "
                              f"{getattr(model, 'name', None) or 'this model'} is an encoder")
 
 
@@ -172,13 +172,14 @@ class _Runner:
             row.paired = paired(row.problems, self.base_row.problems).to_json()
 
     # -------------------------------------------------------------- editing
-    def table(self, model, prefix: str):
-        """merge_plan's sensitivity table of `model` (reached by the steps in `prefix`), measured once."""
+    def table(self, model, prefix: str, drops: bool = False):
+        """merge_plan's sensitivity table of `model` (reached by the steps in `prefix`), measured once; drops: with
+        each layer's cost of dropping its attention (a kv:B point)."""
         from headcount.surgery.merging.planner import MergePlan, merge_plan, resolve_by
         from headcount.surgery.merging.sensitivity_cache import cache_root as sensitivity_root
 
         by = resolve_by(model, self.sensitivity)
-        key = by + (f"-{prefix}" if prefix else "")
+        key = by + ("-drops" if drops else "") + (f"-{prefix}" if prefix else "")
         if key in self.tables:
             return self.tables[key]
         path = None if self.out is None else self.out / "sensitivity" / f"{key}.json"
@@ -191,7 +192,7 @@ class _Runner:
                 pass  # measured again
         chat = by == "kl" and self.calibration is None  # kl's default: the model's own chat answers
         plan = merge_plan(model, 1.0, by=by, calibration=None if chat else self._calibration(),
-                          progress=self.progress, cache=sensitivity_root() if self.cache else None)
+                          progress=self.progress, cache=sensitivity_root() if self.cache else None, drops=drops)
         if path is not None:
             _write_json(path, plan.to_json())
         self.tables[key] = plan
@@ -210,21 +211,23 @@ class _Runner:
                               calibration_windows=self.calibration_windows, **self.prune_options)
             return {"heads_removed": result.heads_before - result.heads_after,
                     "kv_bytes_per_token_after": result.kv_bytes_per_token_after}
-        if step.edit == "merge":
-            from headcount.surgery import merge_kv, merge_plan
-            from headcount.surgery.merging.planner import check_budget
+        if step.edit in ("merge", "kv"):
+            from headcount.surgery import merge_plan
+            from headcount.surgery.merging.planner import apply_plan, check_budget
 
-            check_budget(model, step.amount, flag=f"--point {point}")
-            table = self.table(model, prefix)
-            plan = merge_plan(model, step.amount, sensitivity_from=table)
+            drops = step.edit == "kv"
+            check_budget(model, step.amount, flag=f"--point {point}", drops=drops)
+            table = self.table(model, prefix, drops)
+            plan = merge_plan(model, step.amount, sensitivity_from=table, drops=drops)
             if plan.kv_heads:
-                self.stage(point, f"{step.text} ({len(plan.kv_heads)} layers)")
-                merge_kv(model, plan, n_windows=self.calibration_windows, calibration=self.calibration,
-                         progress=self.progress, **self.merge_options)
+                self.stage(point, f"{step.text} ({len(plan.merged)} merged, {len(plan.dropped)} dropped)")
+                apply_plan(model, plan, n_windows=self.calibration_windows, calibration=self.calibration,
+                           progress=self.progress, **self.merge_options)
             return {"plan": {str(k): v for k, v in plan.kv_heads.items()},
                     "kv_bytes_per_token_before": plan.kv_bytes_per_token_before,
                     "kv_bytes_per_token_after": plan.kv_bytes_per_token_after,
-                    "predicted_loss_increase": plan.predicted_loss_increase, "by": plan.by}
+                    "predicted_loss_increase": plan.predicted_loss_increase, "by": plan.by,
+                    **({"dropped": plan.dropped} if drops else {})}
         from headcount.surgery.dropping import drop_attention
 
         result = drop_attention(model, fraction=float(step.amount), calibration=self.calibration)

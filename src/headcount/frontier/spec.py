@@ -8,6 +8,8 @@ prune:F   F of the query heads removed (`headcount prune --fraction F`'s edit), 
 merge:B   K/V heads merged by merge_plan to keep B of the model's KV bytes per token as it stands at that step
           (B in (0, 1) or bytes per token: 12288, 12KiB; surgery.merging.planner.parse_budget)
 drop:F    F of the attention sublayers removed whole (surgery.dropping), F in (0, 1)
+kv:B      the KV budget B (as merge's) met by the cheapest mix of K/V merges and whole attention sublayers dropped
+          (merge_plan(drops=True): each layer's cost of a merge and of a drop measured alike, one knapsack)
 Pure Python: the command parses every --point before a model is loaded; whether the model can reach a merge
 budget is checked once it is (run.check_points).
 """
@@ -17,17 +19,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-EDITS = ("prune", "merge", "drop")
+EDITS = ("prune", "merge", "drop", "kv")  # kv: merge_plan(drops=True)
 UNEDITED = "unedited"
 DEFAULT_POINTS = ("prune:0.1", "prune:0.2", "prune:0.3", "merge:0.9", "merge:0.75", "merge:0.5",
                   "drop:0.1", "drop:0.25", "drop:0.5")
-_EXPECTED = "EDIT:AMOUNT joined by + (prune:0.2, merge:0.75, merge:12KiB, drop:0.25, drop:0.25+merge:0.9)"
+_EXPECTED = ("EDIT:AMOUNT joined by + (prune:0.2, merge:0.75, merge:12KiB, drop:0.25, kv:0.75, "
+             "drop:0.25+merge:0.9)")
 
 
 @dataclass(frozen=True)
 class Step:
     edit: str  # one of EDITS
-    amount: float | int  # prune / drop: a fraction; merge: a fraction (float) or bytes per token (int)
+    amount: float | int  # prune / drop: a fraction; merge / kv: a fraction (float) or bytes per token (int)
     text: str  # as given: "merge:0.75"
 
 
@@ -49,14 +52,14 @@ def _step(text: str, whole: str, flag: str) -> Step:
         raise ValueError(f"{flag}: expected {_EXPECTED}; {edit or text!r} is not one of {', '.join(EDITS)} "
                          f"(in {whole!r})")
     amount = amount.strip()
-    if edit == "merge":
+    if edit in ("merge", "kv"):
         from headcount.surgery.merging.planner import parse_budget
 
         value = parse_budget(amount, flag=f"{flag} {whole}")
         if isinstance(value, float) and not value < 1:
-            raise ValueError(f"{flag}: expected merge:B with B a fraction in (0, 1) of the KV bytes to keep or bytes "
+            raise ValueError(f"{flag}: expected {edit}:B with B a fraction in (0, 1) of the KV bytes to keep or bytes "
                              f"per token, got {text!r} (in {whole!r})")
-        return Step(edit, value, f"merge:{amount}")
+        return Step(edit, value, f"{edit}:{amount}")
     try:
         value = float(amount)
     except ValueError:

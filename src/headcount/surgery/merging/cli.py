@@ -4,9 +4,10 @@ Registered through headcount.surgery.cli; no torch import at module level.
 
     headcount merge-kv --model smollm2 --kv-heads 1 [--method aware|mean] [--layers 0,5,7]
                        [--local-steps N] [--local-tokens N] [--uptrain-steps N] [--out DIR [--force]] [--json]
-    headcount merge-kv --model smollm2 --budget 0.75 | 12KiB [--sensitivity loss|kl]
+    headcount merge-kv --model smollm2 --budget 0.75 | 12KiB [--sensitivity loss|kl] [--allow-drop]
                        (the layers merge_plan chooses for a KV budget; its sensitivity table measured once per
-                       model and kept under $HEADCOUNT_CACHE/merge-sensitivity)
+                       model and kept under $HEADCOUNT_CACHE/merge-sensitivity; --allow-drop: the plan may also
+                       drop a layer's whole attention where that costs less than merging its heads)
 
 Prints a before/after table (KV and query heads, parameters, KV-cache bytes per token from
 KVCache.nbytes, held-out perplexity, or embedding fidelity for an encoder) and, with --json, the edit
@@ -54,6 +55,9 @@ UptrainStepsOpt = Annotated[Optional[int], typer.Option(
 BudgetOpt = Annotated[Optional[str], typer.Option(
     "--budget", help="instead of --kv-heads: the KV cache to keep, a fraction of the KV bytes per token (0.75) or "
                      "bytes per token (12KiB); merge_plan chooses the layers and their K/V heads")]
+AllowDropOpt = Annotated[bool, typer.Option(
+    "--allow-drop", help="with --budget: the plan may also drop a layer's whole attention (no K/V cache at all, as "
+                         "drop-attention) where that costs less than merging its K/V heads")]
 UptrainLrOpt = Annotated[Optional[float], typer.Option(
     "--uptrain-lr", help=f"peak learning rate of --uptrain-steps (default {UPTRAIN_LR:g}, scaled down like heal's for "
                          "a model with small attention weights)")]
@@ -77,6 +81,7 @@ class MergeSettings:
     timeout: float = 120.0
     budget: Optional[str] = None  # --budget as given (surgery.merging.planner.parse_budget reads it)
     sensitivity: str = "auto"  # --budget's plan: merge_plan's `by`
+    allow_drop: bool = False  # --budget's plan may drop attention sublayers (merge_plan(drops=True))
 
     def check(self) -> Optional[list[int]]:
         """Every flag checked (naming it) before anything is loaded; the layers to merge (None: all)."""
@@ -88,6 +93,8 @@ class MergeSettings:
                                  f"--kv-heads / --layers, not both (got --budget {self.budget} with "
                                  f"{'--kv-heads' if self.kv_heads is not None else '--layers'})")
             parse_budget(self.budget)
+        elif self.allow_drop:
+            raise ValueError("--allow-drop: lets --budget's plan drop attention sublayers; give --budget beside it")
         elif self.sensitivity != "auto":
             raise ValueError(f"--sensitivity: chooses --budget's plan; give --budget beside --sensitivity "
                              f"{self.sensitivity}")
@@ -157,7 +164,11 @@ class MergeKV(Edit):
         if self.settings.budget is not None:
             from headcount.surgery.merging.planner import check_budget, parse_budget
 
-            check_budget(model, parse_budget(self.settings.budget), flag="--budget")  # before any measurement
+            check_budget(model, parse_budget(self.settings.budget), flag="--budget",
+                         drops=self.settings.allow_drop)  # before any measurement
+            if self.settings.allow_drop and not hasattr(model, "lm_head"):
+                raise ValueError(f"--allow-drop: drops a decoder's attention sublayers; {run.opts.model} is an "
+                                 "encoder")
             from headcount.models.chat import has_chat_template
 
             if self.settings.sensitivity == "kl" and run.calibration is None and not has_chat_template(model):
@@ -178,10 +189,14 @@ class MergeKV(Edit):
             by = resolve_by(model, s.sensitivity)
             chat = by == "kl" and run.calibration is None  # kl's default: the model's own chat answers
             self.plan = merge_plan(model, parse_budget(s.budget), method=s.method, by=by,
-                                   progress=run.main, cache=cache_root(),
+                                   progress=run.main, cache=cache_root(), drops=s.allow_drop,
                                    calibration=run.calibration if run.calibration is not None or chat else "mixed")
             model.merge_plan = {"budget": s.budget, **self.plan_json()}  # saved in headcount.json
-            target = self.plan
+            target = self.plan.merged
+            if self.plan.dropped:  # first, so each merge is fit on the stream the drops leave (apply_plan's order)
+                from headcount.surgery.dropping import drop_attention
+
+                self.drop = drop_attention(model, layers=self.plan.dropped)
         return merge_kv(model, target, layers=self.layers, method=s.method, calibration=run.calibration,
                         n_windows=s.calibration_windows, local_steps=s.local_steps,
                         local_tokens=s.local_tokens or None, uptrain_steps=s.uptrain_steps,
@@ -197,8 +212,11 @@ class MergeKV(Edit):
 
     def plan_json(self) -> dict:
         """--budget's keys: the plan {layer: n_kv_heads} (the layers that change) and its predicted loss."""
-        return {"plan": {str(k): v for k, v in sorted(self.plan.kv_heads.items())},
+        data = {"plan": {str(k): v for k, v in sorted(self.plan.kv_heads.items())},
                 "predicted_loss_increase": self.plan.predicted_loss_increase, "sensitivity": self.plan.by}
+        if self.plan.drops:  # 0 in the plan: the layer's attention dropped
+            data["dropped"] = self.plan.dropped
+        return data
 
     def legacy(self, report, run) -> dict:
         self.query_heads = report.accounts_before["heads"]  # the table's row: a merge keeps every query head
@@ -220,7 +238,9 @@ def print_merge(data: dict, s: MergeSettings, run, queries: int) -> None:
     rows[1] = ("query heads (all layers)", queries, queries)
     rows += quality_rows(data, run.source) + task_rows(data.get("tasks") or {})
     to = f"budget {s.budget}" if s.budget is not None else s.kv_heads
-    before_after_table(rows, f"{model}: K/V heads merged to {to} ({s.method}) in {len(merged['layers'])} layer(s)")
+    dropped = f", attention dropped in {len(data['dropped'])}" if data.get("dropped") else ""
+    before_after_table(rows, f"{model}: K/V heads merged to {to} ({s.method}) in {len(merged['layers'])} "
+                             f"layer(s){dropped}")
     if merged.get("uptrain"):
         typer.echo(uptraining.describe(merged["uptrain"]))
     heal_table(data, f"{model}: healed after merging")
@@ -233,6 +253,7 @@ def merge_kv_cmd(
     kv_heads: KVHeadsOpt = None,
     budget: BudgetOpt = None,
     sensitivity: SensitivityOpt = "auto",
+    allow_drop: AllowDropOpt = False,
     method: MergeMethodOpt = "aware",
     layers: LayersOpt = None,
     uptrain_steps: UptrainStepsOpt = None,
@@ -261,7 +282,7 @@ def merge_kv_cmd(
     settings = MergeSettings(kv_heads=kv_heads, method=method, layers=layers, uptrain_steps=uptrain_steps,
                              uptrain_lr=uptrain_lr, local_steps=local_steps, local_tokens=local_tokens,
                              calibration_windows=calibration_windows, timeout=timeout, budget=budget,
-                             sensitivity=sensitivity)
+                             sensitivity=sensitivity, allow_drop=allow_drop)
     run_command(MergeKV(settings), opts)
 
 

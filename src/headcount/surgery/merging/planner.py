@@ -105,6 +105,17 @@ class MergePlan:
     sensitivity: dict[int, dict[int, float]] = field(default_factory=dict)  # layer -> {n: loss increase}
     method: str = "aware"
     by: str = "loss"  # what the sensitivity measured: "loss" or "kl" (see the module doc)
+    drops: bool = False  # whether the plan may drop a layer's attention (kv_heads 0; sensitivity's drops=True)
+
+    @property
+    def dropped(self) -> list[int]:
+        """The layers whose attention the plan drops (kv_heads 0), ascending."""
+        return sorted(i for i, n in self.kv_heads.items() if n == 0)
+
+    @property
+    def merged(self) -> dict[int, int]:
+        """{layer: n_kv_heads} of the layers the plan merges (what merge_kv takes)."""
+        return {i: n for i, n in sorted(self.kv_heads.items()) if n}
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -128,17 +139,20 @@ def _layer_bytes(attn, n: int) -> int:
     return 2 * n * attn.head_dim * itemsize
 
 
-def kv_bytes(model) -> tuple[int, int]:
-    """(current KV bytes per token, the least any plan reaches: one K/V head in every layer)."""
+def kv_bytes(model, drops: bool = False) -> tuple[int, int]:
+    """(current KV bytes per token, the least any plan reaches: one K/V head in every layer; with drops, one K/V
+    head in the one layer that keeps its attention)."""
     current = sum(_layer_bytes(layer.attn, layer.attn.n_kv_heads) for layer in model.layers)
-    floor = sum(_layer_bytes(layer.attn, min(1, layer.attn.n_kv_heads)) for layer in model.layers)
+    ones = [_layer_bytes(layer.attn, min(1, layer.attn.n_kv_heads)) for layer in model.layers]
+    floor = min(b for b in ones if b) if drops and any(ones) else sum(ones)
     return current, floor
 
 
-def check_budget(model, budget, flag: str = "budget") -> int:
+def check_budget(model, budget, flag: str = "budget", drops: bool = False) -> int:
     """The budget's limit in KV bytes per token for this model (a fraction of its current bytes, or bytes), or
-    ValueError naming `flag` when no plan reaches it (below one K/V head everywhere) or it is not a budget."""
-    current, floor = kv_bytes(model)
+    ValueError naming `flag` when no plan reaches it (below one K/V head everywhere; with drops, below one K/V head
+    in one layer) or it is not a budget."""
+    current, floor = kv_bytes(model, drops)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)):
         raise TypeError(f"{flag}: expected a fraction of the KV cache to keep (a float in (0, 1]) or bytes per "
                         f"token (an int), got {budget!r}")
@@ -150,7 +164,8 @@ def check_budget(model, budget, flag: str = "budget") -> int:
     else:
         limit = budget
     if limit < floor:
-        raise ValueError(f"{flag}: {limit} KV bytes per token is below what every-layer MQA reaches ({floor} of "
+        least = "one K/V head in one layer, every other layer's attention dropped" if drops else "every-layer MQA"
+        raise ValueError(f"{flag}: {limit} KV bytes per token is below what {least} reaches ({floor} of "
                          f"{current}); expected at least {floor} bytes or {floor / current:.3f} of the cache, "
                          f"got {budget!r}")
     return limit
@@ -197,9 +212,10 @@ def _mean_kl(model, reference: list, hidden: list, chunk: int = 256) -> float:
 
 def sensitivity(model, *, calibration=None, method: str = "aware", by: str = AUTO, n_windows: int = 4,
                 n_eval_windows: int = 2, window: int = 512, candidates=None, progress: bool = True,
-                **merge_options) -> tuple[float, dict]:
+                drops: bool = False, **merge_options) -> tuple[float, dict]:
     """(base loss, {layer: {n: cost when only this layer is merged to n KV heads}}); by="kl": the base is 0 and
-    the cost the mean KL to the unedited model (see the module doc)."""
+    the cost the mean KL to the unedited model (see the module doc). drops=True (decoders): also {0: cost when only
+    this layer's attention is dropped}, measured the same way, so a plan may drop a layer where that costs less."""
     import torch
     from tqdm.auto import tqdm
 
@@ -210,6 +226,8 @@ def sensitivity(model, *, calibration=None, method: str = "aware", by: str = AUT
         raise ValueError(f"method: expected 'aware' or 'mean', got {method!r}")
     by = resolve_by(model, by)
     kl = by == "kl" and is_decoder(model)
+    if drops and not is_decoder(model):
+        raise ValueError(f"drops: only a decoder's attention sublayers can be dropped; this is {type(model).__name__}")
     if kl and calibration is None:
         calibration = _chat_windows(model, n_windows + n_eval_windows, min(window, model.config.max_position))
     if is_decoder(model):
@@ -263,6 +281,11 @@ def sensitivity(model, *, calibration=None, method: str = "aware", by: str = AUT
                     table[i][n] = cost()
                 finally:
                     layer.attn = original
+            if drops and n_kv:
+                from headcount.surgery.dropping.choose import without_attention
+
+                with without_attention(layer):
+                    table[i][0] = cost()
             fit_stream.advance(i)
             eval_stream.advance(i)
     finally:
@@ -270,12 +293,14 @@ def sensitivity(model, *, calibration=None, method: str = "aware", by: str = AUT
     return base, table
 
 
-def _solve(model, table: dict[int, dict[int, float]], limit: int) -> tuple[dict[int, int], float, int]:
-    """Minimise the summed loss increase with total KV bytes <= limit (exact DP over byte totals)."""
+def _solve(model, table: dict[int, dict[int, float]], limit: int,
+           drops: bool = False) -> tuple[dict[int, int], float, int]:
+    """Minimise the summed loss increase with total KV bytes <= limit (exact DP over byte totals); a layer's
+    n = 0 (its attention dropped) is a choice only with drops."""
     states: dict[int, tuple[float, dict]] = {0: (0.0, {})}
     for i, layer in enumerate(model.layers):
         attn = layer.attn
-        choices = {attn.n_kv_heads: 0.0, **table.get(i, {})}
+        choices = {attn.n_kv_heads: 0.0, **{n: c for n, c in table.get(i, {}).items() if n or drops}}
         new: dict[int, tuple[float, dict]] = {}
         for total, (cost, picks) in states.items():
             for n, inc in choices.items():
@@ -284,7 +309,8 @@ def _solve(model, table: dict[int, dict[int, float]], limit: int) -> tuple[dict[
                 if key not in new or value < new[key][0]:
                     new[key] = (value, {**picks, i: n})
         states = new
-    feasible = [(cost, total, picks) for total, (cost, picks) in states.items() if total <= limit]
+    # a plan keeps attention in at least one layer (drop_attention's rule)
+    feasible = [(cost, total, picks) for total, (cost, picks) in states.items() if total <= limit and total]
     if not feasible:
         raise ValueError(f"budget: no plan reaches {limit} KV bytes per token with the candidate head counts")
     cost, total, picks = min(feasible, key=lambda t: (t[0], -t[1]))  # ties: keep more heads
@@ -293,7 +319,8 @@ def _solve(model, table: dict[int, dict[int, float]], limit: int) -> tuple[dict[
 
 def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: str = AUTO,
                sensitivity_from: "MergePlan | None" = None, n_windows: int = 4, n_eval_windows: int = 2,
-               window: int = 512, candidates=None, progress: bool = True, cache=None) -> MergePlan:
+               window: int = 512, candidates=None, progress: bool = True, cache=None,
+               drops: bool = False) -> MergePlan:
     """The cheapest set of per-layer KV-head counts (by calibration sensitivity) within `budget`.
 
     budget: a float in (0, 1] = the fraction of the current KV bytes per token to keep, or an int =
@@ -304,8 +331,10 @@ def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: st
         where the table is kept by the model's weights hash, the calibration and these settings
         (sensitivity_cache.py; the commands pass $HEADCOUNT_CACHE/merge-sensitivity): a second plan of the same
         model, at any budget, reads it back. None: always measured.
+    drops: a layer may also lose its whole attention (kv_heads 0: no K/V cache at all) where that costs less than
+        merging its heads (decoders; dropping's cost measured as a merge's is). apply_plan applies such a plan.
     """
-    limit = check_budget(model, budget)
+    limit = check_budget(model, budget, drops=drops)
     current = kv_bytes(model)[0]
     if sensitivity_from is not None:
         if not isinstance(sensitivity_from, MergePlan):
@@ -314,12 +343,16 @@ def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: st
             raise ValueError("sensitivity_from: that plan was measured on a model with a different KV cache "
                              f"({sensitivity_from.kv_bytes_per_token_before} bytes per token, this one {current})")
         base, table, by = sensitivity_from.base_loss, sensitivity_from.sensitivity, sensitivity_from.by
+        if drops and not sensitivity_from.drops:
+            raise ValueError("sensitivity_from: that table was measured without drops (merge_plan(drops=False)); "
+                             "a plan with drops needs each layer's cost of dropping its attention")
     else:
         by = resolve_by(model, by)  # before the cache hashes the weights
 
         def measure():
             return sensitivity(model, calibration=calibration, method=method, by=by, n_windows=n_windows,
-                               n_eval_windows=n_eval_windows, window=window, candidates=candidates, progress=progress)
+                               n_eval_windows=n_eval_windows, window=window, candidates=candidates, progress=progress,
+                               drops=drops)
         if cache is None:
             base, table = measure()
         else:
@@ -327,6 +360,22 @@ def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: st
 
             params = {"method": method, "by": by, "n_windows": n_windows, "n_eval_windows": n_eval_windows,
                       "window": window, "candidates": None if candidates is None else sorted(candidates)}
+            if drops:  # only then: the tables measured before drops existed keep their keys
+                params["drops"] = True
             base, table, _ = cached_sensitivity(cache, model, calibration, params, measure, progress=progress)
-    picks, cost, total = _solve(model, table, limit)
-    return MergePlan(budget, picks, current, total, cost, base, table, method, by)
+    picks, cost, total = _solve(model, table, limit, drops)
+    return MergePlan(budget, picks, current, total, cost, base, table, method, by, drops)
+
+
+def apply_plan(model, plan: MergePlan, **merge_options):
+    """Apply a plan in place: its drops first (drop_attention), then its merges (merge_kv(model, plan.merged,
+    **merge_options)), so each merge is fit on the stream the drops below it leave. Returns (DropResult or None,
+    MergeResult or None)."""
+    from headcount.surgery.dropping import drop_attention
+    from headcount.surgery.merging.kv_merge import merge_kv
+
+    if not isinstance(plan, MergePlan):
+        raise TypeError(f"plan: expected a MergePlan (merge_plan's), got {type(plan).__name__}")
+    dropped = drop_attention(model, layers=plan.dropped) if plan.dropped else None
+    merged = merge_kv(model, plan.merged, **merge_options) if plan.merged else None
+    return dropped, merged
