@@ -89,7 +89,7 @@ costs = st.floats(0, 5, allow_nan=False, allow_infinity=False)
 MODEL = _tiny()  # 3 layers x 2 K/V heads x 8 dims x (K, V) x 8 bytes: 256 bytes per layer, 128 with one head
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(st.lists(st.tuples(costs, costs), min_size=3, max_size=3), st.integers(1, 768), st.booleans())
 def test_the_plan_is_the_cheapest_choice_of_merges_and_drops_within_the_budget(pairs, limit, drops):
     model = MODEL
