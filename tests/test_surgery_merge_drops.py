@@ -208,3 +208,16 @@ def test_the_frontiers_kv_point_meets_its_budget_with_merges_and_drops():
     assert len(edit["dropped"]) == 1 and sorted(edit["plan"].values()) == [0, 1]
     with pytest.raises(ValueError, match="^--point kv:1B: .*below what one K/V head in one layer"):
         run_frontier("tiny", parse_points(["kv:1B"]), model=tiny_byte_decoder(), progress=False)
+
+
+def test_a_merge_after_a_drop_uptrains_the_attention_that_is_left():
+    from headcount.surgery import merge_kv, uptrain
+
+    model, ids = _tiny(), _ids()
+    model.layers[1].drop_attention()
+    result = merge_kv(model, 1, method="mean", calibration=ids, n_windows=2, uptrain_steps=2, progress=False)
+    assert [layer.attn.n_kv_heads for layer in model.layers] == [1, 0, 1]
+    left = [p for i in (0, 2) for p in model.layers[i].attn.parameters()]
+    assert result.uptrain["trainable_params"] == sum(p.numel() for p in left)
+    with pytest.raises(ValueError, match="^trainable: the layers asked for \\(1\\) have no attention weights"):
+        uptrain(model, 2, calibration=ids, trainable=[1], progress=False)

@@ -82,9 +82,14 @@ def held_out_figures(model, eval_windows: int = EVAL_WINDOWS, window: int = 512,
 
 
 def weight_rms(model) -> float:
-    """The RMS of every layer's attention matrices (qkv_proj and o_proj weights) together."""
+    """The RMS of every layer's attention matrices (qkv_proj and o_proj weights) together; a layer whose attention
+    was dropped (drop-attention) has none and adds nothing."""
+    from headcount.models.dropped import is_dropped
+
     total, count = 0.0, 0
     for layer in model.layers:
+        if is_dropped(layer.attn):
+            continue
         for weight in (layer.attn.qkv_proj.weight, layer.attn.o_proj.weight):
             total += float(weight.detach().double().pow(2).sum())
             count += weight.numel()

@@ -107,13 +107,20 @@ def _parameters(model, trainable) -> list[torch.nn.Parameter]:
         if bad or not layers:
             raise ValueError(f"trainable: expected layer indices in [0, {len(model.layers)}), got {list(trainable)}")
         trainable = "attention"
+    from headcount.models.dropped import is_dropped
+
     params = []
     for i in layers:
         attn = model.layers[i].attn
+        if is_dropped(attn):  # drop-attention left this layer no attention weights to train
+            continue
         if trainable in ("attention", "qkv"):
             params += list(attn.qkv_proj.parameters())
         if trainable in ("attention", "o_proj"):
             params += list(attn.o_proj.parameters())
+    if not params:
+        raise ValueError(f"trainable: the layers asked for ({', '.join(map(str, layers))}) have no attention weights "
+                         "left (their attention was dropped); name layers that still have attention")
     return params
 
 
