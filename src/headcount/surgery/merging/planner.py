@@ -15,7 +15,9 @@ from l up are run for that (the stream below l is unchanged). What the cost is (
       prose (healing's teacher-chat windows: what a chat model is judged by is what it answers, and the KL
       weighs every token by how the unedited model spreads its probability, not by how right it is);
   encoders: 1 - cosine of the mean-pooled sentence embeddings to the unmodified model's (either `by`).
-The plan then minimises the sum of the costs subject to the budget: a multiple-choice knapsack solved
+drops=True (decoders) adds each layer's cost of dropping its whole attention sublayer ({0: cost}: no K/V cache at
+all, models/dropped.py), measured the same way, so the plan may drop a layer where that costs less than merging
+(apply_plan: the drops, then the merges). The plan then minimises the sum of the costs subject to the budget: a multiple-choice knapsack solved
 exactly by dynamic programming over the KV bytes per token (a few hundred states). Summing single-layer
 costs ignores interactions; the loss of the whole plan is measured when it is applied (merge_bench prints
 both). The table is the expensive part: merge_plan(..., sensitivity_from=plan) reuses one across budgets.
