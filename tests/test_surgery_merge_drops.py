@@ -126,6 +126,10 @@ def test_an_applied_plan_drops_then_merges_and_holds_the_kv_it_planned():
     for i, layer in enumerate(edited.layers):
         assert layer.attn.n_kv_heads == plan.kv_heads.get(i, 2)
     assert (merged is None) == (not plan.merged)
+    from headcount.surgery import merge_kv
+
+    with pytest.raises(ValueError, match="^n_kv_heads: this plan drops the attention of layers .*apply_plan"):
+        merge_kv(copy.deepcopy(model), plan, method="mean", calibration=ids, progress=False)
     again = MergePlan.from_json(json.loads(json.dumps(plan.to_json())))
     assert again == plan
     with pytest.raises(ValueError, match="^sensitivity_from: that table was measured without drops"):

@@ -120,6 +120,10 @@ def _targets(model, n_kv_heads, layers, method: str) -> dict[int, int]:
         raise ValueError(f"method: expected one of {METHODS}, got {method!r}")
     plan = getattr(n_kv_heads, "kv_heads", None)
     if plan is not None:  # a MergePlan
+        dropped = sorted(int(k) for k, v in plan.items() if v == 0)
+        if dropped:
+            raise ValueError(f"n_kv_heads: this plan drops the attention of layers {dropped} (merge_plan(drops=True)); "
+                             "apply it with surgery.merging.planner.apply_plan, which drops, then merges")
         n_kv_heads = {int(k): v for k, v in plan.items()}
     if isinstance(n_kv_heads, dict):
         if layers is not None:
