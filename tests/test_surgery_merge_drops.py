@@ -18,27 +18,12 @@ from conftest import tiny_byte_decoder
 from headcount.cli import app
 from headcount.frontier.run import run_frontier
 from headcount.frontier.spec import parse_point, parse_points
-from headcount.models import Decoder, DecoderConfig
 from headcount.surgery.merging import planner
 from headcount.surgery.merging.planner import MergePlan, apply_plan, check_budget, merge_plan, sensitivity
+from test_surgery_merge_budget import FAST as CLI_FAST, _ids, _saved, _tiny  # the same tiny models and flags
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FAST = {"local_steps": 0, "uptrain_steps": 0}
-
-
-def _tiny(n_layers=3, seed=0):
-    torch.manual_seed(seed)
-    cfg = DecoderConfig(vocab_size=61, d_model=32, n_layers=n_layers, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
-                        max_position=128)
-    model = Decoder(cfg).double().eval()
-    with torch.no_grad():
-        for layer in model.layers:
-            layer.attn.qkv_proj.weight.mul_(3.0)
-    return model
-
-
-def _ids(n=4, t=24, seed=1):
-    return torch.randint(0, 61, (n, t), generator=torch.Generator().manual_seed(seed))
 
 
 def _kv_bytes(model) -> int:
@@ -125,7 +110,7 @@ def test_an_applied_plan_drops_then_merges_and_holds_the_kv_it_planned():
     assert dropped.dropped == plan.dropped and _kv_bytes(edited) == plan.kv_bytes_per_token_after
     for i, layer in enumerate(edited.layers):
         assert layer.attn.n_kv_heads == plan.kv_heads.get(i, 2)
-    assert (merged is None) == (not plan.merged)
+    assert merged.kv_heads_after == [layer.attn.n_kv_heads for layer in edited.layers]
     from headcount.surgery import merge_kv
 
     with pytest.raises(ValueError, match="^n_kv_heads: this plan drops the attention of layers .*apply_plan"):
@@ -152,19 +137,6 @@ def test_a_table_with_drops_is_cached_apart_from_one_without(tmp_path, monkeypat
 
 
 # ------------------------------------------------------------------------------------------ the commands
-TEXT = "\n\n".join(f"Paragraph {i}: the heads of layer {i % 3} read the keys that the queries ask for. " * 6
-                   for i in range(8))
-CLI_FAST = ["--local-steps", "0", "--uptrain-steps", "0", "--calibration-windows", "2", "--eval-windows", "1"]
-
-
-def _saved(tmp_path):
-    from headcount.models.formats.native import save
-
-    save(tiny_byte_decoder(), tmp_path / "tiny")
-    (tmp_path / "text.txt").write_text(TEXT)
-    return ["--model", str(tmp_path / "tiny"), "--text", str(tmp_path / "text.txt")]
-
-
 def test_merge_kv_budget_allow_drop_reaches_below_mqa_by_dropping_and_saves_it(tmp_path):
     from headcount.models.formats.native import read
 

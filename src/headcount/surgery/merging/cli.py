@@ -181,26 +181,24 @@ class MergeKV(Edit):
         from headcount.surgery.merging.kv_merge import merge_kv
 
         s = self.settings  # merge_kv's own defaults for everything not given as a flag (the uptrain included)
-        target, self.plan = s.kv_heads, None
-        if s.budget is not None:  # the plan's sensitivity on merge_kv's own default calibration ("mixed") or --text's
-            from headcount.surgery.merging.planner import merge_plan, parse_budget, resolve_by
-            from headcount.surgery.merging.sensitivity_cache import cache_root
+        options = {"method": s.method, "calibration": run.calibration, "n_windows": s.calibration_windows,
+                   "local_steps": s.local_steps, "local_tokens": s.local_tokens or None,
+                   "uptrain_steps": s.uptrain_steps, "uptrain_lr": s.uptrain_lr, "group": run.group,
+                   "progress": run.main}
+        self.plan = None
+        if s.budget is None:
+            return merge_kv(model, s.kv_heads, layers=self.layers, **options)
+        # the plan's sensitivity on merge_kv's own default calibration ("mixed") or --text's
+        from headcount.surgery.merging.planner import apply_plan, merge_plan, parse_budget, resolve_by
+        from headcount.surgery.merging.sensitivity_cache import cache_root
 
-            by = resolve_by(model, s.sensitivity)
-            chat = by == "kl" and run.calibration is None  # kl's default: the model's own chat answers
-            self.plan = merge_plan(model, parse_budget(s.budget), method=s.method, by=by,
-                                   progress=run.main, cache=cache_root(), drops=s.allow_drop,
-                                   calibration=run.calibration if run.calibration is not None or chat else "mixed")
-            model.merge_plan = {"budget": s.budget, **self.plan_json()}  # saved in headcount.json
-            target = self.plan.merged
-            if self.plan.dropped:  # first, so each merge is fit on the stream the drops leave (apply_plan's order)
-                from headcount.surgery.dropping import drop_attention
-
-                self.drop = drop_attention(model, layers=self.plan.dropped)
-        return merge_kv(model, target, layers=self.layers, method=s.method, calibration=run.calibration,
-                        n_windows=s.calibration_windows, local_steps=s.local_steps,
-                        local_tokens=s.local_tokens or None, uptrain_steps=s.uptrain_steps,
-                        uptrain_lr=s.uptrain_lr, group=run.group, progress=run.main)
+        by = resolve_by(model, s.sensitivity)
+        chat = by == "kl" and run.calibration is None  # kl's default: the model's own chat answers
+        self.plan = merge_plan(model, parse_budget(s.budget), method=s.method, by=by, progress=run.main,
+                               cache=cache_root(), drops=s.allow_drop,
+                               calibration=run.calibration if run.calibration is not None or chat else "mixed")
+        model.merge_plan = {"budget": s.budget, **self.plan_json()}  # saved in headcount.json
+        return apply_plan(model, self.plan, **options)[1]  # its drops, then merge_kv of the rest
 
     def healer(self, run):
         from headcount.surgery.healing.heal_steps import healer

@@ -372,12 +372,12 @@ def merge_plan(model, budget, *, calibration=None, method: str = "aware", by: st
 def apply_plan(model, plan: MergePlan, **merge_options):
     """Apply a plan in place: its drops first (drop_attention), then its merges (merge_kv(model, plan.merged,
     **merge_options)), so each merge is fit on the stream the drops below it leave. Returns (DropResult or None,
-    MergeResult or None)."""
+    MergeResult: a merge of no layer when the plan only drops)."""
     from headcount.surgery.dropping import drop_attention
     from headcount.surgery.merging.kv_merge import merge_kv
 
     if not isinstance(plan, MergePlan):
         raise TypeError(f"plan: expected a MergePlan (merge_plan's), got {type(plan).__name__}")
     dropped = drop_attention(model, layers=plan.dropped) if plan.dropped else None
-    merged = merge_kv(model, plan.merged, **merge_options) if plan.merged else None
+    merged = merge_kv(model, plan.merged, **merge_options)
     return dropped, merged
