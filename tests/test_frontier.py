@@ -346,3 +346,25 @@ def test_a_frontier_healed_on_another_calibration_is_not_read_back(tmp_path):
                               sensitivity="loss", dtype="fp32", merge_options=None, heal_calibration="teacher-answers")
     with pytest.raises(ValueError, match="heal_calibration"):
         run.check_out(tmp_path / "f", answers, force=False)
+
+
+def test_labels_of_rows_at_one_saving_do_not_print_over_each_other():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from headcount.frontier.plot import _labels
+
+    class R:
+        def __init__(self, label):
+            self.label = label
+
+    fig, ax = plt.subplots()
+    ax.set_ylim(0.0, 1.0)
+    points = [(0.25, 0.366, R("a")), (0.25, 0.372, R("b")), (0.25, 0.378, R("c")), (0.0, 0.37, R("d"))]
+    _labels(ax, points)
+    at = {t.get_text(): t.get_position() for t in ax.texts}
+    plt.close(fig)
+    ys = sorted(at[k][1] for k in "abc")
+    assert all(b - a >= 0.03 - 1e-9 for a, b in zip(ys, ys[1:]))  # 3% of the axis apart
+    assert abs(at["d"][1] - 0.37) < 0.01  # alone at its saving: beside its marker

@@ -15,6 +15,23 @@ def _y(frontier: Frontier, row) -> float | None:
     return None if s is None else (-s if row.perplexity else s)
 
 
+def _labels(ax, points) -> None:
+    """Each row's label beside its marker, moved up where rows at the same saving would print over each other
+    (a quarter of the KV cache saved three ways lands three labels on one spot): labels at one x, taken in order
+    of y, stay at least GAP of the y range apart."""
+    low, high = ax.get_ylim()  # after the markers and intervals are drawn: the axis a label's height is read on
+    span = (high - low) or 1.0
+    gap, width = 0.03 * span, 0.02
+    placed: list[tuple[float, float]] = []  # (x, label y) already printed
+    for x, y, r in sorted(points, key=lambda p: (p[0], p[1])):
+        at = y
+        for px, py in sorted(placed, key=lambda q: q[1]):
+            if abs(px - x) < width and abs(py - at) < gap:
+                at = py + gap
+        placed.append((x, at))
+        ax.annotate(r.label, (x, y), xytext=(x + 0.005, at + 0.005 * span), textcoords="data", fontsize=7)
+
+
 def plot(frontier: Frontier, png: Path) -> Path:
     import matplotlib
 
@@ -37,8 +54,7 @@ def plot(frontier: Frontier, png: Path) -> Path:
                         label="healed" if healed else "unhealed")
         else:
             ax.plot(xs, ys, marker, color=colour, label="healed" if healed else "unhealed")
-        for x, y, r in mine:
-            ax.annotate(r.label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    _labels(ax, points)
     edge = sorted((p for p in points if p[2].frontier), key=lambda p: p[0])
     if edge:
         ax.plot([p[0] for p in edge], [p[1] for p in edge], "-", color="black", lw=1, alpha=0.6, label="frontier")
