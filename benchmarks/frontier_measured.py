@@ -28,13 +28,14 @@ UNEDITED_EVAL = EVAL / f"{MODEL}-makers-humaneval.json"
 
 # (point as `headcount frontier --point` spells it, healed, the edit's JSON, the heal's JSON, the eval's stem)
 POINTS = [
-    ("prune:0.1", False, "prune10-makers-edit", None, "prune10-makers-humaneval"),
+    ("prune:0.1", False, "prune10-edit", None, "prune10-makers-humaneval"),
     ("prune:0.2", False, "prune20-edit", None, "prune20-makers-humaneval"),
     ("prune:0.2", True, "prune20-edit", "prune-0.2-heal-100-teacher-answers", "prune20-heal100-answers-humaneval"),
     ("merge:0.75", False, "mergekl75-edit", None, "mergekl75-humaneval"),
     ("merge:0.75", True, "mergekl75-edit", "mergekl75-heal-50-teacher-answers", "mergekl75-heal50-answers-humaneval"),
     ("drop:0.25", False, "drop25-edit", None, "drop25-humaneval"),
     ("drop:0.25", True, "drop25-edit", "drop-0.25-heal-100-teacher-answers", "drop25-heal100-answers-humaneval"),
+    ("merge:0.9", False, "mergekl90-edit", None, "mergekl90-humaneval"),
     ("kv:0.5", False, "kv50-allow-drop-edit", None, "kv50-allow-drop-humaneval"),
     ("merge:0.5", False, "mqa-edit", None, "mqa-makers-humaneval"),
     ("merge:0.5", True, "mqa-edit", "mqa-heal-100-teacher-answers", "mqa-heal100-answers-humaneval"),
@@ -52,13 +53,17 @@ def verdicts(samples: Path) -> dict[str, bool]:
 
 
 def heads_after(config, edit: dict) -> tuple[tuple[int, int], ...]:
-    """Each layer's (n_heads, n_kv_heads) after the edit its JSON describes: prune's removed query heads, a plan's
-    K/V heads per layer (0: the layer's attention dropped), drop-attention's dropped layers."""
+    """Each layer's (n_heads, n_kv_heads) after the edit its JSON describes: prune's removed query heads, merge-kv's
+    per-layer fits, a plan's K/V heads per layer (0: the layer's attention dropped), drop-attention's dropped
+    layers."""
     heads = [[config.n_heads, config.n_kv_heads] for _ in range(config.n_layers)]
     removed = (edit.get("edit") or {}).get("removed")
     if removed:
         for layer, gone in (json.loads(removed) if isinstance(removed, str) else removed).items():
             heads[int(layer)][0] -= len(gone)
+    for fit in (edit.get("edit") or {}).get("layers") or []:  # merge-kv's per-layer fits
+        if isinstance(fit, dict) and "n_kv_after" in fit:
+            heads[int(fit["layer"])][1] = fit["n_kv_after"]
     for layer, n_kv in (edit.get("plan") or {}).items():
         heads[int(layer)] = [0, 0] if n_kv == 0 else [heads[int(layer)][0], n_kv]
     if "plan" not in edit:
